@@ -1,0 +1,1 @@
+"""The ``inferq`` command line."""

@@ -1,0 +1,296 @@
+"""Settings: priority classes, the model registry, the classifier, connection and limits.
+
+Read from environment variables (prefix ``INFERQ_``, e.g. ``INFERQ_REDIS_URL``)
+and an optional TOML file (``INFERQ_CONFIG=/etc/inferq.toml`` or
+``Settings.load(path)``); environment wins over the file, the file over defaults.
+Priority classes, models and classifier rules are tables in the TOML file::
+
+    [[classes]]
+    name = "realtime"
+    sla_s = 2.0
+    weight = 8
+
+    [[models]]
+    name = "llama-3.1-8b"
+    params_b = 8
+    weights_mib = 15300
+    kv_bytes_per_token = 131072
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from inferq import defaults
+from inferq.errors import ConfigError
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+class PriorityClass(BaseModel):
+    """One priority class: its SLA, timeout, fairness weight and batching delay.
+
+    ``level`` is the integer callers may pass instead of the name (0 = highest).
+    A ``weight`` of 0 serves the class only when every class above it is empty
+    (strict priority); ``aging_s`` then still bounds how long it can wait.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN)
+    sla_s: float = Field(gt=0, description="latency target, submit -> finish, seconds")
+    timeout_s: float = Field(gt=0, description="default deadline after submit, seconds")
+    weight: float = Field(ge=0, description="share of contended dispatch slots")
+    batch_delay_s: float = Field(ge=0, description="longest wait to fill a batch, seconds")
+    aging_s: float | None = Field(
+        default=None, gt=0, description="longest wait while lower classes are served, seconds"
+    )
+    queue_limit: int = Field(default=defaults.CLASS_QUEUE_LIMIT, gt=0)
+    tenant_queue_limit: int = Field(default=defaults.TENANT_QUEUE_LIMIT, gt=0)
+    allow_degrade: bool = Field(
+        default=False, description="may fall back to a model's configured fallbacks"
+    )
+    degrade_after_s: float = Field(default=1.0, ge=0, description="wait before falling back")
+    refuse_late: bool = Field(
+        default=False, description="expire early a request that cannot finish by its deadline"
+    )
+
+
+class ModelSpec(BaseModel):
+    """A model in the registry.
+
+    ``kv_bytes_per_token`` is 2 (K and V) x layers x KV heads x head dim x bytes
+    per value; e.g. Llama-3.1-8B: 2 x 32 x 8 x 128 x 2 = 131,072 bytes.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN)
+    params_b: float = Field(gt=0, description="parameters, billions")
+    weights_mib: int = Field(gt=0, description="VRAM taken by the weights, MiB")
+    kv_bytes_per_token: int = Field(gt=0, description="KV-cache bytes per token")
+    max_context: int = Field(gt=0, description="prompt + output tokens, at most")
+    cold_start_s: float = Field(ge=0, description="time to load the model, seconds")
+    fallbacks: tuple[str, ...] = ()
+    # Latency profile of the sim backend and the simulator (one model, two users).
+    prefill_tps: float = Field(default=8000.0, gt=0, description="prompt tokens/s")
+    decode_tps: float = Field(default=60.0, gt=0, description="output tokens/s per sequence")
+    batch_efficiency: float = Field(
+        default=0.85, gt=0, le=1, description="decode speed kept per extra concurrent sequence"
+    )
+
+    def kv_mib(self, tokens: int) -> float:
+        """KV-cache need of ``tokens`` tokens, MiB."""
+        return tokens * self.kv_bytes_per_token / (1024 * 1024)
+
+
+class ClassifierRule(BaseModel):
+    """Default priority class and route for a ``task_type`` (the request classifier)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    priority: str
+    model: str | None = None
+
+
+def _default_classes() -> list[PriorityClass]:
+    return [
+        PriorityClass(
+            name=name,
+            sla_s=defaults.CLASS_SLA_S[name],
+            timeout_s=defaults.CLASS_TIMEOUT_S[name],
+            weight=defaults.CLASS_WEIGHTS[name],
+            batch_delay_s=defaults.CLASS_BATCH_DELAY_S[name],
+            aging_s=defaults.CLASS_AGING_S[name],
+            allow_degrade=name == "realtime",
+        )
+        for name in ("realtime", "standard", "batch")
+    ]
+
+
+def _default_models() -> list[ModelSpec]:
+    # Figures: fp16 weights = 2 bytes x params; KV per token from each model's
+    # published config (layers, KV heads, head dim); load times are typical
+    # local-NVMe figures (the design brief: a 70B model takes 30-60 s).
+    return [
+        ModelSpec(
+            name="llama-3.1-8b", params_b=8, weights_mib=15_320, kv_bytes_per_token=131_072,
+            max_context=32_768, cold_start_s=15, prefill_tps=12_000, decode_tps=80,
+        ),
+        ModelSpec(
+            name="llama-2-13b", params_b=13, weights_mib=24_830, kv_bytes_per_token=819_200,
+            max_context=4_096, cold_start_s=25, prefill_tps=7_000, decode_tps=50,
+            fallbacks=("llama-3.1-8b",),
+        ),
+        ModelSpec(
+            name="llama-3.1-70b", params_b=70, weights_mib=39_500, kv_bytes_per_token=327_680,
+            max_context=32_768, cold_start_s=45, prefill_tps=3_000, decode_tps=30,
+            fallbacks=("llama-3.1-8b",),
+        ),
+    ]
+
+
+def _default_classifier() -> dict[str, ClassifierRule]:
+    return {
+        "chat": ClassifierRule(priority="realtime"),
+        "completion": ClassifierRule(priority="standard"),
+        "code": ClassifierRule(priority="standard"),
+        "summarize": ClassifierRule(priority="batch"),
+        "embedding": ClassifierRule(priority="batch"),
+        "batch": ClassifierRule(priority="batch"),
+    }
+
+
+class Settings(BaseSettings):
+    """All of inferq's configuration; see the module docstring for sources.
+
+    Raises:
+        ConfigError: from :meth:`load` when a value or the TOML file is invalid.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="INFERQ_", extra="forbid", frozen=True, validate_default=True
+    )
+
+    redis_url: str = defaults.REDIS_URL
+    namespace: str = Field(default=defaults.NAMESPACE, pattern=NAME_PATTERN)
+    classes: list[PriorityClass] = Field(default_factory=_default_classes, min_length=1)
+    models: list[ModelSpec] = Field(default_factory=_default_models, min_length=1)
+    classifier: dict[str, ClassifierRule] = Field(default_factory=_default_classifier)
+    default_priority: str = "standard"
+    default_model: str = "llama-3.1-8b"
+    max_prompt_bytes: int = Field(default=defaults.MAX_PROMPT_BYTES, gt=0)
+    default_max_tokens: int = Field(default=defaults.MAX_TOKENS, gt=0)
+    max_attempts: int = Field(default=defaults.MAX_ATTEMPTS, ge=1)
+    result_ttl_s: int = Field(default=defaults.RESULT_TTL_S, gt=0)
+    idempotency_ttl_s: int = Field(default=defaults.IDEMPOTENCY_TTL_S, gt=0)
+    events_maxlen: int = Field(default=defaults.EVENTS_MAXLEN, gt=0)
+    heartbeat_interval_s: float = Field(default=defaults.HEARTBEAT_INTERVAL_S, gt=0)
+    lease_s: float = Field(default=defaults.LEASE_S, gt=0)
+    chars_per_token: float = Field(default=defaults.CHARS_PER_TOKEN, gt=0)
+
+    @field_validator("classes")
+    @classmethod
+    def _unique_classes(cls, value: list[PriorityClass]) -> list[PriorityClass]:
+        names = [c.name for c in value]
+        if len(set(names)) != len(names):
+            raise ValueError(f"priority class names must be unique, got {names}")
+        return value
+
+    @field_validator("models")
+    @classmethod
+    def _unique_models(cls, value: list[ModelSpec]) -> list[ModelSpec]:
+        names = [m.name for m in value]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model names must be unique, got {names}")
+        for m in value:
+            for fb in m.fallbacks:
+                if fb not in names:
+                    raise ValueError(f"model {m.name!r}: fallback {fb!r} is not in the registry")
+        return value
+
+    @model_validator(mode="after")
+    def _references_exist(self) -> Settings:
+        classes = {c.name for c in self.classes}
+        models = {m.name for m in self.models}
+        if self.default_priority not in classes:
+            raise ValueError(f"default_priority {self.default_priority!r} is not a class")
+        if self.default_model not in models:
+            raise ValueError(f"default_model {self.default_model!r} is not in the registry")
+        for task, rule in self.classifier.items():
+            if rule.priority not in classes:
+                raise ValueError(f"classifier[{task!r}]: unknown priority {rule.priority!r}")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = os.environ.get("INFERQ_CONFIG")
+        if path:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(path)))
+        return tuple(sources)
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, **overrides: Any) -> Settings:
+        """Build settings from defaults, an optional TOML file, the environment and overrides.
+
+        Raises:
+            ConfigError: the file is missing or unparsable, or a value is invalid
+                (the message names the setting).
+        """
+        try:
+            if path is not None:
+                if not Path(path).is_file():
+                    raise ConfigError(f"config file {str(path)!r} does not exist")
+                file_values = TomlConfigSettingsSource(cls, toml_file=Path(path))()
+                return cls(**{**file_values, **overrides})
+            return cls(**overrides)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise ConfigError(f"setting {where}: {first['msg']}") from None
+        except ValueError as exc:  # tomllib.TOMLDecodeError is a ValueError
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(f"config file {path}: {exc}") from None
+
+    # -- lookups (derived, never stored) ------------------------------------
+
+    @cached_property
+    def class_by_name(self) -> dict[str, PriorityClass]:
+        """Priority classes by name, in priority order (highest first)."""
+        return {c.name: c for c in self.classes}
+
+    @cached_property
+    def model_by_name(self) -> dict[str, ModelSpec]:
+        """Registry models by name."""
+        return {m.name: m for m in self.models}
+
+    def priority_class(self, name_or_level: str | int) -> PriorityClass:
+        """Resolve a class name or integer level (0 = highest) to its class.
+
+        Raises:
+            UnknownPriorityClass: no such name, or the level is outside 0..N-1.
+        """
+        from inferq.errors import UnknownPriorityClass
+
+        if isinstance(name_or_level, bool):
+            raise UnknownPriorityClass("priority", f"{name_or_level!r} is not a class or level")
+        if isinstance(name_or_level, int):
+            if 0 <= name_or_level < len(self.classes):
+                return self.classes[name_or_level]
+            raise UnknownPriorityClass(
+                "priority",
+                f"level {name_or_level} is outside 0..{len(self.classes) - 1}",
+            )
+        cls = self.class_by_name.get(name_or_level)
+        if cls is None:
+            if name_or_level.isdigit():
+                return self.priority_class(int(name_or_level))
+            known = ", ".join(self.class_by_name)
+            raise UnknownPriorityClass(
+                "priority", f"unknown class {name_or_level!r} (known: {known})"
+            )
+        return cls
+
+    def class_rank(self, name: str) -> int:
+        """Position of a class in priority order, 0 = highest."""
+        return list(self.class_by_name).index(name)

@@ -1,0 +1,82 @@
+"""Every default number of inferq, each with where it comes from.
+
+Nothing else in the package spells a default: settings, the data model and the
+daemons read them from here, so a reader can audit them in one place.
+"""
+
+from __future__ import annotations
+
+#: Key namespace: ``inferq:<namespace>:...``. Tests and demos use their own.
+NAMESPACE = "default"
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+# --- priority classes (design brief: realtime 2 s, standard 10 s, batch 60 s) ---
+#: Fairness weights 8:3:1 (design brief). Realtime gets 2/3 of contended slots,
+#: batch still gets 1/12 so it never starves.
+CLASS_WEIGHTS = {"realtime": 8.0, "standard": 3.0, "batch": 1.0}
+CLASS_SLA_S = {"realtime": 2.0, "standard": 10.0, "batch": 60.0}
+#: Timeout (queued -> finished) per class: 5x the SLA, so a request that misses
+#: its SLA still gets an answer before the caller gives up.
+CLASS_TIMEOUT_S = {"realtime": 10.0, "standard": 60.0, "batch": 600.0}
+#: Batching delay: realtime never waits to fill a batch (design brief); larger
+#: classes wait a fraction of their SLA to get fuller batches.
+CLASS_BATCH_DELAY_S = {"realtime": 0.0, "standard": 0.05, "batch": 0.5}
+#: Aging bound: no request waits longer than this while lower-priority work is
+#: served; half the SLA for the lower classes, none needed for the top class.
+CLASS_AGING_S = {"realtime": 1.0, "standard": 5.0, "batch": 30.0}
+#: Per-class queue limit (backpressure, HTTP 429 equivalent). 100k queued
+#: requests at ~1 KiB each is ~100 MiB of Redis: far beyond any fleet's backlog.
+CLASS_QUEUE_LIMIT = 100_000
+#: Per-tenant queue limit per class: one tenant may hold at most a fifth of a class.
+TENANT_QUEUE_LIMIT = 20_000
+
+# --- requests ---
+#: Largest prompt accepted, in bytes of UTF-8 (issue #2: configurable, default 1 MiB).
+MAX_PROMPT_BYTES = 1024 * 1024
+#: max_tokens when the caller gives none.
+MAX_TOKENS = 256
+#: Deliveries before a request goes to the dead letter (design brief's max_attempts).
+MAX_ATTEMPTS = 3
+#: How long a finished request's record and result stay readable, seconds.
+RESULT_TTL_S = 24 * 3600
+#: How long an idempotency key maps to its request, seconds (one day, like Stripe's).
+IDEMPOTENCY_TTL_S = 24 * 3600
+#: Events stream length (approximate MAXLEN): about an hour of a busy fleet.
+EVENTS_MAXLEN = 100_000
+#: Characters per token for the fast prompt-size estimate (OpenAI's rule of thumb
+#: for English text: ~4 characters per token).
+CHARS_PER_TOKEN = 4.0
+#: Tokens of chat-template overhead per message (OpenAI cookbook's count: 3-4).
+TOKENS_PER_MESSAGE = 4
+
+# --- workers and leases ---
+#: Heartbeat period, seconds (issue #4: every second by default).
+HEARTBEAT_INTERVAL_S = 1.0
+#: A heartbeat hash lives three intervals (issue #4); a worker silent that long is dead.
+HEARTBEAT_TTL_INTERVALS = 3
+#: Lease length, seconds: heartbeat TTL plus a margin, so one missed beat does not
+#: requeue live work but a dead worker's requests return within ~2 beats + margin.
+LEASE_S = 5.0
+
+# --- dispatcher ---
+#: Tick when nothing wakes the dispatcher, seconds (issue #3: 100 ms).
+DISPATCH_TICK_S = 0.1
+#: Requests read from the head of each queue per decision round.
+QUEUE_HEAD = 256
+#: Largest batch the dispatcher forms for one worker, requests.
+MAX_BATCH = 32
+#: Token budget of one batch (prompt + max_tokens), tokens: vLLM's default
+#: max_num_batched_tokens order of magnitude for a single card.
+BATCH_TOKEN_BUDGET = 65_536
+#: Weight of an output token against an input token in the tenant fair-share
+#: counter: VTC (Sheng et al., OSDI 2024) uses w_p=1, w_q=2.
+VTC_OUTPUT_WEIGHT = 2.0
+
+# --- scaler ---
+SCALER_INTERVAL_S = 5.0
+SCALE_MIN_WORKERS = 1
+SCALE_MAX_WORKERS = 8
+#: Scale-down only after a worker has been idle this long (issue #5: 300 s).
+SCALE_IDLE_S = 300.0
+SCALE_UP_COOLDOWN_S = 15.0
+SCALE_DOWN_COOLDOWN_S = 60.0

@@ -1,0 +1,106 @@
+"""Every exception inferq raises, each with a message that says what to do."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+
+class InferqError(Exception):
+    """Base class of every inferq error."""
+
+
+class InvalidRequest(InferqError, ValueError):
+    """A request was refused before it reached Redis.
+
+    Attributes:
+        field: the offending field's name (e.g. ``"max_tokens"``).
+        reason: what is wrong with the value, naming the limit.
+    """
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}")
+
+
+class UnknownPriorityClass(InvalidRequest):
+    """The priority names no configured class (or the level is out of range)."""
+
+
+class UnknownRoute(InvalidRequest):
+    """The model route names no model in the registry and no size satisfies it."""
+
+
+class QueueFull(InferqError):
+    """Backpressure: a per-class or per-tenant queue limit is reached (HTTP 429).
+
+    Attributes:
+        priority: the priority class whose queue is full.
+        tenant: the tenant, when the per-tenant limit was hit, else ``None``.
+        limit: the limit that was reached (queued requests).
+    """
+
+    def __init__(self, priority: str, tenant: str | None, limit: int) -> None:
+        self.priority = priority
+        self.tenant = tenant
+        self.limit = limit
+        who = f"tenant {tenant!r} in class {priority!r}" if tenant else f"class {priority!r}"
+        super().__init__(
+            f"queue full: {who} already has {limit} queued requests (limit {limit}); "
+            "retry later or raise the limit"
+        )
+
+
+class RequestNotFound(InferqError, KeyError):
+    """No request with this id exists (never submitted, or its result expired)."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        super().__init__(f"no request {request_id!r} (never submitted, or its result expired)")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class ResultTimeout(InferqError, TimeoutError):
+    """``result(timeout=...)`` ran out before the request finished; it is still in flight."""
+
+
+class ConfigError(InferqError, ValueError):
+    """A setting or the TOML file is invalid; the message names the setting."""
+
+
+class RedisUnavailable(InferqError, ConnectionError):
+    """Redis did not answer. The URL in the message has its password redacted."""
+
+    def __init__(self, url: str, cause: BaseException) -> None:
+        self.url = redact_url(url)
+        super().__init__(f"cannot reach Redis at {self.url}: {cause}")
+
+
+class CorruptRecord(InferqError):
+    """A record read from Redis does not parse; it is quarantined, never fatal."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.key = key
+        self.reason = reason
+        super().__init__(f"corrupt record {key}: {reason}")
+
+
+def redact_url(url: str) -> str:
+    """Return ``url`` with any password replaced by ``***``.
+
+    ``redis://user:secret@host:6379/0`` -> ``redis://user:***@host:6379/0``.
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    netloc = f"{user}:***@{host}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))

@@ -1,0 +1,163 @@
+"""Every Redis key name of inferq, built in one place.
+
+All keys of one deployment share the prefix ``inferq:<namespace>:``, so several
+deployments (or tests) share one Redis without touching each other's data.
+Lua scripts receive the prefix as ARGV and build per-request keys with the
+same templates (spelled once more in ``lua/lib.lua``; a test checks they agree).
+
+Layout (P = ``inferq:<namespace>:``):
+
+==============================  ======  =============================================
+key                             type    what
+==============================  ======  =============================================
+P req:<id>                      hash    request record: submission, state, result
+P q:<class>:<route>             zset    queued ids, score = submit time ms
+P queues                        set     ``<class>|<route>`` of every queue ever used
+P deadlines                     zset    queued/assigned ids, score = deadline ms
+P leases                        zset    assigned/running ids, score = lease expiry ms
+P done:<id>                     list    one token pushed when the request is final
+P idem:<tenant>:<key>           string  idempotency key -> request id
+P counts                        hash    queued counts: ``c:<class>``, ``t:<class>:<tenant>``
+P stats                         hash    lifetime counters (submitted, succeeded, ...)
+P workers                       zset    live worker ids, score = last heartbeat ms
+P worker:<id>                   hash    heartbeat (expires after 3 intervals)
+P load:<id>                     hash    reserved ``slots`` and ``mib`` of assigned work
+P inflight:<id>                 set     request ids assigned to the worker
+P drain:<id>                    string  set when the worker was asked to drain
+P fair:classes                  hash    class -> smooth-WRR credit
+P fair:tenants:<class>          hash    tenant -> virtual token counter
+P dead                          zset    dead-lettered ids, score = time ms
+P quarantine                    hash    corrupt key -> reason
+P quarantined:<key>             any     a corrupt record, renamed aside
+P events                        stream  capped event log
+P wake                          list    dispatcher wake-up tokens
+P estimates                     hash    ``<model>|<task>`` -> moving output-token mean
+P scaler:lease                  string  the acting scaler replica's id
+P scaler:desired                hash    model -> desired workers (metrics mode)
+==============================  ======  =============================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ROOT = "inferq"
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Key builder for one namespace: ``Keys("prod").req("abc")`` -> ``inferq:prod:req:abc``."""
+
+    namespace: str
+
+    @property
+    def prefix(self) -> str:
+        """The ``inferq:<namespace>:`` prefix every key of this deployment starts with."""
+        return f"{ROOT}:{self.namespace}:"
+
+    def pattern(self) -> str:
+        """SCAN/KEYS pattern matching every key of this deployment."""
+        return self.prefix + "*"
+
+    # requests
+    def req(self, request_id: str) -> str:
+        return f"{self.prefix}req:{request_id}"
+
+    def queue(self, priority: str, route: str) -> str:
+        return f"{self.prefix}q:{priority}:{route}"
+
+    @property
+    def queues(self) -> str:
+        return f"{self.prefix}queues"
+
+    @property
+    def deadlines(self) -> str:
+        return f"{self.prefix}deadlines"
+
+    @property
+    def leases(self) -> str:
+        return f"{self.prefix}leases"
+
+    def done(self, request_id: str) -> str:
+        return f"{self.prefix}done:{request_id}"
+
+    def idem(self, tenant: str, key: str) -> str:
+        return f"{self.prefix}idem:{tenant}:{key}"
+
+    @property
+    def counts(self) -> str:
+        return f"{self.prefix}counts"
+
+    @property
+    def stats(self) -> str:
+        return f"{self.prefix}stats"
+
+    # workers
+    @property
+    def workers(self) -> str:
+        return f"{self.prefix}workers"
+
+    def worker(self, worker_id: str) -> str:
+        return f"{self.prefix}worker:{worker_id}"
+
+    def load(self, worker_id: str) -> str:
+        return f"{self.prefix}load:{worker_id}"
+
+    def inflight(self, worker_id: str) -> str:
+        return f"{self.prefix}inflight:{worker_id}"
+
+    def drain(self, worker_id: str) -> str:
+        return f"{self.prefix}drain:{worker_id}"
+
+    def rq_queue_name(self, worker_id: str) -> str:
+        """Name (not key) of the worker's private RQ queue; RQ adds its own prefix."""
+        return f"{ROOT}:{self.namespace}:w:{worker_id}"
+
+    # scheduling state
+    @property
+    def fair_classes(self) -> str:
+        return f"{self.prefix}fair:classes"
+
+    def fair_tenants(self, priority: str) -> str:
+        return f"{self.prefix}fair:tenants:{priority}"
+
+    @property
+    def dead(self) -> str:
+        return f"{self.prefix}dead"
+
+    @property
+    def quarantine(self) -> str:
+        return f"{self.prefix}quarantine"
+
+    def quarantined(self, key: str) -> str:
+        return f"{self.prefix}quarantined:{key}"
+
+    @property
+    def events(self) -> str:
+        return f"{self.prefix}events"
+
+    @property
+    def wake(self) -> str:
+        return f"{self.prefix}wake"
+
+    @property
+    def estimates(self) -> str:
+        return f"{self.prefix}estimates"
+
+    @property
+    def scaler_lease(self) -> str:
+        return f"{self.prefix}scaler:lease"
+
+    @property
+    def scaler_desired(self) -> str:
+        return f"{self.prefix}scaler:desired"
+
+
+def count_field_class(priority: str) -> str:
+    """Field of ``P counts`` holding a class's queued count."""
+    return f"c:{priority}"
+
+
+def count_field_tenant(priority: str, tenant: str) -> str:
+    """Field of ``P counts`` holding one tenant's queued count in a class."""
+    return f"t:{priority}:{tenant}"

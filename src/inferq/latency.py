@@ -1,0 +1,51 @@
+"""The latency model of a simulated model server: one implementation, two users.
+
+The worker's ``sim`` backend sleeps for these durations; the simulator advances
+virtual time by them. Prefill is compute-bound (tokens/s over the whole prompt);
+decode is memory-bound, so each extra concurrent sequence slows every sequence
+by a fraction ``1 - batch_efficiency`` of a step:
+
+    ttft_s   = prompt_tokens / prefill_tps
+    rate     = decode_tps / (1 + (1 - batch_efficiency) * (concurrency - 1))   tokens/s/seq
+    decode_s = output_tokens / rate
+
+With the defaults (efficiency 0.85) 32 concurrent sequences give ~5.7x the
+throughput of one, the order of magnitude vLLM reports for 7B models on one card.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inferq.config import ModelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceTime:
+    """Durations of one request, seconds."""
+
+    ttft_s: float
+    decode_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.ttft_s + self.decode_s
+
+
+def service_time(
+    spec: ModelSpec, prompt_tokens: int, output_tokens: int, concurrency: int = 1
+) -> ServiceTime:
+    """Time to serve one request on ``spec`` with ``concurrency`` sequences running.
+
+    Args:
+        spec: the model's latency profile (``prefill_tps``, ``decode_tps``, ``batch_efficiency``).
+        prompt_tokens: input tokens (>= 0).
+        output_tokens: generated tokens (>= 0).
+        concurrency: sequences decoding at once on the worker (>= 1).
+    """
+    n = max(1, concurrency)
+    rate = spec.decode_tps / (1.0 + (1.0 - spec.batch_efficiency) * (n - 1))
+    return ServiceTime(
+        ttft_s=max(0, prompt_tokens) / spec.prefill_tps,
+        decode_s=max(0, output_tokens) / rate,
+    )

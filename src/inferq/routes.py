@@ -1,0 +1,99 @@
+"""Model routes: an exact model name, or a size requirement such as ``>=13b``.
+
+Pure functions over the registry; no I/O. A size requirement is served by the
+smallest adequate model (the design brief's cost rule); an exact name by that
+model, or by its configured fallbacks when the priority class allows degrading.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from inferq.config import ModelSpec
+from inferq.errors import InvalidRequest, UnknownRoute
+
+_SIZE = re.compile(r"^>=\s*(\d+(?:\.\d+)?)\s*[bB]$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A parsed route: exactly one of ``model`` (exact name) or ``min_params_b`` is set."""
+
+    text: str
+    model: str | None = None
+    min_params_b: float | None = None
+
+    def satisfied_by(self, spec: ModelSpec) -> bool:
+        """True when ``spec`` serves this route without degrading."""
+        if self.model is not None:
+            return spec.name == self.model
+        assert self.min_params_b is not None
+        return spec.params_b >= self.min_params_b
+
+
+def parse_route(text: str) -> Route:
+    """Parse ``"llama-3.1-8b"`` or ``">=13b"`` (billions of parameters).
+
+    Raises:
+        InvalidRequest: (field ``model``) the text is neither form.
+    """
+    if not isinstance(text, str):
+        raise InvalidRequest("model", f"must be a string, got {type(text).__name__}")
+    stripped = text.strip()
+    size = _SIZE.match(stripped)
+    if size:
+        min_b = float(size.group(1))
+        if min_b <= 0:
+            raise InvalidRequest("model", f"size requirement {text!r} must be above 0b")
+        return Route(text=f">={size.group(1)}b", min_params_b=min_b)
+    if _NAME.match(stripped):
+        return Route(text=stripped, model=stripped)
+    raise InvalidRequest(
+        "model",
+        f"{text!r} is neither a model name (letters, digits, '.', '_', '-', at most 64) "
+        "nor a size requirement like '>=13b'",
+    )
+
+
+def candidates(route: Route, registry: Sequence[ModelSpec], *, degrade: bool = False) -> list[str]:
+    """Models that may serve ``route``, most preferred first.
+
+    Size requirements list every adequate model, smallest first (cheapest). An
+    exact name lists itself, then its fallbacks when ``degrade`` is true.
+    """
+    if route.model is not None:
+        names = [route.model]
+        if degrade:
+            spec = next((m for m in registry if m.name == route.model), None)
+            if spec is not None:
+                names.extend(spec.fallbacks)
+        return names
+    adequate = [m for m in registry if route.satisfied_by(m)]
+    return [m.name for m in sorted(adequate, key=lambda m: (m.params_b, m.name))]
+
+
+def check_known(route: Route, registry: Sequence[ModelSpec]) -> list[ModelSpec]:
+    """Registry models that serve ``route`` (without degrading), smallest first.
+
+    Raises:
+        UnknownRoute: no model in the registry serves the route.
+    """
+    by_name = {m.name: m for m in registry}
+    specs = [by_name[n] for n in candidates(route, registry) if n in by_name]
+    if not specs:
+        known = ", ".join(sorted(by_name))
+        if route.model is not None:
+            raise UnknownRoute("model", f"unknown model {route.text!r} (registry: {known})")
+        largest = max(m.params_b for m in registry)
+        raise UnknownRoute(
+            "model", f"no model has {route.text} parameters (largest: {largest:g}b)"
+        )
+    return specs
+
+
+def serves(model: str, route: Route, registry: Iterable[ModelSpec], *, degrade: bool) -> bool:
+    """True when a worker running ``model`` may take a request for ``route``."""
+    return model in candidates(route, list(registry), degrade=degrade)

@@ -1,0 +1,1 @@
+"""The scaler daemon: desired workers per model, started and drained through a backend."""

@@ -1,0 +1,1 @@
+"""The dispatcher: reads queues and heartbeats, applies the policy, assigns batches."""

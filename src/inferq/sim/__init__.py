@@ -1,0 +1,1 @@
+"""Discrete-event simulation of a fleet, in virtual time, through the production policies."""

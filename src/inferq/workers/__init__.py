@@ -1,0 +1,1 @@
+"""GPU worker processes: heartbeats, batch execution through a backend, drain."""
