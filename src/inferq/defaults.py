@@ -80,3 +80,15 @@ SCALE_MAX_WORKERS = 8
 SCALE_IDLE_S = 300.0
 SCALE_UP_COOLDOWN_S = 15.0
 SCALE_DOWN_COOLDOWN_S = 60.0
+
+# --- traces (inferq.traces; simulator and demo load) ---
+#: Tenants a trace's requests are spread over when the trace names none (issue 7's
+#: "documented defaults"): enough for a fairness index across tenants to mean something.
+TRACE_TENANTS = 20
+#: Zipf exponent of tenant popularity (rank k has weight 1/k^s): s ~ 1 is the
+#: classic skew of service and web popularity; 1.1 gives the top tenant 31.3% of
+#: requests and the smallest 1.2% with 20 tenants.
+TRACE_TENANT_ZIPF_S = 1.1
+#: A synthetic bulk submission (the demo's batch job) arrives within this many
+#: seconds: one submit_many call, not a second trace.
+SYNTHETIC_BATCH_WINDOW_S = 1.0
