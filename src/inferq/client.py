@@ -1,0 +1,389 @@
+"""The client library: submit requests, wait for results, cancel, inspect.
+
+::
+
+    from inferq import Client
+
+    with Client("redis://127.0.0.1:6379/0") as client:
+        handle = client.submit("Write a haiku about GPUs", priority="realtime", max_tokens=64)
+        result = handle.result(timeout=30)        # blocks on Redis, no polling
+        print(result.status, result.output)
+
+Every argument is validated before anything reaches Redis (see
+:func:`inferq.intake.build_request`). :class:`AsyncClient` offers the same
+calls for asyncio code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from inferq.config import Settings
+from inferq.errors import QueueFull, RedisUnavailable, RequestNotFound, ResultTimeout
+from inferq.intake import build_request
+from inferq.keys import Keys
+from inferq.models import InferenceRequest, RequestRecord, RequestState, Result
+from inferq.store import (
+    Store,
+    Submitted,
+    connect,
+    connection_kwargs,
+    parse_record,
+    parse_submit,
+    script_source,
+    submit_call,
+)
+
+#: After the deadline, how long ``result()`` without a timeout still waits for a
+#: running request (its worker times it out), seconds: two leases.
+_RUNNING_GRACE_LEASES = 2.0
+
+
+class BatchRefused(QueueFull):
+    """Some requests of a ``submit_many`` call hit a queue limit.
+
+    Attributes:
+        accepted: handles of the requests that were written.
+        refused: (index in the input, the QueueFull that refused it).
+    """
+
+    def __init__(self, accepted: list[RequestHandle], refused: list[tuple[int, QueueFull]]) -> None:
+        first = refused[0][1]
+        super().__init__(first.priority, first.tenant, first.limit)
+        self.accepted = accepted
+        self.refused = refused
+        self.args = (f"{len(refused)} of {len(accepted) + len(refused)} refused; first: {first}",)
+
+
+class RequestHandle:
+    """A submitted request: its id and shortcuts to wait, inspect and cancel it."""
+
+    def __init__(self, client: Client, submitted: Submitted) -> None:
+        self.client = client
+        self.id = submitted.id
+        self.duplicate = submitted.duplicate
+
+    def result(self, timeout: float | None = None) -> Result:
+        """Block until the final result (see :meth:`Client.result`)."""
+        return self.client.result(self.id, timeout=timeout)
+
+    def status(self) -> RequestRecord:
+        """The request's current record."""
+        return self.client.status(self.id)
+
+    def cancel(self) -> RequestState:
+        """Cancel it if it has not started."""
+        return self.client.cancel(self.id)
+
+    def __repr__(self) -> str:
+        return f"RequestHandle({self.id!r})"
+
+
+class Client:
+    """Synchronous client.
+
+    Args:
+        redis_url: where Redis is (default: ``settings.redis_url``, i.e.
+            ``INFERQ_REDIS_URL`` or ``redis://127.0.0.1:6379/0``).
+        settings: classes, models and limits (default: :meth:`Settings.load`).
+        namespace: overrides ``settings.namespace``.
+        connection: an existing redis-py client (``decode_responses=True``).
+
+    Raises:
+        RedisUnavailable: Redis does not answer (URL shown with the password redacted).
+    """
+
+    def __init__(
+        self,
+        redis_url: str | None = None,
+        *,
+        settings: Settings | None = None,
+        namespace: str | None = None,
+        connection: redis.Redis | None = None,
+    ) -> None:
+        settings = settings or Settings.load()
+        overrides: dict[str, Any] = {}
+        if redis_url is not None:
+            overrides["redis_url"] = redis_url
+        if namespace is not None:
+            overrides["namespace"] = namespace
+        if overrides:
+            settings = settings.model_copy(update=overrides)
+        self.settings = settings
+        self.store = Store(connection or connect(settings.redis_url), settings)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self.store.redis.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def submit(self, prompt: str | None = None, **fields: Any) -> RequestHandle:
+        """Validate and enqueue one request (one round trip).
+
+        Args:
+            prompt: the prompt text (or pass ``messages=[...]``).
+            **fields: ``model``, ``priority``, ``tenant``, ``task_type``,
+                ``max_tokens``, ``timeout`` (s) or ``deadline`` (epoch s),
+                ``idempotency_key``, ``params``: see :func:`inferq.intake.build_request`.
+
+        Raises:
+            InvalidRequest: the arguments are refused (nothing written).
+            QueueFull: a class or tenant queue limit is reached (nothing written).
+        """
+        request = build_request(self.settings, prompt=prompt, **fields)
+        submitted = self.store.submit(request, explicit_deadline="deadline" in fields)
+        return RequestHandle(self, submitted)
+
+    def submit_many(self, items: Iterable[Mapping[str, Any]]) -> list[RequestHandle]:
+        """Validate every item, then enqueue them all in one pipelined round trip.
+
+        Each item holds :meth:`submit`'s arguments (``prompt`` included).
+
+        Raises:
+            InvalidRequest: an item is refused; nothing at all is written. The
+                field is prefixed with the item's index (``items[3].max_tokens``).
+            BatchRefused: some items hit a queue limit; the others were written
+                (``exc.accepted``).
+        """
+        requests = _build_many(self.settings, items)
+        outcomes = self.store.submit_many(requests)
+        return _handles(self, outcomes)
+
+    def status(self, request_id: str) -> RequestRecord:
+        """The request's record: state, timings, result when final.
+
+        Raises:
+            RequestNotFound: unknown id, or its result expired (``result_ttl_s``).
+        """
+        return self.store.record(request_id)
+
+    def result(self, request_id: str, timeout: float | None = None) -> Result:
+        """Block until the request is final and return its one result.
+
+        Without ``timeout`` it waits until the deadline; a request still queued
+        then is expired on the spot (so the caller is never left hanging even
+        with no dispatcher running), a running one gets two leases' grace.
+
+        Raises:
+            ResultTimeout: ``timeout`` seconds passed first (the request goes on).
+            RequestNotFound: unknown id.
+        """
+        started = time.monotonic()
+        expired_locally = False
+        while True:
+            record = self.store.record(request_id)
+            if record.result is not None:
+                return record.result
+            wait = _next_wait(self.settings, record, started, timeout, self.store.now())
+            if wait is None:
+                raise ResultTimeout(_timeout_message(record, timeout))
+            if wait <= 0 and not expired_locally:
+                self.store.expire_ids([(request_id, "deadline passed with no dispatcher")])
+                expired_locally = True
+                continue
+            before = time.monotonic()
+            if not self.store.wait_final(request_id, max(wait, 0.05)):
+                _pace(before, wait)
+
+    def cancel(self, request_id: str) -> RequestState:
+        """Cancel a queued or assigned request; returns the state after the call.
+
+        A running request is not interrupted (its state is returned unchanged).
+
+        Raises:
+            RequestNotFound: unknown id.
+        """
+        return RequestState(self.store.cancel(request_id))
+
+
+class AsyncClient:
+    """The asyncio twin of :class:`Client` (redis.asyncio); same arguments and errors."""
+
+    def __init__(
+        self,
+        redis_url: str | None = None,
+        *,
+        settings: Settings | None = None,
+        namespace: str | None = None,
+    ) -> None:
+        settings = settings or Settings.load()
+        overrides: dict[str, Any] = {}
+        if redis_url is not None:
+            overrides["redis_url"] = redis_url
+        if namespace is not None:
+            overrides["namespace"] = namespace
+        if overrides:
+            settings = settings.model_copy(update=overrides)
+        self.settings = settings
+        self.keys = Keys(settings.namespace)
+        self.redis: aioredis.Redis = aioredis.Redis.from_url(
+            settings.redis_url, **connection_kwargs()
+        )
+        self._submit = self.redis.register_script(script_source("submit"))
+        self._cancel = self.redis.register_script(script_source("cancel"))
+        self._expire = self.redis.register_script(script_source("expire"))
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self.redis.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        try:
+            await self.redis.ping()
+        except (redis.RedisError, OSError) as exc:
+            raise RedisUnavailable(self.settings.redis_url, exc) from None
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def submit(self, prompt: str | None = None, **fields: Any) -> AsyncRequestHandle:
+        """See :meth:`Client.submit`."""
+        request = build_request(self.settings, prompt=prompt, **fields)
+        keys, argv = submit_call(self.keys, self.settings, request, "deadline" in fields)
+        reply = await self._submit(keys=keys, args=argv)
+        return AsyncRequestHandle(self, parse_submit(reply, request).id)
+
+    async def submit_many(self, items: Iterable[Mapping[str, Any]]) -> list[AsyncRequestHandle]:
+        """See :meth:`Client.submit_many` (one pipelined round trip)."""
+        requests = _build_many(self.settings, items)
+        pipe = self.redis.pipeline(transaction=False)
+        for request, explicit in requests:
+            keys, argv = submit_call(self.keys, self.settings, request, explicit)
+            await self._submit(keys=keys, args=argv, client=pipe)
+        replies = await pipe.execute()
+        handles: list[AsyncRequestHandle] = []
+        refused: list[tuple[int, QueueFull]] = []
+        for i, ((request, _), reply) in enumerate(zip(requests, replies, strict=True)):
+            try:
+                handles.append(AsyncRequestHandle(self, parse_submit(reply, request).id))
+            except QueueFull as exc:
+                refused.append((i, exc))
+        if refused:
+            raise BatchRefused(handles, refused)  # type: ignore[arg-type]
+        return handles
+
+    async def status(self, request_id: str) -> RequestRecord:
+        """See :meth:`Client.status`."""
+        fields = await self.redis.hgetall(self.keys.req(request_id))
+        return parse_record(request_id, fields, self.keys)
+
+    async def result(self, request_id: str, timeout: float | None = None) -> Result:
+        """See :meth:`Client.result`."""
+        started = time.monotonic()
+        expired_locally = False
+        key = self.keys.done(request_id)
+        while True:
+            record = await self.status(request_id)
+            if record.result is not None:
+                return record.result
+            sec, usec = await self.redis.time()
+            wait = _next_wait(self.settings, record, started, timeout, sec + usec / 1e6)
+            if wait is None:
+                raise ResultTimeout(_timeout_message(record, timeout))
+            if wait <= 0 and not expired_locally:
+                s = self.settings
+                args = [self.keys.prefix, s.result_ttl_s, s.events_maxlen, 1, "ids"]
+                await self._expire(keys=[], args=[*args, request_id, "deadline passed"])
+                expired_locally = True
+                continue
+            await self.redis.blmove(key, key, timeout=max(wait, 0.05), src="RIGHT", dest="LEFT")
+
+    async def cancel(self, request_id: str) -> RequestState:
+        """See :meth:`Client.cancel`."""
+        s = self.settings
+        state = await self._cancel(
+            keys=[], args=[self.keys.prefix, request_id, s.result_ttl_s, s.events_maxlen]
+        )
+        if not state:
+            raise RequestNotFound(request_id)
+        return RequestState(state)
+
+
+class AsyncRequestHandle:
+    """A request submitted through :class:`AsyncClient`."""
+
+    def __init__(self, client: AsyncClient, request_id: str) -> None:
+        self.client = client
+        self.id = request_id
+
+    async def result(self, timeout: float | None = None) -> Result:
+        return await self.client.result(self.id, timeout=timeout)
+
+    async def status(self) -> RequestRecord:
+        return await self.client.status(self.id)
+
+    async def cancel(self) -> RequestState:
+        return await self.client.cancel(self.id)
+
+    def __repr__(self) -> str:
+        return f"AsyncRequestHandle({self.id!r})"
+
+
+def _build_many(
+    settings: Settings, items: Iterable[Mapping[str, Any]]
+) -> list[tuple[InferenceRequest, bool]]:
+    from inferq.errors import InvalidRequest
+
+    out: list[tuple[InferenceRequest, bool]] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise InvalidRequest(f"items[{i}]", f"must be a mapping, got {type(item).__name__}")
+        try:
+            out.append((build_request(settings, **item), "deadline" in item))
+        except InvalidRequest as exc:
+            raise type(exc)(f"items[{i}].{exc.field}", exc.reason) from None
+        except TypeError as exc:
+            raise InvalidRequest(f"items[{i}]", str(exc)) from None
+    return out
+
+
+def _handles(client: Client, outcomes: Sequence[Submitted | QueueFull]) -> list[RequestHandle]:
+    handles: list[RequestHandle] = []
+    refused: list[tuple[int, QueueFull]] = []
+    for i, outcome in enumerate(outcomes):
+        if isinstance(outcome, QueueFull):
+            refused.append((i, outcome))
+        else:
+            handles.append(RequestHandle(client, outcome))
+    if refused:
+        raise BatchRefused(handles, refused)
+    return handles
+
+
+def _next_wait(
+    settings: Settings, record: RequestRecord, started: float, timeout: float | None, now: float
+) -> float | None:
+    """Seconds to block next; 0 or less = the deadline passed; None = give up."""
+    if timeout is not None:
+        left = timeout - (time.monotonic() - started)
+        return left if left > 0 else None
+    until_deadline = record.request.deadline - now
+    if until_deadline > 0:
+        return until_deadline
+    if record.state in (RequestState.QUEUED, RequestState.ASSIGNED):
+        return 0.0
+    grace = record.request.deadline + _RUNNING_GRACE_LEASES * settings.lease_s - now
+    return grace if grace > 0 else None
+
+
+def _pace(before: float, wait: float) -> None:
+    """Servers whose BLMOVE returns at once on an empty list (fakeredis): don't spin."""
+    elapsed = time.monotonic() - before
+    if elapsed < min(wait, 0.05):
+        time.sleep(min(wait, 0.05) - elapsed)
+
+
+def _timeout_message(record: RequestRecord, timeout: float | None) -> str:
+    waited = f"{timeout:g} s" if timeout is not None else "past its deadline"
+    return f"request {record.request.id} still {record.state.value} after {waited}"

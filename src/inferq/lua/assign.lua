@@ -1,0 +1,36 @@
+-- assign: claim a batch of queued requests for one worker (compare-and-set per request).
+-- KEYS[1] worker:<w> (heartbeat)   KEYS[2] load:<w>   KEYS[3] inflight:<w>
+-- ARGV: 1 prefix, 2 worker id, 3 batch id, 4 lease_ms, 5 events maxlen,
+--       then triples: request id, queue key, need_mib
+-- Returns a flat list {id1, attempt1, id2, attempt2, ...} of the requests claimed.
+-- Invariant: a request leaves its queue exactly once per attempt (ZREM is the CAS, so two
+-- dispatchers never assign the same request); every assigned request is in the leases and
+-- inflight:<w> and its need is counted in load:<w>; nothing is assigned to a worker that is
+-- not live and ready.
+local p, w, batch, lease_ms, maxlen = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+if redis.call('HGET', KEYS[1], 'state') ~= 'ready' then return {} end
+local now = now_ms()
+local claimed, ids = {}, {}
+for i = 6, #ARGV, 3 do
+  local id, qkey, need = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local key = k_req(p, id)
+  local r = redis.call('HMGET', key, 'state', 'deadline_ms', 'priority', 'tenant')
+  if r[1] == 'queued' and tonumber(r[2]) > now and redis.call('ZREM', qkey, id) == 1 then
+    local attempt = redis.call('HINCRBY', key, 'attempts', 1)
+    redis.call('HSET', key, 'state', 'assigned', 'worker', w, 'batch', batch,
+      'dispatched_ms', now, 'need_mib', need)
+    redis.call('ZADD', p .. 'leases', now + lease_ms, id)
+    redis.call('SADD', KEYS[3], id)
+    redis.call('HINCRBY', KEYS[2], 'slots', 1)
+    redis.call('HINCRBYFLOAT', KEYS[2], 'mib', need)
+    count_queued(p, r[3], r[4], -1)
+    claimed[#claimed + 1] = id
+    claimed[#claimed + 1] = attempt
+    ids[#ids + 1] = id
+  end
+end
+if #ids > 0 then
+  stat(p, 'dispatched', #ids)
+  emit(p, maxlen, 'dispatch', 'worker', w, 'batch', batch, 'n', #ids, 'ids', table.concat(ids, ','))
+end
+return claimed

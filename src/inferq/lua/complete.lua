@@ -1,0 +1,30 @@
+-- complete: record final results from a worker, fenced by attempt number.
+-- ARGV: 1 prefix, 2 worker id, 3 result ttl s, 4 events maxlen,
+--       then 8-tuples: id, attempt, status ('succeeded'|'failed'|'expired'), output,
+--       prompt_tokens, completion_tokens, first_token_ms ('' if unknown), error
+-- Returns one verdict per tuple: 'ok' or 'stale' (not the attempt that holds the request:
+-- ignored, so a late result from a re-dispatched attempt never overwrites the real one).
+-- Invariant: exactly one final result per request; a final request holds no lease or
+-- reservation; the waiting client is told once.
+local p, w, ttl, maxlen = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local now = now_ms()
+local out = {}
+for i = 5, #ARGV, 8 do
+  local id, attempt, status = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local key = k_req(p, id)
+  local r = redis.call('HMGET', key, 'state', 'attempts', 'worker', 'need_mib')
+  if (r[1] ~= 'assigned' and r[1] ~= 'running') or r[2] ~= attempt or r[3] ~= w then
+    stat(p, 'stale_results')
+    out[#out + 1] = 'stale'
+  else
+    release(p, id, w, r[4])
+    finalize(p, id, status, now, ttl, maxlen, {
+      'output', ARGV[i + 3], 'prompt_tokens_used', ARGV[i + 4],
+      'completion_tokens', ARGV[i + 5], 'first_token_ms', ARGV[i + 6], 'error', ARGV[i + 7]})
+    local etype = 'finish'
+    if status == 'failed' then etype = 'fail' elseif status == 'expired' then etype = 'expire' end
+    emit(p, maxlen, etype, 'id', id, 'worker', w, 'attempt', attempt)
+    out[#out + 1] = 'ok'
+  end
+end
+return out

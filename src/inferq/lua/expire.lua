@@ -1,0 +1,35 @@
+-- expire: end requests whose deadline has passed (from the deadlines index), or the given ids.
+-- ARGV: 1 prefix, 2 result ttl s, 3 events maxlen, 4 limit, 5 mode ('due' | 'ids'),
+--       then (mode 'ids') pairs: id, reason
+-- Returns a flat list {id, waited_ms, ...} of the requests expired now.
+-- Invariant: a queued or assigned request past its deadline is expired and its waiting client
+-- told; a running one is left to its worker (which times it out) and leaves the index; the
+-- deadlines index holds only non-final requests.
+local p, ttl, maxlen, limit, mode = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local now = now_ms()
+local out = {}
+local function expire_one(id, reason)
+  local key = k_req(p, id)
+  local r = redis.call('HMGET', key, 'state', 'priority', 'model', 'tenant', 'worker', 'need_mib', 'submitted_ms')
+  if r[1] == 'queued' then
+    redis.call('ZREM', k_queue(p, r[2], r[3]), id)
+    count_queued(p, r[2], r[4], -1)
+  elseif r[1] == 'assigned' then
+    release(p, id, r[5], r[6])
+  else
+    redis.call('ZREM', p .. 'deadlines', id)
+    return
+  end
+  local waited = now - tonumber(r[7])
+  finalize(p, id, 'expired', now, ttl, maxlen, {'error', reason .. ' (waited ' .. string.format('%.2f', waited / 1000) .. ' s)'})
+  emit(p, maxlen, 'expire', 'id', id, 'class', r[2], 'reason', reason)
+  out[#out + 1] = id
+  out[#out + 1] = waited
+end
+if mode == 'due' then
+  local due = redis.call('ZRANGEBYSCORE', p .. 'deadlines', '-inf', now, 'LIMIT', 0, limit)
+  for _, id in ipairs(due) do expire_one(id, 'deadline passed while ' .. (redis.call('HGET', k_req(p, id), 'state') or 'gone')) end
+else
+  for i = 6, #ARGV, 2 do expire_one(ARGV[i], ARGV[i + 1]) end
+end
+return out

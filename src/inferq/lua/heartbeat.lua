@@ -1,0 +1,23 @@
+-- heartbeat: publish a worker's state and extend the leases of its in-flight requests.
+-- KEYS[1] worker:<w>   KEYS[2] inflight:<w>   KEYS[3] drain:<w>
+-- ARGV: 1 prefix, 2 worker id, 3 ttl_ms, 4 lease_ms, 5 events maxlen, 6.. field/value pairs
+-- Returns {joined (1 if the hash was absent), drain_requested (1|0), now_ms}
+-- Invariant: a live worker's hash exists and is in the workers index with its last beat;
+-- while it beats, none of its requests' leases lapse; a silent worker's hash expires after ttl.
+local p, w, ttl, lease_ms, maxlen = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local now = now_ms()
+local joined = 1 - redis.call('EXISTS', KEYS[1])
+local fields = {}
+for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
+redis.call('HSET', KEYS[1], unpack(fields))
+redis.call('HSET', KEYS[1], 'last_heartbeat_ms', now)
+redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('ZADD', p .. 'workers', now, w)
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  redis.call('ZADD', p .. 'leases', 'XX', now + lease_ms, id)
+end
+if joined == 1 then
+  local model = redis.call('HGET', KEYS[1], 'model') or ''
+  emit(p, maxlen, 'worker_joined', 'worker', w, 'model', model)
+end
+return {joined, redis.call('EXISTS', KEYS[3]), now}

@@ -1,0 +1,15 @@
+-- quarantine: move a corrupt record aside and drop its id from the indexes that name it.
+-- KEYS[1] the corrupt key (may be absent, e.g. a queue member with no record)
+-- ARGV: 1 prefix, 2 reason, 3 events maxlen, then pairs: index key, member to remove
+-- Returns 1.
+-- Invariant: nothing is deleted: the record is renamed to quarantined:<key> and the reason
+-- kept in the quarantine hash, where `inferq` reports it; no daemon meets it again.
+local p, reason = ARGV[1], ARGV[2]
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('RENAME', KEYS[1], p .. 'quarantined:' .. KEYS[1])
+  redis.call('PERSIST', p .. 'quarantined:' .. KEYS[1])
+end
+redis.call('HSET', p .. 'quarantine', KEYS[1], reason)
+for i = 4, #ARGV, 2 do redis.call('ZREM', ARGV[i], ARGV[i + 1]) end
+emit(p, ARGV[3], 'quarantine', 'key', KEYS[1], 'reason', reason)
+return 1

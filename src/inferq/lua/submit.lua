@@ -1,0 +1,37 @@
+-- submit: accept one validated request, or refuse it, in one round trip.
+-- KEYS[1] req:<id>   KEYS[2] q:<class>:<route>   KEYS[3] idem:<tenant>:<key> (or '')
+-- ARGV: 1 prefix, 2 id, 3 class, 4 route, 5 tenant, 6 class_limit, 7 tenant_limit,
+--       8 timeout_ms, 9 deadline_ms ('' = now + timeout), 10 idem_ttl_s, 11 events maxlen,
+--       12.. field/value pairs of the submission
+-- Returns {'ok', id, submitted_ms, deadline_ms} | {'dup', existing_id} | {'full', 'class'|'tenant', limit}
+-- Invariant: a request is in exactly one queue iff its state is 'queued'; counts:c:<class>
+-- and counts:t:<class>:<tenant> equal the queued requests they name; an idempotency key
+-- maps to at most one request; a refused submission writes nothing.
+local p, id, class, route, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+if KEYS[3] ~= '' then
+  local existing = redis.call('GET', KEYS[3])
+  if existing then return {'dup', existing} end
+end
+local class_n = tonumber(redis.call('HGET', p .. 'counts', 'c:' .. class) or '0')
+if class_n >= tonumber(ARGV[6]) then return {'full', 'class', ARGV[6]} end
+local tenant_n = tonumber(redis.call('HGET', p .. 'counts', 't:' .. class .. ':' .. tenant) or '0')
+if tenant_n >= tonumber(ARGV[7]) then return {'full', 'tenant', ARGV[7]} end
+if redis.call('EXISTS', KEYS[1]) == 1 then return redis.error_reply('request id ' .. id .. ' exists') end
+
+local now = now_ms()
+local deadline = tonumber(ARGV[9]) or (now + tonumber(ARGV[8]))
+local fields = {}
+for i = 12, #ARGV do fields[#fields + 1] = ARGV[i] end
+redis.call('HSET', KEYS[1], unpack(fields))
+redis.call('HSET', KEYS[1], 'state', 'queued', 'submitted_ms', now, 'deadline_ms', deadline,
+  'attempts', 0)
+redis.call('ZADD', KEYS[2], now, id)
+redis.call('SADD', p .. 'queues', class .. '|' .. route)
+redis.call('ZADD', p .. 'deadlines', deadline, id)
+count_queued(p, class, tenant, 1)
+if KEYS[3] ~= '' then redis.call('SET', KEYS[3], id, 'EX', ARGV[10]) end
+stat(p, 'submitted')
+emit(p, ARGV[11], 'submit', 'id', id, 'class', class, 'route', route, 'tenant', tenant)
+redis.call('LPUSH', p .. 'wake', '1')
+redis.call('LTRIM', p .. 'wake', 0, 0)
+return {'ok', id, tostring(now), tostring(deadline)}

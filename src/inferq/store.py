@@ -1,0 +1,541 @@
+"""All of inferq's Redis I/O: connections, the Lua scripts, and typed calls around them.
+
+Every multi-key change is one Lua script in ``inferq/lua/`` (prepended with
+``lib.lua``); this module only gathers arguments and parses replies. The
+argument builders and reply parsers are module functions so the synchronous
+:class:`Store` and the asyncio client share them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any, Literal
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from inferq.config import Settings
+from inferq.errors import CorruptRecord, QueueFull, RedisUnavailable, RequestNotFound
+from inferq.keys import Keys
+from inferq.models import Event, InferenceRequest, RequestRecord, WorkerInfo, from_ms
+
+log = logging.getLogger(__name__)
+
+SCRIPTS = (
+    "submit",
+    "assign",
+    "start",
+    "complete",
+    "requeue",
+    "expire",
+    "cancel",
+    "heartbeat",
+    "remove_worker",
+    "reap_leases",
+    "dead_requeue",
+    "quarantine",
+)
+
+#: Errors meaning "Redis is not reachable right now" (retried with backoff by daemons).
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+)
+
+
+@cache
+def script_source(name: str) -> str:
+    """Source of ``lua/<name>.lua`` with ``lib.lua`` prepended."""
+    lua = resources.files("inferq") / "lua"
+    return (lua / "lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+
+
+def connection_kwargs() -> dict[str, Any]:
+    """Options every inferq connection uses: text replies, retries with backoff, health checks."""
+    return {
+        "decode_responses": True,
+        "retry": Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=6),
+        "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
+        "health_check_interval": 15,
+        "socket_keepalive": True,
+    }
+
+
+def connect(url: str, *, check: bool = True) -> redis.Redis:
+    """Open a connection pool to ``url`` (``redis://``, ``rediss://`` or ``unix://``).
+
+    Raises:
+        RedisUnavailable: ``check`` is true and the server does not answer PING
+            (the message carries the URL with its password redacted).
+    """
+    client: redis.Redis = redis.Redis.from_url(url, **connection_kwargs())
+    if check:
+        try:
+            client.ping()
+        except (redis.RedisError, OSError) as exc:
+            client.close()
+            raise RedisUnavailable(url, exc) from None
+    return client
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """Outcome of one accepted submission.
+
+    Attributes:
+        id: the request id (the first one's, for a duplicate idempotency key).
+        duplicate: true when the idempotency key mapped to an earlier request.
+        submitted_at / deadline: epoch seconds as recorded by Redis (None for a duplicate).
+    """
+
+    id: str
+    duplicate: bool = False
+    submitted_at: float | None = None
+    deadline: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A completed request result a worker hands to :meth:`Store.complete`.
+
+    Attributes:
+        status: ``succeeded``, ``failed`` (not retryable) or ``expired``.
+        first_token_at: epoch seconds of the first output token, when known.
+    """
+
+    request_id: str
+    attempt: int
+    status: Literal["succeeded", "failed", "expired"]
+    output: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    first_token_at: float | None = None
+    error: str = ""
+
+
+def submit_call(
+    keys: Keys, settings: Settings, request: InferenceRequest, explicit_deadline: bool
+) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of the submit script for one validated request."""
+    cls = settings.class_by_name[request.priority]
+    idem = keys.idem(request.tenant, request.idempotency_key) if request.idempotency_key else ""
+    fields = request.to_fields()
+    for derived in ("submitted_ms", "deadline_ms", "attempts"):
+        fields.pop(derived)
+    argv: list[Any] = [
+        keys.prefix,
+        request.id,
+        request.priority,
+        request.model,
+        request.tenant,
+        cls.queue_limit,
+        cls.tenant_queue_limit,
+        round(request.timeout_s * 1000),
+        fields_deadline(request) if explicit_deadline else "",
+        settings.idempotency_ttl_s,
+        settings.events_maxlen,
+    ]
+    for name, value in fields.items():
+        argv += [name, value]
+    return [keys.req(request.id), keys.queue(request.priority, request.model), idem], argv
+
+
+def fields_deadline(request: InferenceRequest) -> int:
+    """The request's absolute deadline, integer ms."""
+    return round(request.deadline * 1000)
+
+
+def parse_submit(reply: Sequence[str], request: InferenceRequest) -> Submitted:
+    """Turn the submit script's reply into :class:`Submitted`.
+
+    Raises:
+        QueueFull: the class or tenant limit refused the request.
+    """
+    kind = reply[0]
+    if kind == "ok":
+        return Submitted(reply[1], False, from_ms(int(reply[2])), from_ms(int(reply[3])))
+    if kind == "dup":
+        return Submitted(reply[1], duplicate=True)
+    tenant = request.tenant if reply[1] == "tenant" else None
+    raise QueueFull(request.priority, tenant, int(reply[2]))
+
+
+def parse_record(request_id: str, fields: dict[str, str], keys: Keys) -> RequestRecord:
+    """Parse a request hash, raising :class:`RequestNotFound` when it is empty."""
+    if not fields:
+        raise RequestNotFound(request_id)
+    return RequestRecord.from_fields(fields, keys.req(request_id))
+
+
+class Store:
+    """Synchronous access to one deployment's keys (``inferq:<namespace>:*``).
+
+    Args:
+        client: a redis-py client created with ``decode_responses=True`` (see :func:`connect`).
+        settings: limits, TTLs and the namespace.
+    """
+
+    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+        self.redis = client
+        self.settings = settings
+        self.keys = Keys(settings.namespace)
+        self._scripts = {name: client.register_script(script_source(name)) for name in SCRIPTS}
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Store:
+        """Connect to ``settings.redis_url`` and wrap it (raises RedisUnavailable)."""
+        return cls(connect(settings.redis_url), settings)
+
+    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any], client: Any = None) -> Any:
+        return self._scripts[name](keys=list(keys), args=list(args), client=client)
+
+    def now(self) -> float:
+        """Redis server time, epoch seconds (the one clock every script uses)."""
+        sec, usec = self.redis.time()
+        return float(sec) + usec / 1e6
+
+    # --- client side ----------------------------------------------------------
+
+    def submit(self, request: InferenceRequest, *, explicit_deadline: bool = False) -> Submitted:
+        """Write one validated request (one round trip).
+
+        Raises:
+            QueueFull: a class or tenant queue limit refused it (nothing written).
+        """
+        keys, argv = submit_call(self.keys, self.settings, request, explicit_deadline)
+        return parse_submit(self._run("submit", keys, argv), request)
+
+    def submit_many(
+        self, requests: Sequence[tuple[InferenceRequest, bool]]
+    ) -> list[Submitted | QueueFull]:
+        """Write many validated requests in one pipelined round trip.
+
+        Returns one entry per request, in order: :class:`Submitted`, or the
+        :class:`QueueFull` that refused it (others are still written).
+        """
+        pipe = self.redis.pipeline(transaction=False)
+        for request, explicit in requests:
+            keys, argv = submit_call(self.keys, self.settings, request, explicit)
+            self._run("submit", keys, argv, client=pipe)
+        out: list[Submitted | QueueFull] = []
+        for (request, _), reply in zip(requests, pipe.execute(), strict=True):
+            try:
+                out.append(parse_submit(reply, request))
+            except QueueFull as exc:
+                out.append(exc)
+        return out
+
+    def record(self, request_id: str) -> RequestRecord:
+        """The request's record. Raises RequestNotFound, CorruptRecord."""
+        return parse_record(request_id, self.redis.hgetall(self.keys.req(request_id)), self.keys)
+
+    def records(self, request_ids: Iterable[str]) -> list[RequestRecord | None]:
+        """Records of many requests in one round trip (None where absent or corrupt)."""
+        ids = list(request_ids)
+        pipe = self.redis.pipeline(transaction=False)
+        for rid in ids:
+            pipe.hgetall(self.keys.req(rid))
+        out: list[RequestRecord | None] = []
+        for rid, fields in zip(ids, pipe.execute(), strict=True):
+            try:
+                out.append(parse_record(rid, fields, self.keys))
+            except (RequestNotFound, CorruptRecord):
+                out.append(None)
+        return out
+
+    def wait_final(self, request_id: str, timeout_s: float | None) -> bool:
+        """Block until the request is final or ``timeout_s`` passes (None = forever).
+
+        Uses BLMOVE on the request's ``done`` list, rotating the token in place so
+        every waiter wakes: no polling loop. Returns True when a token arrived.
+        """
+        key = self.keys.done(request_id)
+        token = self.redis.blmove(key, key, timeout=timeout_s or 0, src="RIGHT", dest="LEFT")
+        return token is not None
+
+    def cancel(self, request_id: str) -> str:
+        """Cancel a queued or assigned request; returns its state after the call.
+
+        Raises:
+            RequestNotFound: no such request.
+        """
+        s = self.settings
+        state = self._run(
+            "cancel", [], [self.keys.prefix, request_id, s.result_ttl_s, s.events_maxlen]
+        )
+        if not state:
+            raise RequestNotFound(request_id)
+        return str(state)
+
+    # --- dispatcher side ------------------------------------------------------
+
+    def assign(
+        self, worker_id: str, batch_id: str, items: Sequence[tuple[str, str, float]]
+    ) -> list[tuple[str, int]]:
+        """Claim ``items`` = [(request id, queue key, need MiB)] for a worker, atomically.
+
+        Returns the (request id, attempt) pairs actually claimed (others were taken,
+        cancelled or expired meanwhile). Nothing is claimed for a worker that is not
+        live and ready.
+        """
+        argv: list[Any] = [
+            self.keys.prefix,
+            worker_id,
+            batch_id,
+            round(self.settings.lease_s * 1000),
+            self.settings.events_maxlen,
+        ]
+        for rid, queue_key, need in items:
+            argv += [rid, queue_key, f"{need:.3f}"]
+        keys = [
+            self.keys.worker(worker_id),
+            self.keys.load(worker_id),
+            self.keys.inflight(worker_id),
+        ]
+        flat = self._run("assign", keys, argv)
+        return [(flat[i], int(flat[i + 1])) for i in range(0, len(flat), 2)]
+
+    def expire_due(self, limit: int = 1000) -> list[tuple[str, float]]:
+        """Expire queued/assigned requests past their deadline.
+
+        Returns (request id, seconds waited) for each expired now.
+        """
+        s = self.settings
+        flat = self._run(
+            "expire", [], [self.keys.prefix, s.result_ttl_s, s.events_maxlen, limit, "due"]
+        )
+        return [(flat[i], int(flat[i + 1]) / 1000) for i in range(0, len(flat), 2)]
+
+    def expire_ids(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[str, float]]:
+        """Expire the given (request id, reason) now (e.g. cannot finish in time)."""
+        if not pairs:
+            return []
+        s = self.settings
+        argv: list[Any] = [self.keys.prefix, s.result_ttl_s, s.events_maxlen, len(pairs), "ids"]
+        for rid, reason in pairs:
+            argv += [rid, reason]
+        flat = self._run("expire", [], argv)
+        return [(flat[i], int(flat[i + 1]) / 1000) for i in range(0, len(flat), 2)]
+
+    def reap_leases(self, limit: int = 1000) -> list[tuple[str, str]]:
+        """Requeue requests whose lease lapsed; returns (id, verdict) pairs."""
+        s = self.settings
+        flat = self._run(
+            "reap_leases",
+            [],
+            [self.keys.prefix, s.max_attempts, s.result_ttl_s, s.events_maxlen, limit],
+        )
+        return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+
+    def remove_worker(
+        self, worker_id: str, *, reason: str, dead: bool, stale_before: float = 0.0
+    ) -> list[str] | None:
+        """Take a worker out of the fleet and requeue what it held.
+
+        Args:
+            dead: true for the reaper (the worker stopped beating: its attempts count
+                towards max_attempts, and a worker that beat since ``stale_before``
+                is left alone); false for a worker leaving after its drain.
+
+        Returns:
+            The requeued request ids, or None when the worker turned out to be alive.
+        """
+        s = self.settings
+        k = self.keys
+        keys = [k.worker(worker_id), k.inflight(worker_id), k.load(worker_id), k.drain(worker_id)]
+        argv = [
+            k.prefix,
+            worker_id,
+            round(stale_before * 1000),
+            "1" if dead else "0",
+            "1" if dead else "0",
+            s.max_attempts,
+            s.result_ttl_s,
+            s.events_maxlen,
+            reason,
+            "worker_lost" if dead else "worker_left",
+        ]
+        out = self._run("remove_worker", keys, argv)
+        if not int(out[0]):
+            return None
+        return [str(x) for x in out[1:]]
+
+    # --- worker side ----------------------------------------------------------
+
+    def heartbeat(self, info: WorkerInfo, ttl_s: float) -> tuple[bool, bool]:
+        """Publish a heartbeat and extend the worker's leases.
+
+        Returns:
+            (joined, drain_requested): joined is true on the first beat (or after
+            the hash expired); drain_requested when ``inferq drain`` asked it to drain.
+        """
+        k = self.keys
+        argv: list[Any] = [
+            k.prefix,
+            info.id,
+            round(ttl_s * 1000),
+            round(self.settings.lease_s * 1000),
+            self.settings.events_maxlen,
+        ]
+        for name, value in info.to_fields().items():
+            argv += [name, value]
+        keys = [k.worker(info.id), k.inflight(info.id), k.drain(info.id)]
+        joined, drain, _now = self._run("heartbeat", keys, argv)
+        return bool(joined), bool(drain)
+
+    def start(self, worker_id: str, pairs: Sequence[tuple[str, int]]) -> list[str]:
+        """Mark (request id, attempt) pairs running; returns 'run'/'stale'/'expired' each."""
+        s = self.settings
+        argv: list[Any] = [
+            self.keys.prefix,
+            worker_id,
+            round(s.lease_s * 1000),
+            s.result_ttl_s,
+            s.events_maxlen,
+        ]
+        for rid, attempt in pairs:
+            argv += [rid, attempt]
+        return [str(v) for v in self._run("start", [self.keys.worker(worker_id)], argv)]
+
+    def complete(self, worker_id: str, outcomes: Sequence[Outcome]) -> list[str]:
+        """Record final results, fenced by attempt; returns 'ok' or 'stale' per outcome."""
+        s = self.settings
+        argv: list[Any] = [self.keys.prefix, worker_id, s.result_ttl_s, s.events_maxlen]
+        for o in outcomes:
+            first = "" if o.first_token_at is None else str(round(o.first_token_at * 1000))
+            argv += [
+                o.request_id,
+                o.attempt,
+                o.status,
+                o.output,
+                o.prompt_tokens,
+                o.completion_tokens,
+                first,
+                o.error,
+            ]
+        return [str(v) for v in self._run("complete", [], argv)]
+
+    def requeue(
+        self,
+        items: Sequence[tuple[str, int | None, str, str]],
+        *,
+        penalize: bool = True,
+    ) -> list[str]:
+        """Send (request id, attempt or None, worker or '', error) back to their queues.
+
+        ``penalize`` counts the attempt towards ``max_attempts`` (a backend error);
+        a drain hand-back passes False. Returns 'queued'/'expired'/'dead'/'stale' each.
+        """
+        s = self.settings
+        argv: list[Any] = [
+            self.keys.prefix,
+            s.max_attempts,
+            s.result_ttl_s,
+            s.events_maxlen,
+            "1" if penalize else "0",
+        ]
+        for rid, attempt, worker, error in items:
+            argv += [rid, "" if attempt is None else attempt, worker, error]
+        return [str(v) for v in self._run("requeue", [], argv)]
+
+    def request_drain(self, worker_id: str) -> bool:
+        """Ask a worker to drain (it sees the flag on its next heartbeat).
+
+        Returns False when no live worker has this id.
+        """
+        if not self.redis.exists(self.keys.worker(worker_id)):
+            return False
+        self.redis.set(self.keys.drain(worker_id), "1", ex=24 * 3600)
+        return True
+
+    # --- fleet and admin ------------------------------------------------------
+
+    def workers(self) -> tuple[list[WorkerInfo], list[tuple[str, str]]]:
+        """Live workers' heartbeats, and (key, reason) for corrupt ones found."""
+        ids = self.redis.zrange(self.keys.workers, 0, -1)
+        pipe = self.redis.pipeline(transaction=False)
+        for wid in ids:
+            pipe.hgetall(self.keys.worker(wid))
+        good: list[WorkerInfo] = []
+        bad: list[tuple[str, str]] = []
+        for wid, fields in zip(ids, pipe.execute(), strict=True):
+            if not fields:
+                continue  # expired: the reaper removes it
+            key = self.keys.worker(wid)
+            try:
+                good.append(WorkerInfo.from_fields(fields, key))
+            except CorruptRecord as exc:
+                bad.append((key, exc.reason))
+        return good, bad
+
+    def quarantine(self, key: str, reason: str, members: Sequence[tuple[str, str]] = ()) -> None:
+        """Move a corrupt record aside and remove (zset key, member) references to it."""
+        argv: list[Any] = [self.keys.prefix, reason, self.settings.events_maxlen]
+        for index_key, member in members:
+            argv += [index_key, member]
+        self._run("quarantine", [key], argv)
+        log.warning("quarantined %s: %s", key, reason)
+
+    def quarantined(self) -> dict[str, str]:
+        """Quarantined keys and why."""
+        return dict(self.redis.hgetall(self.keys.quarantine))
+
+    def dead_letters(self, limit: int = 100) -> list[str]:
+        """Ids in the dead letter, oldest first."""
+        return list(self.redis.zrange(self.keys.dead, 0, limit - 1))
+
+    def requeue_dead(self, request_id: str) -> bool:
+        """Requeue a dead-lettered request with a fresh attempt budget and deadline."""
+        reply = self._run(
+            "dead_requeue", [], [self.keys.prefix, request_id, self.settings.events_maxlen]
+        )
+        return bool(reply)
+
+    def events(self, count: int = 100, after: str = "-") -> list[Event]:
+        """Oldest-first events after stream id ``after`` ('-' = from the start of the cap)."""
+        start = after if after == "-" else f"({after}"
+        entries = self.redis.xrange(self.keys.events, min=start, count=count)
+        return [_event(eid, fields) for eid, fields in entries]
+
+    def recent_events(self, count: int = 20) -> list[Event]:
+        """The newest ``count`` events, oldest first."""
+        entries = self.redis.xrevrange(self.keys.events, count=count)
+        return [_event(eid, fields) for eid, fields in reversed(entries)]
+
+    def stats(self) -> dict[str, int]:
+        """Lifetime counters: submitted, dispatched, succeeded, failed, expired, ..."""
+        return {k: int(v) for k, v in self.redis.hgetall(self.keys.stats).items()}
+
+    def queued_counts(self) -> dict[str, int]:
+        """Raw queued counters (``c:<class>`` and ``t:<class>:<tenant>`` fields)."""
+        return {k: int(v) for k, v in self.redis.hgetall(self.keys.counts).items()}
+
+    def purge(self) -> int:
+        """Delete every key of this namespace; returns how many. Irreversible."""
+        deleted = 0
+        batch: list[str] = []
+        for key in self.redis.scan_iter(match=self.keys.pattern(), count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                deleted += int(self.redis.unlink(*batch))
+                batch.clear()
+        if batch:
+            deleted += int(self.redis.unlink(*batch))
+        return deleted
+
+
+def _event(eid: str, fields: dict[str, str]) -> Event:
+    ms = int(eid.split("-", 1)[0])
+    rest = {k: v for k, v in fields.items() if k != "type"}
+    return Event(id=eid, type=fields.get("type", "?"), at=from_ms(ms), fields=rest)
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON (the only serialization inferq uses)."""
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)

@@ -1,0 +1,52 @@
+"""Small builders shared by tests (not fixtures: plain functions)."""
+
+from __future__ import annotations
+
+import time
+
+from inferq.config import Settings
+from inferq.intake import build_request
+from inferq.models import InferenceRequest, WorkerInfo, WorkerState
+from inferq.store import Store
+
+
+def request(settings: Settings, **fields: object) -> InferenceRequest:
+    """A valid request with overridable fields."""
+    args: dict[str, object] = {"prompt": "hello world", "max_tokens": 16}
+    args.update(fields)
+    return build_request(settings, **args)  # type: ignore[arg-type]
+
+
+def worker_info(
+    worker_id: str = "w1",
+    *,
+    model: str = "llama-3.1-8b",
+    params_b: float = 8,
+    slots: int = 8,
+    kv_cache_mib: int = 8000,
+    state: WorkerState = WorkerState.READY,
+) -> WorkerInfo:
+    now = time.time()
+    return WorkerInfo(
+        id=worker_id,
+        model=model,
+        params_b=params_b,
+        vram_total_mib=24576,
+        vram_free_mib=kv_cache_mib,
+        kv_cache_mib=kv_cache_mib,
+        slots=slots,
+        state=state,
+        last_heartbeat=now,
+        started_at=now,
+    )
+
+
+def ready_worker(store: Store, worker_id: str = "w1", **kw: object) -> WorkerInfo:
+    """Register a ready worker with one heartbeat (TTL 30 s)."""
+    info = worker_info(worker_id, **kw)  # type: ignore[arg-type]
+    store.heartbeat(info, ttl_s=30)
+    return info
+
+
+def queue_key(store: Store, req: InferenceRequest) -> str:
+    return store.keys.queue(req.priority, req.model)

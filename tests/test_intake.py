@@ -1,0 +1,133 @@
+"""Validation of submissions: every refusal names the field and the limit (no server)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+from hypothesis import given, settings as hsettings, strategies as st
+
+from inferq.config import Settings
+from inferq.errors import InvalidRequest, UnknownPriorityClass, UnknownRoute
+from inferq.intake import build_request, classify
+
+SETTINGS = Settings.load(max_prompt_bytes=1000)
+
+
+def refuse(**fields: object) -> InvalidRequest:
+    args: dict[str, object] = {"prompt": "hi", "max_tokens": 8}
+    args.update(fields)
+    with pytest.raises(InvalidRequest) as info:
+        build_request(SETTINGS, **args)  # type: ignore[arg-type]
+    return info.value
+
+
+def test_unknown_priority_class_names_the_known_ones() -> None:
+    err = refuse(priority="urgent")
+    assert isinstance(err, UnknownPriorityClass)
+    assert str(err) == "priority: unknown class 'urgent' (known: realtime, standard, batch)"
+
+
+def test_priority_levels_map_onto_classes() -> None:
+    assert build_request(SETTINGS, prompt="x", priority=0).priority == "realtime"
+    assert build_request(SETTINGS, prompt="x", priority=2).priority == "batch"
+    assert str(refuse(priority=3)) == "priority: level 3 is outside 0..2"
+
+
+def test_empty_and_oversized_prompt() -> None:
+    assert str(refuse(prompt="   ")) == "prompt: must not be empty"
+    err = refuse(prompt="x" * 1001)
+    assert err.field == "prompt"
+    assert "1001 bytes exceeds the limit of 1000 bytes" in err.reason
+
+
+def test_prompt_and_messages_are_exclusive() -> None:
+    err = refuse(messages=[{"role": "user", "content": "x"}])
+    assert str(err) == "prompt: give exactly one of prompt and messages"
+    assert refuse(prompt=None, messages=[]).field == "messages"
+    assert refuse(prompt=None, messages=[{"role": "wizard", "content": "x"}]).field.startswith(
+        "messages"
+    )
+
+
+def test_max_tokens_bounds_name_the_context() -> None:
+    assert str(refuse(max_tokens=0)) == (
+        "max_tokens: 0 is outside 1..32768 (max context of llama-3.1-8b)"
+    )
+    err = refuse(model="llama-2-13b", max_tokens=5000)
+    assert "outside 1..4096 (max context of llama-2-13b)" in str(err)
+    assert refuse(max_tokens="many").field == "max_tokens"
+    err = refuse(model="llama-2-13b", prompt="word " * 190, max_tokens=4090)
+    assert "exceeds the max context of llama-2-13b (4096 tokens)" in str(err)
+
+
+def test_timeout_and_deadline() -> None:
+    assert str(refuse(timeout=0)) == "timeout: must be a positive number of seconds, got 0"
+    assert refuse(timeout=-1).field == "timeout"
+    assert refuse(timeout=math.inf).field == "timeout"
+    assert refuse(timeout="soon").field == "timeout"
+    assert "not in the future" in str(refuse(deadline=time.time() - 5))
+    assert str(refuse(timeout=1, deadline=time.time() + 5)) == (
+        "timeout: give timeout or deadline, not both"
+    )
+
+
+def test_tenant_and_idempotency_key_patterns() -> None:
+    err = refuse(tenant="has space")
+    assert err.field == "tenant" and "does not match the pattern" in err.reason
+    assert refuse(tenant="").field == "tenant"
+    assert refuse(idempotency_key="x" * 200).field == "idempotency_key"
+
+
+def test_unknown_route() -> None:
+    err = refuse(model="gpt-17")
+    assert isinstance(err, UnknownRoute)
+    assert str(err).startswith("model: unknown model 'gpt-17' (registry: ")
+    assert str(refuse(model=">=400b")) == (
+        "model: no model has >=400b parameters (largest: 70b)"
+    )
+    assert "neither a model name" in str(refuse(model="no spaces allowed"))
+
+
+def test_params_must_be_json() -> None:
+    assert "JSON-serializable" in str(refuse(params={"f": object()}))
+    assert "exceeds the limit of 16384" in str(refuse(params={"x": "y" * 20000}))
+
+
+def test_classifier_fills_in_class_and_route() -> None:
+    assert classify(SETTINGS, "chat") == ("realtime", "llama-3.1-8b")
+    assert classify(SETTINGS, "unknown-kind") == ("standard", "llama-3.1-8b")
+    req = build_request(SETTINGS, prompt="x", task_type="summarize")
+    assert req.priority == "batch"
+    req = build_request(SETTINGS, prompt="x", task_type="summarize", priority="realtime")
+    assert req.priority == "realtime"  # the caller wins
+
+
+def test_size_route_is_accepted_and_normalised() -> None:
+    req = build_request(SETTINGS, prompt="x", model=">= 13B", max_tokens=10)
+    assert req.model == ">=13b"
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(
+    max_tokens=st.one_of(st.integers(-10, 40000), st.floats(), st.text(max_size=3), st.none()),
+    timeout=st.one_of(st.floats(allow_nan=True), st.integers(-5, 10**7), st.none()),
+    tenant=st.text(max_size=70),
+    priority=st.one_of(st.sampled_from(["realtime", "batch", "x"]), st.integers(-2, 5)),
+)
+def test_every_outcome_is_a_valid_request_or_a_named_refusal(
+    max_tokens: object, timeout: object, tenant: str, priority: object
+) -> None:
+    try:
+        req = build_request(
+            SETTINGS, prompt="hello", max_tokens=max_tokens, timeout=timeout,  # type: ignore[arg-type]
+            tenant=tenant, priority=priority,  # type: ignore[arg-type]
+        )
+    except InvalidRequest as exc:
+        assert exc.field in {"max_tokens", "timeout", "tenant", "priority"}
+        assert exc.reason
+        return
+    assert 1 <= req.max_tokens <= 32768
+    assert req.timeout_s > 0 and math.isfinite(req.timeout_s)
+    assert req.deadline > req.submitted_at
