@@ -81,6 +81,19 @@ SCALE_IDLE_S = 300.0
 SCALE_UP_COOLDOWN_S = 15.0
 SCALE_DOWN_COOLDOWN_S = 60.0
 
+# --- worker backends (issue #4) ---
+#: The sim backend sleeps the latency model's times x this factor (1.0 = real time;
+#: 0 = never sleep, for tests and the per-batch overhead benchmark).
+SIM_TIME_SCALE = 1.0
+#: Where the openai backend finds its server: vLLM's default ``--port 8000`` on the host.
+OPENAI_BASE_URL = "http://127.0.0.1:8000"
+#: Longest wait for the model server to answer ``GET /v1/models`` at start, seconds:
+#: vLLM loading a 70B model from network storage takes minutes, not the 30-60 s
+#: of local NVMe (design brief), so allow ten.
+BACKEND_LOAD_TIMEOUT_S = 600.0
+#: Pause between two checks while waiting for the model server, seconds.
+BACKEND_LOAD_POLL_S = 0.5
+
 # --- traces (inferq.traces; simulator and demo load) ---
 #: Tenants a trace's requests are spread over when the trace names none (issue 7's
 #: "documented defaults"): enough for a fairness index across tenants to mean something.

@@ -1,0 +1,237 @@
+"""The backend interface: what a worker calls to run one request on its model.
+
+A backend is async because the requests of one batch run concurrently, up to
+the worker's slots. The worker calls :meth:`Backend.load` once (it stays
+``starting`` until that returns), then :meth:`Backend.generate` per request,
+then :meth:`Backend.close` on exit. Backends are built by name through
+:func:`make_backend`: the built-in ones (``sim``, ``openai``), those added with
+:func:`register_backend`, and those installed under the entry-point group
+``inferq.backends`` (a ``Callable[..., Backend]`` called as ``factory(spec, **options)``).
+Adding an in-process backend never touches the worker loop.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from types import TracebackType
+from typing import Any, ClassVar, Self
+
+from inferq.config import ModelSpec
+from inferq.errors import ConfigError, InferqError
+from inferq.models import Payload
+
+#: Entry-point group scanned for third-party backends.
+ENTRY_POINT_GROUP = "inferq.backends"
+
+BackendFactory = Callable[..., "Backend"]
+
+
+@dataclass(frozen=True, slots=True)
+class BackendRequest:
+    """One request as a backend sees it.
+
+    Attributes:
+        id: the request id (for error messages and logs).
+        model: the registry name of the model the worker serves.
+        payload: prompt or chat messages plus generation parameters.
+        max_tokens: most output tokens to generate.
+        prompt_tokens: the scheduler's estimate of the prompt, tokens.
+        timeout_s: time left before the request's deadline, seconds.
+    """
+
+    id: str
+    model: str
+    payload: Payload
+    max_tokens: int
+    prompt_tokens: int
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class BackendResult:
+    """What a backend produced for one request.
+
+    Attributes:
+        output: the generated text.
+        prompt_tokens / completion_tokens: token counts, as the backend counted
+            them (or estimated, when it reports none).
+        ttft_s: seconds from the ``generate`` call to the first output token,
+            when the backend measures it; ``None`` otherwise.
+    """
+
+    output: str
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_s: float | None = None
+
+
+class BackendError(InferqError):
+    """A backend could not produce a result for a request.
+
+    Attributes:
+        retryable: True when another attempt (on another worker) may succeed:
+            server errors (5xx, 408, 429), timeouts, dropped connections.
+            False when the server rejected the request itself (other 4xx):
+            it fails at once with the server's message.
+        status: the HTTP status, when there was one.
+    """
+
+    def __init__(self, message: str, *, retryable: bool, status: int | None = None) -> None:
+        self.retryable = retryable
+        self.status = status
+        super().__init__(message)
+
+
+class Backend(ABC):
+    """A model server a worker runs requests on.
+
+    Subclasses set :attr:`name` and implement :meth:`generate`; :meth:`load`
+    and :meth:`close` default to no-ops. Usable as an async context manager
+    (``load`` on enter, ``close`` on exit).
+    """
+
+    name: ClassVar[str]
+
+    async def load(self) -> None:  # noqa: B027 - an optional hook, not abstract
+        """Load or check the model; the worker is ``starting`` until this returns.
+
+        Raises:
+            BackendError: the model cannot be served.
+        """
+
+    @abstractmethod
+    async def generate(self, request: BackendRequest, *, concurrency: int) -> BackendResult:
+        """Run one request.
+
+        Args:
+            request: the request, with the time left before its deadline.
+            concurrency: requests the worker is running at once, this one
+                included (>= 1); a backend may use it to model batching.
+
+        Raises:
+            BackendError: the request failed; ``retryable`` says whether to retry it.
+        """
+
+    async def close(self) -> None:  # noqa: B027 - an optional hook, not abstract
+        """Release connections and resources. Safe to call twice."""
+
+    async def __aenter__(self) -> Self:
+        await self.load()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+# --- registry -----------------------------------------------------------------
+
+#: Built-in backends as ``module:attribute``, imported on first use (so a sim
+#: worker never imports httpx).
+_BUILTIN: dict[str, str] = {
+    "sim": "inferq.workers.backends.sim:SimBackend",
+    "openai": "inferq.workers.backends.openai:OpenAIBackend",
+}
+_REGISTERED: dict[str, BackendFactory] = {}
+
+
+def register_backend(name: str, factory: BackendFactory) -> None:
+    """Make ``factory`` buildable as ``make_backend(name, ...)``; replaces any earlier one.
+
+    Args:
+        name: the backend's name (``--backend NAME`` on the worker).
+        factory: called as ``factory(spec, **options)``; returns a :class:`Backend`.
+    """
+    _REGISTERED[name] = factory
+
+
+def backend_names() -> list[str]:
+    """Names :func:`make_backend` accepts, sorted (entry points included)."""
+    names = set(_BUILTIN) | set(_REGISTERED)
+    names.update(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+    return sorted(names)
+
+
+def make_backend(name: str, spec: ModelSpec, **options: Any) -> Backend:
+    """Build the backend called ``name`` for the model ``spec``.
+
+    Lookup order: :func:`register_backend`, the built-ins, then the
+    ``inferq.backends`` entry points.
+
+    Args:
+        name: ``"sim"``, ``"openai"`` or a registered / installed backend.
+        spec: the registry entry of the model the worker serves.
+        **options: the backend's keyword options (see each backend's docstring).
+
+    Raises:
+        ConfigError: no backend has this name, or an option is unknown or invalid.
+    """
+    factory = _find_factory(name)
+    try:
+        inspect.signature(factory).bind(spec, **options)
+    except TypeError as exc:
+        raise ConfigError(f"backend {name!r}: {exc}") from None
+    except ValueError:  # no signature available (a builtin): let the call decide
+        pass
+    return factory(spec, **options)
+
+
+def _find_factory(name: str) -> BackendFactory:
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    if name in _BUILTIN:
+        module, _, attr = _BUILTIN[name].partition(":")
+        factory: BackendFactory = getattr(importlib.import_module(module), attr)
+        return factory
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == name:
+            loaded: BackendFactory = ep.load()
+            return loaded
+    raise ConfigError(f"backend {name!r} is unknown; known backends: {', '.join(backend_names())}")
+
+
+# --- option parsing (options may arrive as strings from the command line) -------
+
+
+def float_option(name: str, value: object, *, ge: float, le: float | None = None) -> float:
+    """``value`` as a float in ``[ge, le]``.
+
+    Raises:
+        ConfigError: not a number, or out of range (the message names the option and limit).
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ConfigError(f"option {name}: expected a number, got {value!r}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ConfigError(f"option {name}: expected a number, got {value!r}") from None
+    if not number >= ge:  # also refuses NaN
+        raise ConfigError(f"option {name}: must be >= {ge}, got {value!r}")
+    if le is not None and number > le:
+        raise ConfigError(f"option {name}: must be <= {le}, got {value!r}")
+    return number
+
+
+def bool_option(name: str, value: object) -> bool:
+    """``value`` as a bool: a bool, or one of ``true/false/1/0/yes/no`` (any case).
+
+    Raises:
+        ConfigError: anything else.
+    """
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(f"option {name}: expected true or false, got {value!r}")

@@ -1,0 +1,174 @@
+"""The ``sim`` backend: a model server that only takes time, per :mod:`inferq.latency`.
+
+It sleeps for the latency model's time to first token, then for the decode
+time at the worker's current concurrency, and returns synthetic text of the
+right token count. The demo, the tests and the benchmarks run on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+
+from inferq import defaults
+from inferq.config import ModelSpec
+from inferq.latency import service_time
+from inferq.workers.backends.base import (
+    Backend,
+    BackendError,
+    BackendRequest,
+    BackendResult,
+    bool_option,
+    float_option,
+)
+
+#: Payload parameter that caps the synthetic output (tokens); default max_tokens.
+OUTPUT_TOKENS_PARAM = "sim_output_tokens"
+
+# One word = one token of synthetic output.
+_WORDS = (
+    "the",
+    "a",
+    "of",
+    "to",
+    "and",
+    "in",
+    "is",
+    "it",
+    "that",
+    "for",
+    "on",
+    "with",
+    "as",
+    "was",
+    "at",
+    "by",
+    "this",
+    "be",
+    "from",
+    "or",
+    "an",
+    "are",
+    "not",
+    "model",
+    "token",
+    "batch",
+    "queue",
+    "worker",
+    "time",
+    "data",
+    "value",
+    "state",
+    "result",
+    "request",
+    "answer",
+)
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+class SimBackend(Backend):
+    """Simulated model server.
+
+    Output tokens are ``min(max_tokens, payload.params["sim_output_tokens"])``
+    (``max_tokens`` when the parameter is absent); one word per token. The
+    prompt token count reported is the scheduler's estimate.
+
+    Args:
+        spec: the model; its ``prefill_tps``, ``decode_tps``, ``batch_efficiency``
+            and ``cold_start_s`` drive the timings.
+        time_scale: multiplies every sleep (>= 0; 0 = never sleep). Default 1.0.
+        seed: seeds the generator of failures and output words; with a seed,
+            the same sequence of calls gives the same results.
+        failure_rate: probability (0..1) that a request fails with a retryable
+            ``BackendError("simulated failure")`` after its prefill.
+        cold_start: when true, :meth:`load` sleeps ``spec.cold_start_s x time_scale``.
+        sleep: the sleep function (tests pass a recorder). Default ``asyncio.sleep``.
+
+    Raises:
+        ConfigError: an option is out of range.
+    """
+
+    name = "sim"
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        time_scale: float | str = defaults.SIM_TIME_SCALE,
+        seed: int | str | None = None,
+        failure_rate: float | str = 0.0,
+        cold_start: bool | str = False,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        self.spec = spec
+        self.time_scale = float_option("time_scale", time_scale, ge=0.0)
+        self.failure_rate = float_option("failure_rate", failure_rate, ge=0.0, le=1.0)
+        self.cold_start = bool_option("cold_start", cold_start)
+        self._rng = random.Random(int(seed) if isinstance(seed, str) and seed.isdigit() else seed)
+        self._sleep = sleep
+
+    def __repr__(self) -> str:
+        return (
+            f"SimBackend(model={self.spec.name!r}, time_scale={self.time_scale}, "
+            f"failure_rate={self.failure_rate})"
+        )
+
+    async def load(self) -> None:
+        """Sleep the model's cold start (scaled) when ``cold_start`` is on."""
+        if self.cold_start:
+            await self._pause(self.spec.cold_start_s * self.time_scale)
+
+    async def generate(self, request: BackendRequest, *, concurrency: int) -> BackendResult:
+        """Sleep the latency model's ttft and decode time, then return synthetic text.
+
+        Timings: :func:`inferq.latency.service_time` with ``concurrency``
+        sequences, times ``time_scale``. A request whose scaled service time
+        exceeds ``request.timeout_s`` sleeps ``timeout_s`` and times out.
+
+        Raises:
+            BackendError: retryable on a simulated failure or a timeout; not
+                retryable when ``sim_output_tokens`` is not an integer >= 0.
+        """
+        n_out = _output_tokens(request)
+        # Draw everything random before the first await: results then depend only
+        # on the order of calls, not on how their sleeps interleave.
+        fails = self._rng.random() < self.failure_rate
+        words = self._rng.choices(_WORDS, k=n_out)
+        st = service_time(self.spec, request.prompt_tokens, n_out, max(1, concurrency))
+        ttft_s = st.ttft_s * self.time_scale
+        total_s = st.total_s * self.time_scale
+        if total_s > request.timeout_s or request.timeout_s <= 0:
+            await self._pause(max(0.0, request.timeout_s))
+            raise BackendError(
+                f"sim: request {request.id} timed out after {max(0.0, request.timeout_s):.3f} s "
+                f"(it needs {total_s:.3f} s)",
+                retryable=True,
+            )
+        await self._pause(ttft_s)
+        if fails:
+            raise BackendError(f"sim: simulated failure of request {request.id}", retryable=True)
+        await self._pause(st.decode_s * self.time_scale)
+        return BackendResult(
+            output=" ".join(words),
+            prompt_tokens=request.prompt_tokens,
+            completion_tokens=n_out,
+            ttft_s=ttft_s,
+        )
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep ``seconds`` (already scaled); no call at all when that is 0."""
+        if seconds > 0:
+            await self._sleep(seconds)
+
+
+def _output_tokens(request: BackendRequest) -> int:
+    raw = request.payload.params.get(OUTPUT_TOKENS_PARAM, request.max_tokens)
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+        raise BackendError(
+            f"sim: request {request.id}: payload.params.{OUTPUT_TOKENS_PARAM} must be an "
+            f"integer >= 0, got {raw!r}",
+            retryable=False,
+        )
+    return min(request.max_tokens, raw)
