@@ -1,0 +1,403 @@
+"""The ``openai`` backend: any OpenAI-compatible server (vLLM, TGI, llama.cpp, Ollama).
+
+A prompt goes to ``POST /v1/completions``, chat messages to
+``POST /v1/chat/completions``, through one ``httpx.AsyncClient``. Each request
+is bounded by its remaining time (``BackendRequest.timeout_s``). Error mapping:
+
+==========================================  ==========================================
+server answer                               ``BackendError``
+==========================================  ==========================================
+4xx (except 408, 429)                       ``retryable=False``, the server's message
+408, 429, 5xx                               ``retryable=True``, the server's message
+timeout, refused or dropped connection      ``retryable=True``, names the cause
+2xx with a body that does not parse         ``retryable=True``
+==========================================  ==========================================
+
+With ``stream=True`` the answer is read as server-sent events and the time to
+first token is measured; otherwise ``ttft_s`` is ``None``.
+
+The HTTP client belongs to the event loop that first used it; on a new loop
+(``asyncio.run`` per batch) a new client is made, so a worker should keep one
+loop for its lifetime (e.g. an ``asyncio.Runner``) to reuse connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from inferq import defaults
+from inferq.config import ModelSpec
+from inferq.errors import redact_url
+from inferq.workers.backends.base import (
+    Backend,
+    BackendError,
+    BackendRequest,
+    BackendResult,
+    bool_option,
+    float_option,
+)
+
+log = logging.getLogger(__name__)
+
+#: Request fields the backend sets itself; ``payload.params`` cannot override them.
+RESERVED_PARAMS = frozenset(
+    {"model", "prompt", "messages", "max_tokens", "stream", "stream_options"}
+)
+#: Prefix of parameters meant for the sim backend; never forwarded.
+SIM_PARAM_PREFIX = "sim_"
+#: 4xx statuses that say "try again" rather than "this request is invalid".
+RETRYABLE_4XX = frozenset({408, 429})
+#: Longest server message kept in an error, characters.
+MAX_MESSAGE_CHARS = 1000
+
+
+class OpenAIBackend(Backend):
+    """Client of an OpenAI-compatible model server on the host.
+
+    Args:
+        spec: the model the worker serves.
+        base_url: the server's root, without ``/v1``. Default ``http://127.0.0.1:8000``.
+        api_key: sent as ``Authorization: Bearer ...`` when given; never logged.
+        served_model_name: the ``model`` field sent to the server; default
+            ``spec.name`` (vLLM's ``--served-model-name``).
+        stream: read answers as server-sent events to measure time to first token.
+        load_timeout_s: longest wait in :meth:`load` for the server to answer, seconds.
+        load_poll_s: pause between two checks in :meth:`load`, seconds.
+
+    Raises:
+        ConfigError: an option is out of range.
+    """
+
+    name = "openai"
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        base_url: str = defaults.OPENAI_BASE_URL,
+        api_key: str | None = None,
+        served_model_name: str | None = None,
+        stream: bool | str = False,
+        load_timeout_s: float | str = defaults.BACKEND_LOAD_TIMEOUT_S,
+        load_poll_s: float | str = defaults.BACKEND_LOAD_POLL_S,
+    ) -> None:
+        self.spec = spec
+        self.base_url = base_url.rstrip("/")
+        self.served_model_name = served_model_name or spec.name
+        self.stream = bool_option("stream", stream)
+        self.load_timeout_s = float_option("load_timeout_s", load_timeout_s, ge=0.0)
+        self.load_poll_s = float_option("load_poll_s", load_poll_s, ge=0.01)
+        self._api_key = api_key
+        self._http: httpx.AsyncClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._last_probe = "no answer yet"
+
+    def __repr__(self) -> str:
+        return (
+            f"OpenAIBackend(base_url={redact_url(self.base_url)!r}, "
+            f"served_model_name={self.served_model_name!r}, stream={self.stream})"
+        )
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def load(self) -> None:
+        """Wait until ``GET /v1/models`` answers, at most ``load_timeout_s``.
+
+        Logs a warning when the server lists models but not ``served_model_name``
+        (llama.cpp lists its file name yet answers to any name, so it is no error).
+
+        Raises:
+            BackendError: not retryable when the server refuses the check (4xx,
+                e.g. a wrong API key); retryable when it is not up in time.
+        """
+        try:
+            async with asyncio.timeout(self.load_timeout_s):
+                while not await self._probe():
+                    await asyncio.sleep(self.load_poll_s)
+        except TimeoutError:
+            raise BackendError(
+                f"openai: server at {redact_url(self.base_url)} not ready after "
+                f"{self.load_timeout_s:g} s (last check: {self._last_probe})",
+                retryable=True,
+            ) from None
+        log.info("openai backend ready: %s model=%s", self, self.served_model_name)
+
+    async def close(self) -> None:
+        """Close the HTTP client when it belongs to the running loop; drop it otherwise."""
+        http, self._http = self._http, None
+        if http is not None and self._loop is asyncio.get_running_loop():
+            await http.aclose()
+        self._loop = None
+
+    # -- requests ----------------------------------------------------------------
+
+    async def generate(self, request: BackendRequest, *, concurrency: int) -> BackendResult:
+        """Send one request and read its answer (the server batches; ``concurrency`` is unused).
+
+        Raises:
+            BackendError: see the module docstring for which errors are retryable.
+        """
+        if request.timeout_s <= 0:
+            raise BackendError(
+                f"openai: request {request.id} has no time left before its deadline",
+                retryable=True,
+            )
+        path, body = build_body(request, self.served_model_name, stream=self.stream)
+        start = time.monotonic()
+        try:
+            async with asyncio.timeout(request.timeout_s):
+                if self.stream:
+                    return await self._post_stream(request, path, body, start)
+                return await self._post(request, path, body)
+        except TimeoutError:
+            raise self._timeout_error(request) from None
+        except httpx.TimeoutException:
+            raise self._timeout_error(request) from None
+        except httpx.HTTPError as exc:
+            raise BackendError(
+                f"openai: request {request.id}: connection to {redact_url(self.base_url)} "
+                f"failed: {type(exc).__name__}: {exc}",
+                retryable=True,
+            ) from None
+
+    async def _post(
+        self, request: BackendRequest, path: str, body: dict[str, Any]
+    ) -> BackendResult:
+        response = await self._client().post(path, json=body, timeout=request.timeout_s)
+        if not response.is_success:
+            raise status_error(request.id, response)
+        data = _json_object(request.id, response.text)
+        output, usage = _read_completion(request.id, data, chat=path.endswith("chat/completions"))
+        return _result(request, output, usage, ttft_s=None)
+
+    async def _post_stream(
+        self, request: BackendRequest, path: str, body: dict[str, Any], start: float
+    ) -> BackendResult:
+        client = self._client()
+        chat = path.endswith("chat/completions")
+        parts: list[str] = []
+        usage: Any = None
+        ttft_s: float | None = None
+        async with client.stream("POST", path, json=body, timeout=request.timeout_s) as response:
+            if not response.is_success:
+                await response.aread()
+                raise status_error(request.id, response)
+            async for data in sse_data(response.aiter_lines()):
+                if data.strip() == "[DONE]":
+                    break
+                chunk = _json_object(request.id, data)
+                if "error" in chunk:
+                    raise BackendError(
+                        f"openai: request {request.id}: error in stream: {error_message(chunk)}",
+                        retryable=True,
+                    )
+                usage = chunk.get("usage") or usage
+                piece = _chunk_text(request.id, chunk, chat=chat)
+                if piece:
+                    if ttft_s is None:
+                        ttft_s = time.monotonic() - start
+                    parts.append(piece)
+        return _result(request, "".join(parts), usage, ttft_s=ttft_s)
+
+    # -- helpers -----------------------------------------------------------------
+
+    def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        if self._http is None or self._loop is not loop:
+            headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+            # trust_env=False: the server is on the host; a proxy from the
+            # environment must not capture loopback traffic.
+            self._http = httpx.AsyncClient(
+                base_url=self.base_url,
+                headers=headers,
+                trust_env=False,
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            )
+            self._loop = loop
+        return self._http
+
+    async def _probe(self) -> bool:
+        """One ``GET /v1/models``: True when up, False when not yet (reason in ``_last_probe``)."""
+        try:
+            response = await self._client().get("/v1/models", timeout=self.load_timeout_s)
+        except httpx.HTTPError as exc:
+            self._last_probe = f"{type(exc).__name__}: {exc}"
+            return False
+        if response.is_success:
+            self._warn_if_not_listed(response)
+            return True
+        error = status_error("load", response)
+        if not error.retryable:
+            raise error
+        self._last_probe = str(error)
+        return False
+
+    def _warn_if_not_listed(self, response: httpx.Response) -> None:
+        try:
+            ids = [str(m["id"]) for m in response.json()["data"]]
+        except (ValueError, KeyError, TypeError):
+            return
+        if ids and self.served_model_name not in ids:
+            log.warning(
+                "openai backend: server %s lists %s, not %r (set served_model_name)",
+                redact_url(self.base_url),
+                ids,
+                self.served_model_name,
+            )
+
+    def _timeout_error(self, request: BackendRequest) -> BackendError:
+        return BackendError(
+            f"openai: request {request.id} timed out after {request.timeout_s:.3f} s "
+            f"(its remaining time) at {redact_url(self.base_url)}",
+            retryable=True,
+        )
+
+
+def build_body(
+    request: BackendRequest, served_model_name: str, *, stream: bool
+) -> tuple[str, dict[str, Any]]:
+    """The endpoint path and JSON body for ``request``.
+
+    ``payload.params`` are forwarded as they are, except :data:`RESERVED_PARAMS`
+    and ``sim_*`` parameters.
+
+    Returns:
+        ``("/v1/completions", body)`` for a prompt, ``("/v1/chat/completions", body)``
+        for chat messages.
+    """
+    payload = request.payload
+    body: dict[str, Any] = {
+        k: v
+        for k, v in payload.params.items()
+        if k not in RESERVED_PARAMS and not k.startswith(SIM_PARAM_PREFIX)
+    }
+    body["model"] = served_model_name
+    body["max_tokens"] = request.max_tokens
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    if payload.messages is not None:
+        body["messages"] = [{"role": m.role, "content": m.content} for m in payload.messages]
+        return "/v1/chat/completions", body
+    body["prompt"] = payload.prompt
+    return "/v1/completions", body
+
+
+def status_error(request_id: str, response: httpx.Response) -> BackendError:
+    """The ``BackendError`` for a non-2xx answer: retryable for 5xx, 408 and 429."""
+    status = response.status_code
+    retryable = status >= 500 or status in RETRYABLE_4XX
+    try:
+        message = error_message(response.json())
+    except ValueError:
+        message = response.text.strip()
+    message = (message or response.reason_phrase)[:MAX_MESSAGE_CHARS]
+    return BackendError(
+        f"openai: request {request_id}: HTTP {status} from "
+        f"{redact_url(str(response.request.url))}: {message}",
+        retryable=retryable,
+        status=status,
+    )
+
+
+def error_message(body: Any) -> str:
+    """The server's error text from an error body, in any of the servers' shapes.
+
+    OpenAI, llama.cpp and Ollama: ``{"error": {"message": ...}}``; vLLM:
+    ``{"object": "error", "message": ...}``; TGI: ``{"error": "...", "error_type": ...}``.
+    Anything else is returned as compact JSON.
+    """
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return str(error["message"])
+        if isinstance(error, str):
+            return error
+        if isinstance(body.get("message"), str):
+            return str(body["message"])
+    return json.dumps(body, separators=(",", ":"))
+
+
+async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+    """The ``data`` of each server-sent event (multi-line data joined with newlines).
+
+    Follows the HTML spec's event-stream parsing: an event ends at a blank line;
+    ``:`` lines are comments; fields other than ``data`` are ignored.
+    """
+    data: list[str] = []
+    async for line in lines:
+        if not line:
+            if data:
+                yield "\n".join(data)
+                data = []
+            continue
+        field, _, value = line.partition(":")
+        if field == "data":
+            data.append(value.removeprefix(" "))
+    if data:
+        yield "\n".join(data)
+
+
+def _json_object(request_id: str, text: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise BackendError(
+            f"openai: request {request_id}: malformed answer (not a JSON object): {text[:200]!r}",
+            retryable=True,
+        )
+    return data
+
+
+def _read_completion(request_id: str, data: dict[str, Any], *, chat: bool) -> tuple[str, Any]:
+    try:
+        choice = data["choices"][0]
+        text = choice["message"]["content"] if chat else choice["text"]
+    except (KeyError, IndexError, TypeError):
+        raise BackendError(
+            f"openai: request {request_id}: malformed answer (no choices[0] text): "
+            f"{json.dumps(data)[:200]}",
+            retryable=True,
+        ) from None
+    return str(text or ""), data.get("usage")
+
+
+def _chunk_text(request_id: str, chunk: dict[str, Any], *, chat: bool) -> str:
+    choices = chunk.get("choices") or []
+    if not choices:
+        return ""  # the usage chunk at the end has no choices
+    try:
+        piece = choices[0]["delta"].get("content") if chat else choices[0]["text"]
+    except (KeyError, TypeError, AttributeError):
+        raise BackendError(
+            f"openai: request {request_id}: malformed stream chunk: {json.dumps(chunk)[:200]}",
+            retryable=True,
+        ) from None
+    return str(piece or "")
+
+
+def _result(
+    request: BackendRequest, output: str, usage: Any, *, ttft_s: float | None
+) -> BackendResult:
+    """Token counts from ``usage`` when present, else estimates (the scheduler's, and
+    ``CHARS_PER_TOKEN`` characters per output token)."""
+    usage = usage if isinstance(usage, dict) else {}
+    prompt = usage.get("prompt_tokens")
+    completion = usage.get("completion_tokens")
+    if not isinstance(prompt, int) or prompt < 0:
+        prompt = request.prompt_tokens
+    if not isinstance(completion, int) or completion < 0:
+        completion = math.ceil(len(output) / defaults.CHARS_PER_TOKEN)
+    return BackendResult(
+        output=output, prompt_tokens=prompt, completion_tokens=completion, ttft_s=ttft_s
+    )
