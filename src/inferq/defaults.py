@@ -105,3 +105,51 @@ TRACE_TENANT_ZIPF_S = 1.1
 #: A synthetic bulk submission (the demo's batch job) arrives within this many
 #: seconds: one submit_many call, not a second trace.
 SYNTHETIC_BATCH_WINDOW_S = 1.0
+
+# --- scaling policy (issue #5; inferq.policy.scaling) ---
+#: GPUs one worker takes: one model replica per card (design brief: a worker runs
+#: "next to one loaded model"); a tensor-parallel 70B replica would set 2 or 4.
+SCALE_GPUS_PER_WORKER = 1
+#: Tolerance band: hold while the needed workers are within 10% of the current
+#: count (the Kubernetes HPA's default --horizontal-pod-autoscaler-tolerance, 0.1).
+SCALE_TOLERANCE = 0.1
+#: Add a worker once a class's oldest wait reaches this fraction of its SLA, so
+#: capacity is on its way (cold start 15-45 s) before the SLA is missed.
+SCALE_TARGET_WAIT_FRACTION = 0.5
+#: Extra capacity should clear the weighted backlog within this many seconds:
+#: the SLA of ``standard``, the class of backlog weight 1.
+SCALE_BACKLOG_DRAIN_S = 10.0
+#: Backlog weight per class: standard's SLA over the class's (10/2, 10/10, 10/60),
+#: so a queued request counts in proportion to how soon it must be served.
+SCALE_BACKLOG_WEIGHTS = {"realtime": 5.0, "standard": 1.0, "batch": 1.0 / 6.0}
+#: A class's backlog counts up to this many times more as its oldest request ages
+#: towards its SLA (x2 at the SLA, linear before): old work is more urgent.
+SCALE_AGE_FACTOR_MAX = 2.0
+#: Time constants of the arrival-rate trend (Holt's double exponential smoothing),
+#: seconds: the level follows a change within ~15 s (three 5 s decisions), the slope
+#: is averaged twice as long so one noisy interval does not launch a worker (a
+#: one-interval doubling of the rate moves the 50 s forecast by ~60%, a steady ramp
+#: is extrapolated to ~90% of its true slope within a minute).
+SCALE_TREND_LEVEL_S = 15.0
+SCALE_TREND_SLOPE_S = 30.0
+
+# --- baseline scaling policies the simulator compares (issue #7) ---
+#: ``seed``: the seed text's rule: scale up when more than 20 requests are pending
+#: and every instance is full, scale down after 300 s idle, checked every 30 s.
+SEED_PENDING_THRESHOLD = 20
+SEED_IDLE_S = 300.0
+SEED_CHECK_S = 30.0
+#: ``keda-zcard``: KEDA's Redis list scaler defaults: listLength 5, pollingInterval
+#: 30 s, cooldownPeriod 300 s.
+KEDA_LIST_LENGTH = 5
+KEDA_POLL_S = 30.0
+KEDA_COOLDOWN_S = 300.0
+
+# --- scaler backends (issue #5; inferq.scaler.backends) ---
+#: Seconds ``docker stop`` waits before SIGKILL. The worker has drained and
+#: deregistered before stop is called, so this only bounds its clean exit; Docker's
+#: own default is 10 s.
+DOCKER_STOP_TIMEOUT_S = 30.0
+#: ``controller.kubernetes.io/pod-deletion-cost`` set on the pod chosen for
+#: scale-down: below the default 0 of every other pod, so the ReplicaSet removes it.
+K8S_POD_DELETION_COST = -1000

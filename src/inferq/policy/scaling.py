@@ -1,0 +1,739 @@
+"""How many workers each model should have: a pure function of load, state and time.
+
+The scaler daemon builds one :class:`ModelLoad` per model from Redis, the
+simulator from its virtual fleet; both call :func:`decide_scale` with the
+:class:`ScalerState` the previous call returned, and carry out the
+:class:`ScaleDecision` list (launch ``desired - current`` workers, or drain the
+workers named in ``drain``). Nothing here reads a clock: ``now`` is an argument.
+
+The rule, per model (units: requests, seconds, workers)::
+
+    mu   = slots_per_worker / mean_service_s           one worker's rate (Little's law)
+    h    = cold_start_s + interval_s                    until a worker launched now is useful
+    lam  = max(arrival_rate, level + slope * h)         arrivals when it is ready
+    age  = 1 + min(1, oldest_c / sla_c) * (age_max - 1) per class c
+    B    = sum_c queued_c * weight_c * age_c            weighted backlog
+    need = (lam + B / backlog_drain_s) / mu             workers needed
+
+``level`` and ``slope`` are Holt's double exponential smoothing of the arrival
+rate (Holt 1957; irregular steps as in Wright 1986), kept in the state, so a
+rising wave is met by workers launched one cold start ahead of it. ``current``
+is ``ready + starting``: capacity on its way counts, so a burst never cascades
+launches. Then, in order:
+
+1. tolerance band: hold while ``|need / current - 1| <= tolerance`` (the HPA rule);
+2. SLA: when a class's oldest wait passes ``target_wait_fraction x SLA``, want
+   at least ``ready + 1`` (a worker already starting satisfies it);
+3. bounds: ``min_workers <= desired <= max_workers`` (these override cooldowns);
+4. cooldowns: no scale-up within ``up_cooldown_s`` and no scale-down within
+   ``down_cooldown_s`` of the model's last scale action;
+5. scale-down drains only workers with nothing in flight, idle ``>= idle_s``
+   (longest idle first); fewer idle workers mean a smaller step;
+6. GPU budget: scale-ups are granted in model priority order, minimum pools
+   first, while ``sum (ready + starting + draining) x gpus_per_worker <= gpu_budget``.
+
+:func:`seed_scale` and :func:`keda_zcard_scale` are the baselines the
+simulator compares against (issue 7), with the same inputs and outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Literal
+
+from inferq import defaults
+from inferq.config import PriorityClass
+from inferq.errors import ConfigError, CorruptRecord
+
+Action = Literal["up", "down", "hold"]
+
+#: Float slack when rounding a fractional need up to whole workers.
+_EPS = 1e-9
+
+
+# --- configuration ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLimits:
+    """Bounds of one model's pool.
+
+    Attributes:
+        min_workers: never fewer (default 1; 0 lets an idle model scale to zero).
+        max_workers: never more (>= 1 and >= ``min_workers``).
+        gpus_per_worker: GPUs one worker holds, counted against the GPU budget
+            (0 for CPU-only or simulated workers).
+
+    Raises:
+        ConfigError: a bound is negative or ``min_workers > max_workers``.
+    """
+
+    min_workers: int = defaults.SCALE_MIN_WORKERS
+    max_workers: int = defaults.SCALE_MAX_WORKERS
+    gpus_per_worker: int = defaults.SCALE_GPUS_PER_WORKER
+
+    def __post_init__(self) -> None:
+        if self.min_workers < 0:
+            raise ConfigError(f"min_workers must be >= 0, got {self.min_workers}")
+        if self.max_workers < max(1, self.min_workers):
+            raise ConfigError(
+                f"max_workers must be >= 1 and >= min_workers ({self.min_workers}), "
+                f"got {self.max_workers}"
+            )
+        if self.gpus_per_worker < 0:
+            raise ConfigError(f"gpus_per_worker must be >= 0, got {self.gpus_per_worker}")
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingConfig:
+    """Knobs of the scaling policy; every default is in :mod:`inferq.defaults`.
+
+    Attributes:
+        limits: model -> its bounds; models not listed use ``default_limits``.
+        default_limits: bounds of unlisted models.
+        gpu_budget: GPUs all models share (None = unlimited).
+        model_priority: model names, highest priority first: the order in which
+            scale-ups get GPUs. Unlisted models follow, by name.
+        up_cooldown_s: seconds after a model's last scale action before it scales up.
+        down_cooldown_s: seconds after a model's last scale action before it scales down.
+        idle_s: a worker is drained only after this many seconds with nothing in flight.
+        tolerance: relative band around the current count inside which nothing changes.
+        target_wait_fraction: fraction of a class's SLA its oldest wait may reach
+            before a worker is added.
+        backlog_drain_s: seconds in which extra capacity should clear the weighted backlog.
+        class_weights: class -> weight of one queued request (unlisted classes: 1).
+        age_factor_max: a class's backlog counts up to this many times more as its
+            oldest request ages to its SLA.
+        trend_level_s / trend_slope_s: time constants of the rate's level and slope, s.
+        interval_s: seconds between two decisions (the daemon's loop period); a
+            worker launched at the next decision is ready ``interval_s`` later.
+
+    Raises:
+        ConfigError: a value is out of range (the message names it).
+    """
+
+    limits: Mapping[str, ModelLimits] = field(default_factory=dict)
+    default_limits: ModelLimits = field(default_factory=ModelLimits)
+    gpu_budget: int | None = None
+    model_priority: tuple[str, ...] = ()
+    up_cooldown_s: float = defaults.SCALE_UP_COOLDOWN_S
+    down_cooldown_s: float = defaults.SCALE_DOWN_COOLDOWN_S
+    idle_s: float = defaults.SCALE_IDLE_S
+    tolerance: float = defaults.SCALE_TOLERANCE
+    target_wait_fraction: float = defaults.SCALE_TARGET_WAIT_FRACTION
+    backlog_drain_s: float = defaults.SCALE_BACKLOG_DRAIN_S
+    class_weights: Mapping[str, float] = field(
+        default_factory=lambda: dict(defaults.SCALE_BACKLOG_WEIGHTS)
+    )
+    age_factor_max: float = defaults.SCALE_AGE_FACTOR_MAX
+    trend_level_s: float = defaults.SCALE_TREND_LEVEL_S
+    trend_slope_s: float = defaults.SCALE_TREND_SLOPE_S
+    interval_s: float = defaults.SCALER_INTERVAL_S
+
+    def __post_init__(self) -> None:
+        if self.gpu_budget is not None and self.gpu_budget < 0:
+            raise ConfigError(f"gpu_budget must be >= 0 or None, got {self.gpu_budget}")
+        for name in ("up_cooldown_s", "down_cooldown_s", "idle_s", "interval_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0 seconds, got {getattr(self, name)}")
+        for name in ("backlog_drain_s", "trend_level_s", "trend_slope_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if not 0 <= self.tolerance < 1:
+            raise ConfigError(f"tolerance must be in [0, 1), got {self.tolerance}")
+        if not 0 < self.target_wait_fraction <= 1:
+            raise ConfigError(
+                f"target_wait_fraction must be in (0, 1], got {self.target_wait_fraction}"
+            )
+        if self.age_factor_max < 1:
+            raise ConfigError(f"age_factor_max must be >= 1, got {self.age_factor_max}")
+        for cls, weight in self.class_weights.items():
+            if weight < 0:
+                raise ConfigError(f"class_weights[{cls!r}] must be >= 0, got {weight}")
+
+    def limits_for(self, model: str) -> ModelLimits:
+        """The bounds of ``model`` (its own, else ``default_limits``)."""
+        return self.limits.get(model, self.default_limits)
+
+    def priority_key(self, model: str) -> tuple[int, str]:
+        """Sort key: listed models in ``model_priority`` order, then the rest by name."""
+        try:
+            return (self.model_priority.index(model), model)
+        except ValueError:
+            return (len(self.model_priority), model)
+
+
+# --- inputs, state, outputs ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLoad:
+    """One model's load and fleet at decision time.
+
+    Attributes:
+        model: registry name.
+        queued: class -> requests queued for this model.
+        oldest_wait_s: class -> seconds the oldest queued request has waited.
+        arrival_rate: requests/s, a moving estimate (the policy adds its own trend).
+        mean_service_s: seconds one request occupies a slot (moving mean).
+        slots_per_worker: concurrent requests one worker serves.
+        cold_start_s: seconds from launch to ``ready`` (model load).
+        ready / starting / draining: workers in each state.
+        idle_workers: ready worker id -> seconds since it last had work in flight
+            (only workers with nothing in flight).
+        busy: ready worker id -> requests in flight (only workers with some).
+
+    Raises:
+        ValueError: a count or time is negative, or ``slots_per_worker`` /
+            ``mean_service_s`` is not positive.
+    """
+
+    model: str
+    queued: Mapping[str, int]
+    oldest_wait_s: Mapping[str, float]
+    arrival_rate: float
+    mean_service_s: float
+    slots_per_worker: int
+    cold_start_s: float
+    ready: int
+    starting: int = 0
+    draining: int = 0
+    idle_workers: Mapping[str, float] = field(default_factory=dict)
+    busy: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.slots_per_worker < 1:
+            raise ValueError(f"{self.model}: slots_per_worker must be >= 1")
+        if self.mean_service_s <= 0:
+            raise ValueError(f"{self.model}: mean_service_s must be > 0 seconds")
+        for name in ("arrival_rate", "cold_start_s", "ready", "starting", "draining"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{self.model}: {name} must be >= 0, got {getattr(self, name)}")
+        if any(n < 0 for n in self.queued.values()):
+            raise ValueError(f"{self.model}: queued counts must be >= 0")
+
+    @property
+    def current(self) -> int:
+        """Workers counted as capacity: ``ready + starting``."""
+        return self.ready + self.starting
+
+    @property
+    def total_queued(self) -> int:
+        """Queued requests over all classes."""
+        return sum(self.queued.values())
+
+    @property
+    def worker_rate(self) -> float:
+        """Requests/s one worker completes: ``slots / mean_service_s`` (Little's law)."""
+        return self.slots_per_worker / self.mean_service_s
+
+
+@dataclass(frozen=True, slots=True)
+class ModelScaleState:
+    """What one model carries from one decision to the next.
+
+    Attributes:
+        last_up_at / last_down_at: time of the last scale-up / scale-down, s.
+        last_direction: ``"up"`` or ``"down"`` (None before the first action).
+        level: smoothed arrival rate, requests/s (None before the first observation).
+        slope: smoothed change of the rate, requests/s per s.
+        observed_at: time of the last trend update, s.
+        checked_at: time of the last evaluation (the baselines poll on it), s.
+    """
+
+    last_up_at: float | None = None
+    last_down_at: float | None = None
+    last_direction: str | None = None
+    level: float | None = None
+    slope: float = 0.0
+    observed_at: float | None = None
+    checked_at: float | None = None
+
+    @property
+    def last_action_at(self) -> float | None:
+        """Time of the last scale action in either direction."""
+        times = [t for t in (self.last_up_at, self.last_down_at) if t is not None]
+        return max(times) if times else None
+
+    def forecast(self, horizon_s: float) -> float:
+        """Arrival rate expected ``horizon_s`` from now, requests/s (>= 0)."""
+        if self.level is None:
+            return 0.0
+        return max(0.0, self.level + self.slope * horizon_s)
+
+
+@dataclass(frozen=True, slots=True)
+class ScalerState:
+    """Everything carried between decisions, per model (the daemon keeps it in Redis)."""
+
+    models: Mapping[str, ModelScaleState] = field(default_factory=dict)
+
+    def model(self, name: str) -> ModelScaleState:
+        """The state of ``name`` (empty when never seen)."""
+        return self.models.get(name, ModelScaleState())
+
+    def to_fields(self) -> dict[str, str]:
+        """Flat string hash for Redis: model -> JSON of its state."""
+        return {m: json.dumps(asdict(s), sort_keys=True) for m, s in self.models.items()}
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, str], key: str = "scaler:state") -> ScalerState:
+        """Parse a hash written by :meth:`to_fields`.
+
+        Raises:
+            CorruptRecord: a model's entry is not the JSON of a state.
+        """
+        models: dict[str, ModelScaleState] = {}
+        for model, raw in fields.items():
+            try:
+                models[model] = ModelScaleState(**json.loads(raw))
+            except (ValueError, TypeError) as exc:
+                raise CorruptRecord(key, f"model {model!r}: {exc}") from None
+        return cls(models=models)
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleDecision:
+    """What to do with one model now.
+
+    Attributes:
+        model: registry name.
+        current: ``ready + starting`` at decision time.
+        desired: workers after this decision (``current`` + launches - drains).
+        action: ``"up"``, ``"down"`` or ``"hold"``.
+        reasons: human-readable reasons, most important first.
+        drain: worker ids to drain now (scale-down), idle longest first.
+    """
+
+    model: str
+    current: int
+    desired: int
+    action: Action
+    reasons: tuple[str, ...]
+    drain: tuple[str, ...] = ()
+
+    @property
+    def launch(self) -> int:
+        """Workers to start now."""
+        return self.desired - self.current if self.action == "up" else 0
+
+
+# --- the inferq policy --------------------------------------------------------
+
+
+def decide_scale(
+    loads: Sequence[ModelLoad],
+    state: ScalerState,
+    config: ScalingConfig,
+    classes: Sequence[PriorityClass],
+    now: float,
+) -> tuple[list[ScaleDecision], ScalerState]:
+    """Desired workers per model (see the module docstring for the rule).
+
+    Args:
+        loads: one entry per model; every model holding GPUs must be listed for
+            the GPU budget to be exact.
+        state: the state returned by the previous call (``ScalerState()`` at first).
+        config: the policy's knobs.
+        classes: the priority classes (their ``sla_s``).
+        now: current (or virtual) time, seconds.
+
+    Returns:
+        Decisions in the order of ``loads``, and the state for the next call.
+
+    Raises:
+        ValueError: a model appears twice in ``loads``.
+    """
+    _check_unique(loads)
+    sla = {c.name: c.sla_s for c in classes}
+    models = dict(state.models)
+    plans: list[ScaleDecision] = []
+    for load in loads:
+        ms = _update_trend(state.model(load.model), load.arrival_rate, now, config)
+        models[load.model] = ms
+        plans.append(_plan(load, ms, config, sla, now))
+    decisions = _grant_budget(plans, loads, config)
+    return decisions, _record(decisions, models, now)
+
+
+def _plan(
+    load: ModelLoad,
+    ms: ModelScaleState,
+    config: ScalingConfig,
+    sla: Mapping[str, float],
+    now: float,
+) -> ScaleDecision:
+    limits = config.limits_for(load.model)
+    current = load.current
+    need, reasons = _need(load, ms, config, sla)
+    want = _within_tolerance(need, current, config.tolerance, reasons)
+    floor = _sla_floor(load, config, sla, reasons)
+    want = max(want, floor)
+    target = _bounded(want, limits, reasons)
+    if target > current:
+        return _scale_up(load, ms, config, limits, target, now, reasons)
+    if target < current:
+        return _scale_down(load, ms, config, limits, target, now, reasons)
+    return ScaleDecision(load.model, current, current, "hold", tuple(reasons))
+
+
+def _need(
+    load: ModelLoad, ms: ModelScaleState, config: ScalingConfig, sla: Mapping[str, float]
+) -> tuple[float, list[str]]:
+    """Fractional workers needed, and the reasons behind the number."""
+    mu = load.worker_rate
+    horizon = load.cold_start_s + config.interval_s
+    predicted = ms.forecast(horizon)
+    rate = max(load.arrival_rate, predicted)
+    backlog = _weighted_backlog(load, config, sla)
+    need = (rate + backlog / config.backlog_drain_s) / mu
+    reasons = [
+        f"need {need:.2f}: arrivals {rate:.2f} req/s x {load.mean_service_s:.2f} s "
+        f"/ {load.slots_per_worker} slots"
+    ]
+    if predicted > load.arrival_rate + _EPS:
+        reasons.append(
+            f"trend: {load.arrival_rate:.2f} -> {predicted:.2f} req/s within {horizon:.0f} s "
+            f"(cold start {load.cold_start_s:.0f} s)"
+        )
+    if backlog > 0:
+        reasons.append(
+            f"backlog {backlog:.0f} weighted ({load.total_queued} queued) "
+            f"> capacity: +{backlog / config.backlog_drain_s / mu:.2f} workers "
+            f"to clear it in {config.backlog_drain_s:.0f} s"
+        )
+    if load.starting:
+        reasons.append(f"{load.starting} starting counted as capacity")
+    return need, reasons
+
+
+def _weighted_backlog(load: ModelLoad, config: ScalingConfig, sla: Mapping[str, float]) -> float:
+    """Queued requests weighted by class and by the age of the class's oldest one."""
+    total = 0.0
+    for cls, count in load.queued.items():
+        if count <= 0:
+            continue
+        weight = config.class_weights.get(cls, 1.0)
+        age = 0.0
+        if cls in sla:
+            age = min(1.0, load.oldest_wait_s.get(cls, 0.0) / sla[cls])
+        total += count * weight * (1.0 + age * (config.age_factor_max - 1.0))
+    return total
+
+
+def _within_tolerance(need: float, current: int, tolerance: float, reasons: list[str]) -> int:
+    if current > 0 and abs(need / current - 1.0) <= tolerance:
+        reasons.append(f"within tolerance {tolerance:.0%} of {current}")
+        return current
+    return max(0, math.ceil(need - _EPS))
+
+
+def _sla_floor(
+    load: ModelLoad, config: ScalingConfig, sla: Mapping[str, float], reasons: list[str]
+) -> int:
+    """``ready + 1`` when a class waits past its threshold and nothing is starting."""
+    worst: tuple[float, str] | None = None
+    for cls, count in load.queued.items():
+        if count <= 0 or cls not in sla:
+            continue
+        ratio = load.oldest_wait_s.get(cls, 0.0) / (config.target_wait_fraction * sla[cls])
+        if ratio > 1.0 and (worst is None or ratio > worst[0]):
+            worst = (ratio, cls)
+    if worst is None:
+        return 0
+    cls = worst[1]
+    reasons.append(
+        f"oldest {cls} wait {load.oldest_wait_s[cls]:.1f} s > "
+        f"{config.target_wait_fraction * sla[cls]:.1f} s "
+        f"({config.target_wait_fraction:g} x SLA {sla[cls]:g} s)"
+    )
+    return load.ready + 1
+
+
+def _bounded(want: int, limits: ModelLimits, reasons: list[str]) -> int:
+    if want < limits.min_workers:
+        reasons.append(f"bounds: min {limits.min_workers}")
+        return limits.min_workers
+    if want > limits.max_workers:
+        reasons.append(f"bounds: max {limits.max_workers}")
+        return limits.max_workers
+    return want
+
+
+def _cooldown_left(ms: ModelScaleState, cooldown_s: float, now: float) -> float:
+    last = ms.last_action_at
+    return 0.0 if last is None else max(0.0, last + cooldown_s - now)
+
+
+def _scale_up(
+    load: ModelLoad,
+    ms: ModelScaleState,
+    config: ScalingConfig,
+    limits: ModelLimits,
+    target: int,
+    now: float,
+    reasons: list[str],
+) -> ScaleDecision:
+    current = load.current
+    left = _cooldown_left(ms, config.up_cooldown_s, now)
+    if left > 0:
+        reasons.append(f"cooldown: no scale-up for {left:.1f} s")
+        if current >= limits.min_workers:
+            return ScaleDecision(load.model, current, current, "hold", tuple(reasons))
+        target = limits.min_workers
+        reasons.append(f"bounds: min {limits.min_workers} overrides the cooldown")
+    return ScaleDecision(load.model, current, target, "up", tuple(reasons))
+
+
+def _scale_down(
+    load: ModelLoad,
+    ms: ModelScaleState,
+    config: ScalingConfig,
+    limits: ModelLimits,
+    target: int,
+    now: float,
+    reasons: list[str],
+) -> ScaleDecision:
+    current = load.current
+    idle = drain_order(load)
+    forced = max(0, current - limits.max_workers)  # over max: any idle worker may go
+    wanted = 0
+    left = _cooldown_left(ms, config.down_cooldown_s, now)
+    if left > 0:
+        reasons.append(f"cooldown: no scale-down for {left:.1f} s")
+    else:
+        long_idle = sum(1 for w in idle if load.idle_workers[w] >= config.idle_s)
+        wanted = min(current - target, long_idle)
+        if wanted < current - target:
+            reasons.append(
+                f"idle: {long_idle} of {current - target} surplus workers idle "
+                f">= {config.idle_s:.0f} s"
+            )
+    drain = tuple(idle[: max(forced, wanted)])
+    if not drain:
+        return ScaleDecision(load.model, current, current, "hold", tuple(reasons))
+    return ScaleDecision(load.model, current, current - len(drain), "down", tuple(reasons), drain)
+
+
+def drain_order(load: ModelLoad) -> list[str]:
+    """Workers that may be drained, best first: idle longest, then least busy, then id.
+
+    A worker with anything in flight is never a candidate.
+    """
+    candidates = [w for w in load.idle_workers if load.busy.get(w, 0) == 0]
+    return sorted(candidates, key=lambda w: (-load.idle_workers[w], load.busy.get(w, 0), w))
+
+
+def _grant_budget(
+    plans: Sequence[ScaleDecision], loads: Sequence[ModelLoad], config: ScalingConfig
+) -> list[ScaleDecision]:
+    """Trim scale-ups to the GPU budget: minimum pools first, then by model priority."""
+    if config.gpu_budget is None:
+        return list(plans)
+    by_model = {load.model: load for load in loads}
+    gpus = {m: config.limits_for(m).gpus_per_worker for m in by_model}
+    used = sum((ld.current + ld.draining) * gpus[ld.model] for ld in loads)
+    granted = {p.model: 0 for p in plans}
+    ups = sorted((p for p in plans if p.action == "up"), key=lambda p: config.priority_key(p.model))
+    for stage in ("min", "rest"):
+        for p in ups:
+            cap = p.desired
+            if stage == "min":
+                cap = min(cap, max(p.current, config.limits_for(p.model).min_workers))
+            want = cap - p.current - granted[p.model]
+            room = want if gpus[p.model] == 0 else (config.gpu_budget - used) // gpus[p.model]
+            grant = max(0, min(want, room))
+            granted[p.model] += grant
+            used += grant * gpus[p.model]
+    return [_trimmed(p, granted[p.model], used, config.gpu_budget) for p in plans]
+
+
+def _trimmed(plan: ScaleDecision, granted: int, used: int, budget: int) -> ScaleDecision:
+    if plan.action != "up" or plan.current + granted == plan.desired:
+        return plan
+    reasons = (*plan.reasons, f"gpu budget: {used} of {budget} GPUs in use")
+    if granted == 0:
+        return replace(plan, desired=plan.current, action="hold", reasons=reasons)
+    return replace(plan, desired=plan.current + granted, reasons=reasons)
+
+
+def _update_trend(
+    ms: ModelScaleState, rate: float, now: float, config: ScalingConfig
+) -> ModelScaleState:
+    """Holt's linear trend with irregular steps: level and slope of the arrival rate."""
+    if ms.level is None or ms.observed_at is None:
+        return replace(ms, level=rate, slope=0.0, observed_at=now)
+    dt = now - ms.observed_at
+    if dt <= 0:
+        return ms
+    a = 1.0 - math.exp(-dt / config.trend_level_s)
+    b = 1.0 - math.exp(-dt / config.trend_slope_s)
+    level = a * rate + (1.0 - a) * (ms.level + ms.slope * dt)
+    slope = b * (level - ms.level) / dt + (1.0 - b) * ms.slope
+    return replace(ms, level=max(0.0, level), slope=slope, observed_at=now)
+
+
+def _record(
+    decisions: Iterable[ScaleDecision], models: dict[str, ModelScaleState], now: float
+) -> ScalerState:
+    """Stamp each model's state with this decision (time checked, action taken)."""
+    for d in decisions:
+        ms = replace(models.get(d.model, ModelScaleState()), checked_at=now)
+        if d.action == "up":
+            ms = replace(ms, last_up_at=now, last_direction="up")
+        elif d.action == "down":
+            ms = replace(ms, last_down_at=now, last_direction="down")
+        models[d.model] = ms
+    return ScalerState(models=models)
+
+
+def _check_unique(loads: Sequence[ModelLoad]) -> None:
+    seen: set[str] = set()
+    for load in loads:
+        if load.model in seen:
+            raise ValueError(f"model {load.model!r} appears twice in loads")
+        seen.add(load.model)
+
+
+# --- baselines (issue 7) ------------------------------------------------------
+
+_Rule = Callable[[ModelLoad, ModelScaleState, ModelLimits, list[str]], ScaleDecision]
+
+
+def seed_scale(
+    loads: Sequence[ModelLoad],
+    state: ScalerState,
+    config: ScalingConfig,
+    classes: Sequence[PriorityClass],
+    now: float,
+    *,
+    pending_threshold: int = defaults.SEED_PENDING_THRESHOLD,
+    idle_s: float = defaults.SEED_IDLE_S,
+    check_s: float = defaults.SEED_CHECK_S,
+) -> tuple[list[ScaleDecision], ScalerState]:
+    """Baseline ``seed``: the seed text's autoscaler.
+
+    Every ``check_s`` seconds per model: one more worker when more than
+    ``pending_threshold`` requests are queued and every ready worker is full
+    (starting workers are not looked at, so a long cold start launches again);
+    every worker idle ``>= idle_s`` is drained. Bounds and the GPU budget of
+    ``config`` apply; cooldowns, trend and SLAs do not (``classes`` is unused).
+    """
+    del classes
+
+    def rule(
+        load: ModelLoad, ms: ModelScaleState, limits: ModelLimits, reasons: list[str]
+    ) -> ScaleDecision:
+        current = load.current
+        if current < limits.min_workers or current > limits.max_workers:
+            return _to_bounds(load, limits, reasons)
+        full = not load.idle_workers and all(n >= load.slots_per_worker for n in load.busy.values())
+        if load.total_queued > pending_threshold and full:
+            reasons.append(f"{load.total_queued} pending > {pending_threshold}, all full")
+            target = _bounded(current + 1, limits, reasons)
+            action: Action = "up" if target > current else "hold"
+            return ScaleDecision(load.model, current, target, action, tuple(reasons))
+        idle = [w for w in drain_order(load) if load.idle_workers[w] >= idle_s]
+        drain = tuple(idle[: max(0, current - limits.min_workers)])
+        if drain:
+            reasons.append(f"{len(drain)} idle >= {idle_s:.0f} s")
+            return ScaleDecision(
+                load.model, current, current - len(drain), "down", tuple(reasons), drain
+            )
+        return ScaleDecision(load.model, current, current, "hold", tuple(reasons))
+
+    return _run_baseline(loads, state, config, now, check_s, rule)
+
+
+def keda_zcard_scale(
+    loads: Sequence[ModelLoad],
+    state: ScalerState,
+    config: ScalingConfig,
+    classes: Sequence[PriorityClass],
+    now: float,
+    *,
+    list_length: int = defaults.KEDA_LIST_LENGTH,
+    poll_s: float = defaults.KEDA_POLL_S,
+    cooldown_s: float = defaults.KEDA_COOLDOWN_S,
+) -> tuple[list[ScaleDecision], ScalerState]:
+    """Baseline ``keda-zcard``: a KEDA-style scaler on the total queue length.
+
+    Every ``poll_s`` seconds: ``desired = ceil(total queued / list_length)``
+    within the bounds; up at once, down only ``cooldown_s`` after the model's
+    last scale action. Scale-down drains idle workers first, then the least busy
+    ones (like a ReplicaSet, it does not wait for idleness; draining still kills
+    nothing). The GPU budget of ``config`` applies; ``classes`` is unused.
+
+    Raises:
+        ValueError: ``list_length`` is not positive.
+    """
+    del classes
+    if list_length < 1:
+        raise ValueError(f"list_length must be >= 1, got {list_length}")
+
+    def rule(
+        load: ModelLoad, ms: ModelScaleState, limits: ModelLimits, reasons: list[str]
+    ) -> ScaleDecision:
+        current = load.current
+        want = math.ceil(load.total_queued / list_length)
+        reasons.append(f"ceil({load.total_queued} queued / {list_length}) = {want}")
+        target = _bounded(want, limits, reasons)
+        if target > current:
+            return ScaleDecision(load.model, current, target, "up", tuple(reasons))
+        left = _cooldown_left(ms, cooldown_s, now)
+        if target == current or left > 0:
+            if target < current:
+                reasons.append(f"cooldown: no scale-down for {left:.1f} s")
+            return ScaleDecision(load.model, current, current, "hold", tuple(reasons))
+        ranked = drain_order(load) + sorted(load.busy, key=lambda w: (load.busy[w], w))
+        drain = tuple(ranked[: current - target])
+        if not drain:
+            return ScaleDecision(load.model, current, current, "hold", tuple(reasons))
+        return ScaleDecision(
+            load.model, current, current - len(drain), "down", tuple(reasons), drain
+        )
+
+    return _run_baseline(loads, state, config, now, poll_s, rule)
+
+
+def _to_bounds(load: ModelLoad, limits: ModelLimits, reasons: list[str]) -> ScaleDecision:
+    """Move a pool that is outside its bounds back inside (draining never takes busy workers)."""
+    current = load.current
+    target = _bounded(current, limits, reasons)
+    if target > current:
+        return ScaleDecision(load.model, current, target, "up", tuple(reasons))
+    drain = tuple(drain_order(load)[: current - target])
+    if not drain:
+        return ScaleDecision(load.model, current, current, "hold", tuple(reasons))
+    return ScaleDecision(load.model, current, current - len(drain), "down", tuple(reasons), drain)
+
+
+def _run_baseline(
+    loads: Sequence[ModelLoad],
+    state: ScalerState,
+    config: ScalingConfig,
+    now: float,
+    period_s: float,
+    rule: _Rule,
+) -> tuple[list[ScaleDecision], ScalerState]:
+    """Apply ``rule`` to each model whose poll period has passed, then the GPU budget."""
+    _check_unique(loads)
+    plans: list[ScaleDecision] = []
+    polled: list[ScaleDecision] = []
+    for load in loads:
+        ms = state.model(load.model)
+        if ms.checked_at is not None and now - ms.checked_at < period_s:
+            wait = ms.checked_at + period_s - now
+            reason = f"poll: next check in {wait:.1f} s"
+            plans.append(ScaleDecision(load.model, load.current, load.current, "hold", (reason,)))
+            continue
+        plan = rule(load, ms, config.limits_for(load.model), [])
+        plans.append(plan)
+        polled.append(plan)
+    decisions = _grant_budget(plans, loads, config)
+    checked = {d.model for d in polled}
+    stamped = _record([d for d in decisions if d.model in checked], dict(state.models), now)
+    return decisions, stamped

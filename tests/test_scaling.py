@@ -1,0 +1,542 @@
+"""The pure scaling policy: examples of each rule, then properties over random fleets."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inferq.config import Settings
+from inferq.errors import ConfigError, CorruptRecord
+from inferq.policy.scaling import (
+    ModelLimits,
+    ModelLoad,
+    ModelScaleState,
+    ScaleDecision,
+    ScalerState,
+    ScalingConfig,
+    decide_scale,
+    keda_zcard_scale,
+    seed_scale,
+)
+
+CLASSES = Settings().classes
+NOW = 10_000.0
+
+
+def load(**kw: object) -> ModelLoad:
+    """A one-model load: 4 slots x 4 s per request = 1 request/s per worker."""
+    base: dict[str, object] = {
+        "model": "m",
+        "queued": {},
+        "oldest_wait_s": {},
+        "arrival_rate": 0.0,
+        "mean_service_s": 4.0,
+        "slots_per_worker": 4,
+        "cold_start_s": 30.0,
+        "ready": 1,
+    }
+    base.update(kw)
+    return ModelLoad(**base)  # type: ignore[arg-type]
+
+
+def decide(
+    *loads: ModelLoad,
+    state: ScalerState | None = None,
+    now: float = NOW,
+    **cfg: object,
+) -> tuple[list[ScaleDecision], ScalerState]:
+    config = ScalingConfig(**cfg)  # type: ignore[arg-type]
+    return decide_scale(list(loads), state or ScalerState(), config, CLASSES, now)
+
+
+def one(*loads: ModelLoad, **kw: object) -> ScaleDecision:
+    decisions, _ = decide(*loads, **kw)  # type: ignore[arg-type]
+    return decisions[0]
+
+
+def after(action: str, at: float, model: str = "m") -> ScalerState:
+    """A state whose last action on ``model`` was ``action`` at ``at``."""
+    ms = ModelScaleState(level=0.0, observed_at=NOW)
+    if action == "up":
+        ms = replace(ms, last_up_at=at, last_direction="up")
+    else:
+        ms = replace(ms, last_down_at=at, last_direction="down")
+    return ScalerState(models={model: ms})
+
+
+def has(decision: ScaleDecision, text: str) -> bool:
+    return any(text in r for r in decision.reasons)
+
+
+# --- examples -------------------------------------------------------------------
+
+
+def test_an_idle_fleet_holds_at_its_minimum() -> None:
+    d = one(load(ready=1, idle_workers={"w0": 10_000.0}))
+    assert (d.action, d.desired, d.drain) == ("hold", 1, ())
+    assert has(d, "bounds: min 1")
+
+
+def test_arrivals_need_workers_by_littles_law() -> None:
+    # 6 req/s x 4 s / 4 slots = 6 workers.
+    d = one(load(ready=2, arrival_rate=6.0))
+    assert (d.action, d.current, d.desired, d.launch) == ("up", 2, 6, 4)
+    assert has(d, "need 6.00")
+
+
+def test_backlog_is_weighted_by_class_realtime_counting_more() -> None:
+    rt = one(load(ready=1, queued={"realtime": 40}, oldest_wait_s={"realtime": 0.0}))
+    batch = one(load(ready=1, queued={"batch": 40}, oldest_wait_s={"batch": 0.0}))
+    # 40 x 5 / 10 s = 20 req/s -> 20 workers; 40 x 1/6 / 10 s -> 0.67 -> 1 (hold).
+    assert rt.desired == 8  # max_workers
+    assert has(rt, "backlog 200 weighted") and has(rt, "bounds: max 8")
+    assert batch.action == "hold"
+
+
+def test_an_old_backlog_counts_more_than_a_new_one() -> None:
+    new = one(
+        load(ready=1, queued={"standard": 30}, oldest_wait_s={"standard": 0.0}),
+        limits={"m": ModelLimits(max_workers=100)},
+    )
+    old = one(
+        load(ready=1, queued={"standard": 30}, oldest_wait_s={"standard": 10.0}),
+        limits={"m": ModelLimits(max_workers=100)},
+    )
+    assert (new.desired, old.desired) == (3, 6)
+
+
+def test_oldest_wait_past_its_sla_threshold_adds_a_worker() -> None:
+    d = one(
+        load(ready=3, arrival_rate=3.0, queued={"realtime": 1}, oldest_wait_s={"realtime": 3.1})
+    )
+    assert (d.action, d.desired) == ("up", 4)
+    assert has(d, "oldest realtime wait 3.1 s > 1.0 s (0.5 x SLA 2 s)")
+
+
+def test_a_starting_worker_already_answers_the_sla_rule() -> None:
+    late = load(ready=3, starting=1, arrival_rate=3.0, queued={"realtime": 1})
+    d = one(replace(late, oldest_wait_s={"realtime": 3.1}))
+    assert (d.action, d.current, d.desired) == ("hold", 4, 4)
+    assert has(d, "1 starting counted as capacity")
+
+
+def test_a_rising_trend_scales_ahead_of_the_wave() -> None:
+    # Ready capacity 2 req/s; the rate ramps 0.02 req/s per second from 0.5.
+    state, t = ScalerState(), NOW
+    for step in range(100):
+        rate = 0.5 + 0.1 * step
+        decisions, state = decide(load(ready=2, arrival_rate=rate), state=state, now=t)
+        if decisions[0].action == "up":
+            break
+        t += 5.0
+    else:
+        pytest.fail("never scaled up")
+    assert rate < 2.0  # before the ready workers are overrun
+    assert has(decisions[0], "trend:")
+
+
+def test_within_the_tolerance_band_nothing_changes() -> None:
+    d = one(load(ready=10, arrival_rate=10.8), limits={"m": ModelLimits(max_workers=20)})
+    assert (d.action, d.desired) == ("hold", 10)
+    assert has(d, "within tolerance 10% of 10")
+
+
+def test_scale_down_drains_only_workers_idle_long_enough_longest_first() -> None:
+    idle = {"a": 400.0, "b": 100.0, "c": 900.0}
+    d = one(load(ready=5, idle_workers=idle, busy={"d": 1, "e": 3}, arrival_rate=1.0))
+    assert (d.action, d.desired, d.drain) == ("down", 3, ("c", "a"))
+    assert has(d, "idle: 2 of 4 surplus workers idle >= 300 s")
+
+
+def test_no_idle_worker_means_no_scale_down() -> None:
+    d = one(load(ready=3, busy={"a": 1, "b": 1, "c": 1}, idle_workers={}))
+    assert (d.action, d.desired, d.drain) == ("hold", 3, ())
+
+
+def test_min_zero_scales_to_zero_and_back_when_work_arrives() -> None:
+    zero = {"m": ModelLimits(min_workers=0)}
+    down = one(load(ready=1, idle_workers={"w0": 600.0}), limits=zero)
+    assert (down.action, down.desired, down.drain) == ("down", 0, ("w0",))
+    up = one(load(ready=0, queued={"batch": 1}, oldest_wait_s={"batch": 0.0}), limits=zero)
+    assert (up.action, up.desired) == ("up", 1)
+
+
+def test_cooldowns_block_reversals_and_repeats() -> None:
+    busy = load(ready=1, arrival_rate=4.0)
+    idle = load(ready=4, idle_workers={f"w{i}": 999.0 for i in range(4)})
+    assert one(busy, state=after("down", NOW - 10)).action == "hold"
+    assert one(busy, state=after("up", NOW - 10)).action == "hold"
+    assert one(busy, state=after("down", NOW - 15)).action == "up"
+    assert one(idle, state=after("up", NOW - 59)).action == "hold"
+    assert has(one(idle, state=after("up", NOW - 59)), "cooldown: no scale-down for 1.0 s")
+    assert one(idle, state=after("up", NOW - 60)).action == "down"
+
+
+def test_bounds_override_cooldowns() -> None:
+    below = one(load(ready=0), state=after("down", NOW - 1), limits={"m": ModelLimits(2, 4)})
+    assert (below.action, below.desired) == ("up", 2)
+    over = one(
+        load(ready=6, idle_workers={"a": 1.0, "b": 2.0}, busy={"c": 1, "d": 1, "e": 1, "f": 1}),
+        state=after("up", NOW - 1),
+        limits={"m": ModelLimits(1, 3)},
+    )
+    # Three too many, but only the two idle ones may go.
+    assert (over.action, over.desired, over.drain) == ("down", 4, ("b", "a"))
+
+
+def test_gpu_budget_goes_to_minimum_pools_first_then_by_priority() -> None:
+    hi = load(model="hi", ready=1, arrival_rate=6.0)
+    lo = load(model="lo", ready=0, arrival_rate=6.0)
+    decisions, _ = decide(hi, lo, gpu_budget=5, model_priority=("hi", "lo"))
+    by = {d.model: d for d in decisions}
+    assert (by["lo"].desired, by["hi"].desired) == (1, 4)
+    assert has(by["hi"], "gpu budget: 5 of 5 GPUs in use")
+
+
+def test_gpu_budget_counts_draining_workers_and_gpus_per_worker() -> None:
+    m = load(ready=1, draining=1, arrival_rate=6.0)
+    d = one(m, gpu_budget=6, limits={"m": ModelLimits(gpus_per_worker=2)})
+    assert (d.action, d.desired) == ("up", 2)
+    full = one(m, gpu_budget=4, limits={"m": ModelLimits(gpus_per_worker=2)})
+    assert (full.action, full.desired) == ("hold", 1)
+
+
+def test_state_round_trips_through_redis_fields() -> None:
+    _, state = decide(load(ready=2, arrival_rate=6.0))
+    again = ScalerState.from_fields(state.to_fields())
+    assert again == state and again.model("m").last_direction == "up"
+    with pytest.raises(CorruptRecord, match="model 'm'"):
+        ScalerState.from_fields({"m": "{not json"})
+    with pytest.raises(CorruptRecord, match="model 'm'"):
+        ScalerState.from_fields({"m": '{"bogus": 1}'})
+
+
+def test_invalid_configuration_names_the_field() -> None:
+    with pytest.raises(ConfigError, match="max_workers must be >= 1 and >= min_workers"):
+        ModelLimits(min_workers=3, max_workers=2)
+    with pytest.raises(ConfigError, match="min_workers must be >= 0"):
+        ModelLimits(min_workers=-1)
+    with pytest.raises(ConfigError, match="tolerance"):
+        ScalingConfig(tolerance=1.0)
+    with pytest.raises(ConfigError, match=r"class_weights\['batch'\]"):
+        ScalingConfig(class_weights={"batch": -1.0})
+    with pytest.raises(ValueError, match="slots_per_worker must be >= 1"):
+        load(slots_per_worker=0)
+    with pytest.raises(ValueError, match="appears twice"):
+        decide(load(), load())
+
+
+# --- baselines ------------------------------------------------------------------
+
+
+def test_seed_scales_up_one_at_a_time_when_pending_and_all_full() -> None:
+    full = load(ready=2, busy={"a": 4, "b": 4}, queued={"standard": 21})
+    decisions, state = seed_scale([full], ScalerState(), ScalingConfig(), CLASSES, NOW)
+    assert (decisions[0].action, decisions[0].desired) == ("up", 3)
+    # Checked every 30 s; a starting worker does not stop the next launch.
+    again = replace(full, starting=1)
+    held, _ = seed_scale([again], state, ScalingConfig(), CLASSES, NOW + 29)
+    assert held[0].action == "hold" and "poll" in held[0].reasons[0]
+    later, _ = seed_scale([again], state, ScalingConfig(), CLASSES, NOW + 30)
+    assert (later[0].action, later[0].desired) == ("up", 4)
+
+
+def test_seed_holds_when_a_worker_has_room_and_drains_idle_ones() -> None:
+    roomy = load(ready=2, busy={"a": 4, "b": 3}, queued={"standard": 50})
+    assert seed_scale([roomy], ScalerState(), ScalingConfig(), CLASSES, NOW)[0][0].action == "hold"
+    idle = load(ready=3, idle_workers={"a": 301.0, "b": 299.0}, busy={"c": 1})
+    [d], _ = seed_scale([idle], ScalerState(), ScalingConfig(), CLASSES, NOW)
+    assert (d.action, d.drain) == ("down", ("a",))
+
+
+def test_keda_desired_is_queue_length_over_target_with_a_down_cooldown() -> None:
+    q = load(ready=1, queued={"batch": 21})
+    [d], state = keda_zcard_scale([q], ScalerState(), ScalingConfig(), CLASSES, NOW)
+    assert (d.action, d.desired) == ("up", 5)
+    empty = load(ready=5, idle_workers={"a": 1.0}, busy={"b": 1, "c": 2, "d": 1, "e": 1})
+    [d], _ = keda_zcard_scale([empty], state, ScalingConfig(), CLASSES, NOW + 60)
+    assert d.action == "hold" and has(d, "cooldown")
+    [d], _ = keda_zcard_scale([empty], state, ScalingConfig(), CLASSES, NOW + 300)
+    assert (d.action, d.desired, d.drain) == ("down", 1, ("a", "b", "d", "e"))
+
+
+# --- properties -------------------------------------------------------------------
+
+
+@st.composite
+def fleets(draw: st.DrawFn, model: str = "m", limits: ModelLimits | None = None) -> ModelLoad:
+    """A random load; its ``ready + starting`` is within ``limits`` when given."""
+    slots = draw(st.integers(1, 32))
+    lo, hi = (0, 12) if limits is None else (limits.min_workers, limits.max_workers)
+    current = draw(st.integers(lo, hi))
+    ready = draw(st.integers(0, current))
+    idle: dict[str, float] = {}
+    busy: dict[str, int] = {}
+    for i in range(ready):
+        if draw(st.booleans()):
+            idle[f"{model}-{i}"] = draw(st.floats(0, 2000))
+        else:
+            busy[f"{model}-{i}"] = draw(st.integers(1, slots))
+    names = [c.name for c in CLASSES]
+    queued = draw(st.dictionaries(st.sampled_from(names), st.integers(0, 400)))
+    waits = {c: draw(st.floats(0, 200)) for c in queued}
+    return ModelLoad(
+        model=model,
+        queued=queued,
+        oldest_wait_s=waits,
+        arrival_rate=draw(st.floats(0, 60)),
+        mean_service_s=draw(st.floats(0.1, 30)),
+        slots_per_worker=slots,
+        cold_start_s=draw(st.floats(0, 90)),
+        ready=ready,
+        starting=current - ready,
+        draining=draw(st.integers(0, 3)),
+        idle_workers=idle,
+        busy=busy,
+    )
+
+
+@st.composite
+def limit_sets(draw: st.DrawFn, models: tuple[str, ...]) -> dict[str, ModelLimits]:
+    out = {}
+    for m in models:
+        lo = draw(st.integers(0, 3))
+        out[m] = ModelLimits(lo, draw(st.integers(max(1, lo), 10)), draw(st.integers(0, 2)))
+    return out
+
+
+@st.composite
+def model_states(draw: st.DrawFn, now: float) -> ModelScaleState:
+    def when() -> float | None:
+        return draw(st.none() | st.floats(now - 400, now))
+
+    up, down = when(), when()
+    last = max((t for t in (up, down) if t is not None), default=None)
+    direction = None if last is None else ("up" if last == up else "down")
+    return ModelScaleState(
+        last_up_at=up,
+        last_down_at=down,
+        last_direction=direction,
+        level=draw(st.none() | st.floats(0, 60)),
+        slope=draw(st.floats(-1, 1)),
+        observed_at=draw(st.none() | st.floats(now - 60, now)),
+    )
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[list[ModelLoad], ScalerState, ScalingConfig]:
+    models = tuple(f"m{i}" for i in range(draw(st.integers(1, 3))))
+    limits = draw(limit_sets(models))
+    loads = [draw(fleets(m, limits[m])) for m in models]
+    used = sum((ld.current + ld.draining) * limits[ld.model].gpus_per_worker for ld in loads)
+    budget = draw(st.none() | st.integers(used, used + 12))
+    config = ScalingConfig(
+        limits=limits,
+        gpu_budget=budget,
+        model_priority=tuple(draw(st.permutations(models))),
+        up_cooldown_s=draw(st.floats(0, 60)),
+        down_cooldown_s=draw(st.floats(0, 120)),
+    )
+    state = ScalerState({m: draw(model_states(NOW)) for m in models})
+    return loads, state, config
+
+
+def gpus_after(
+    decisions: list[ScaleDecision], loads: list[ModelLoad], config: ScalingConfig
+) -> int:
+    """GPUs held after the decisions: drained workers hold theirs until they leave."""
+    draining = {ld.model: ld.draining for ld in loads}
+    return sum(
+        (d.desired + len(d.drain) + draining[d.model]) * config.limits_for(d.model).gpus_per_worker
+        for d in decisions
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenarios())
+def test_decisions_stay_within_bounds_and_the_gpu_budget(
+    scenario: tuple[list[ModelLoad], ScalerState, ScalingConfig],
+) -> None:
+    loads, state, config = scenario
+    decisions, _ = decide_scale(loads, state, config, CLASSES, NOW)
+    for ld, d in zip(loads, decisions, strict=True):
+        lim = config.limits_for(ld.model)
+        assert lim.min_workers <= d.desired <= lim.max_workers, d
+        assert d.desired == d.current + d.launch - len(d.drain)
+        assert (d.action == "up") == (d.desired > d.current)
+        assert (d.action == "down") == (d.desired < d.current)
+    if config.gpu_budget is not None:
+        assert gpus_after(decisions, loads, config) <= config.gpu_budget
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenarios())
+def test_scale_down_never_picks_a_busy_worker(
+    scenario: tuple[list[ModelLoad], ScalerState, ScalingConfig],
+) -> None:
+    loads, state, config = scenario
+    # Inconsistent input too: a worker reported idle while something is in flight.
+    loads = [
+        replace(ld, busy={**ld.busy, **dict.fromkeys(list(ld.idle_workers)[:1], 1)}) for ld in loads
+    ]
+    for decisions in (
+        decide_scale(loads, state, config, CLASSES, NOW)[0],
+        seed_scale(loads, state, config, CLASSES, NOW)[0],
+    ):
+        for ld, d in zip(loads, decisions, strict=True):
+            assert len(set(d.drain)) == len(d.drain)
+            for w in d.drain:
+                assert w in ld.idle_workers and ld.busy.get(w, 0) == 0, (w, ld)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(0.5, 40), st.data()), min_size=2, max_size=25),
+    st.floats(0, 60),
+    st.floats(0, 120),
+)
+def test_no_reversal_of_direction_inside_a_cooldown(
+    steps: list[tuple[float, st.DataObject]], up_cd: float, down_cd: float
+) -> None:
+    limits = {"m": ModelLimits(1, 10)}
+    config = ScalingConfig(limits=limits, up_cooldown_s=up_cd, down_cooldown_s=down_cd)
+    state, now = ScalerState(), NOW
+    history: list[tuple[float, str]] = []
+    for gap, data in steps:
+        now += gap
+        ld = data.draw(fleets("m", limits["m"]))
+        [d], state = decide_scale([ld], state, config, CLASSES, now)
+        if d.action != "hold":
+            # Stronger than "no reversal": no action of either direction inside
+            # its cooldown after the previous one, whatever that one was.
+            if history:
+                last_at, _ = history[-1]
+                cooldown = up_cd if d.action == "up" else down_cd
+                assert now - last_at >= cooldown, (history, now, d)
+            history.append((now, d.action))
+
+
+@settings(max_examples=300, deadline=None)
+@given(fleets(limits=ModelLimits(0, 16)), st.none() | st.integers(0, 20))
+def test_starting_workers_suppress_duplicate_launches(ld: ModelLoad, budget: int | None) -> None:
+    if budget is not None:
+        budget += ld.current + ld.draining
+    config = ScalingConfig(
+        limits={"m": ModelLimits(0, 16)}, up_cooldown_s=0.0, down_cooldown_s=0.0, gpu_budget=budget
+    )
+    [first], state = decide_scale([ld], ScalerState(), config, CLASSES, NOW)
+    if first.action != "up":
+        return
+    launched = replace(ld, starting=ld.starting + first.launch)
+    [second], _ = decide_scale([launched], state, config, CLASSES, NOW)
+    assert second.action != "up", (first, second)
+
+
+# --- constant load settles (fluid model of the backlog over virtual time) ----------
+
+
+@dataclass
+class FluidFleet:
+    """A one-model fleet in virtual time: fluid backlog, workers packed first-fit."""
+
+    rate: float
+    service_s: float
+    slots: int
+    cold_start_s: float
+    mix: Mapping[str, float]
+    backlog: float = 0.0
+    ready_at: dict[str, float] = field(default_factory=dict)
+    idle_since: dict[str, float] = field(default_factory=dict)
+    in_flight: dict[str, float] = field(default_factory=dict)
+    next_id: int = 0
+
+    def launch(self, n: int, now: float) -> None:
+        for _ in range(n):
+            self.ready_at[f"w{self.next_id}"] = now + self.cold_start_s
+            self.next_id += 1
+
+    def ready(self, now: float) -> list[str]:
+        return sorted((w for w, t in self.ready_at.items() if t <= now), key=lambda w: int(w[1:]))
+
+    def step(self, now: float, dt: float) -> None:
+        workers = self.ready(now)
+        capacity = len(workers) * self.slots / self.service_s * dt
+        offered = self.backlog + self.rate * dt
+        served = min(offered, capacity)
+        self.backlog = offered - served
+        busy_slots = served / dt * self.service_s  # Little's law
+        for w in workers:
+            self.in_flight[w] = min(float(self.slots), busy_slots)
+            busy_slots -= self.in_flight[w]
+            if self.in_flight[w] > 1e-9:
+                self.idle_since.pop(w, None)
+            else:
+                self.idle_since.setdefault(w, now)
+
+    def observe(self, now: float) -> ModelLoad:
+        workers = self.ready(now)
+        wait = self.backlog / self.rate if self.rate > 0 else 0.0
+        return ModelLoad(
+            model="m",
+            queued={c: round(self.backlog * f) for c, f in self.mix.items()},
+            oldest_wait_s={c: wait for c in self.mix},
+            arrival_rate=self.rate,
+            mean_service_s=self.service_s,
+            slots_per_worker=self.slots,
+            cold_start_s=self.cold_start_s,
+            ready=len(workers),
+            starting=len(self.ready_at) - len(workers),
+            idle_workers={w: now - self.idle_since[w] for w in workers if w in self.idle_since},
+            busy={w: math.ceil(self.in_flight[w]) for w in workers if w not in self.idle_since},
+        )
+
+    def apply(self, d: ScaleDecision, now: float) -> None:
+        self.launch(d.launch, now)
+        for w in d.drain:
+            del self.ready_at[w]
+            self.idle_since.pop(w, None)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rate=st.floats(0, 30),
+    service_s=st.floats(0.2, 20),
+    slots=st.integers(1, 16),
+    cold_start_s=st.floats(0, 90),
+    realtime=st.floats(0, 1),
+    max_workers=st.integers(1, 40),
+)
+def test_a_constant_load_settles_to_a_constant_count(
+    rate: float,
+    service_s: float,
+    slots: int,
+    cold_start_s: float,
+    realtime: float,
+    max_workers: int,
+) -> None:
+    config = ScalingConfig(limits={"m": ModelLimits(1, max_workers)})
+    fleet = FluidFleet(
+        rate, service_s, slots, cold_start_s, {"realtime": realtime, "batch": 1 - realtime}
+    )
+    fleet.launch(1, NOW - cold_start_s)
+    state, now, dt = ScalerState(), NOW, config.interval_s
+    counts: list[int] = []
+    actions: list[str] = []
+    for _ in range(600):  # 3000 s of virtual time
+        fleet.step(now, dt)
+        [d], state = decide_scale([fleet.observe(now)], state, config, CLASSES, now)
+        fleet.apply(d, now)
+        counts.append(d.desired)
+        actions.append(d.action)
+        now += dt
+    tail = counts[-120:]  # the last 600 s
+    assert len(set(tail)) == 1 and set(actions[-120:]) == {"hold"}, (counts[::12], actions[-120:])
+    needed = math.ceil(rate * service_s / slots - 1e-9)
+    if needed <= max_workers:  # enough capacity: the backlog is gone, and no worker is wasted
+        assert fleet.backlog < 1e-6 * max(1.0, rate)
+        assert tail[0] <= max(1, needed + 1, math.ceil(needed * 1.1))
