@@ -47,7 +47,7 @@ def test_submit_and_block_for_the_result(client: Client, store: Store) -> None:
 
 def test_result_timeout_leaves_the_request_running(client: Client) -> None:
     handle = client.submit("hello")
-    with pytest.raises(ResultTimeout, match="still queued after 0.2 s"):
+    with pytest.raises(ResultTimeout, match=r"still queued after 0\.2 s"):
         handle.result(timeout=0.2)
     assert handle.status().state is RequestState.QUEUED
 
@@ -90,8 +90,11 @@ def test_a_script_submits_1000_and_reads_back_their_states(client: Client) -> No
 
 
 def test_submit_many_reports_partial_refusal(redis_client, namespace: str) -> None:  # type: ignore[no-untyped-def]
-    classes = [PriorityClass(name="standard", sla_s=10, timeout_s=60, weight=1,
-                             batch_delay_s=0, queue_limit=3)]
+    classes = [
+        PriorityClass(
+            name="standard", sla_s=10, timeout_s=60, weight=1, batch_delay_s=0, queue_limit=3
+        )
+    ]
     settings = Settings.load(namespace=namespace, classes=classes, classifier={})
     client = Client(settings=settings, connection=redis_client)
     with pytest.raises(BatchRefused) as info:

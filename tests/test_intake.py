@@ -6,7 +6,9 @@ import math
 import time
 
 import pytest
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from inferq.config import Settings
 from inferq.errors import InvalidRequest, UnknownPriorityClass, UnknownRoute
@@ -84,9 +86,7 @@ def test_unknown_route() -> None:
     err = refuse(model="gpt-17")
     assert isinstance(err, UnknownRoute)
     assert str(err).startswith("model: unknown model 'gpt-17' (registry: ")
-    assert str(refuse(model=">=400b")) == (
-        "model: no model has >=400b parameters (largest: 70b)"
-    )
+    assert str(refuse(model=">=400b")) == ("model: no model has >=400b parameters (largest: 70b)")
     assert "neither a model name" in str(refuse(model="no spaces allowed"))
 
 
@@ -121,8 +121,12 @@ def test_every_outcome_is_a_valid_request_or_a_named_refusal(
 ) -> None:
     try:
         req = build_request(
-            SETTINGS, prompt="hello", max_tokens=max_tokens, timeout=timeout,  # type: ignore[arg-type]
-            tenant=tenant, priority=priority,  # type: ignore[arg-type]
+            SETTINGS,
+            prompt="hello",
+            max_tokens=max_tokens,
+            timeout=timeout,  # type: ignore[arg-type]
+            tenant=tenant,
+            priority=priority,  # type: ignore[arg-type]
         )
     except InvalidRequest as exc:
         assert exc.field in {"max_tokens", "timeout", "tenant", "priority"}

@@ -37,8 +37,9 @@ def test_idempotency_key_returns_the_first_request(store: Store, settings: Setti
 
 def test_class_queue_limit_refuses_and_writes_nothing(redis_client, namespace: str) -> None:  # type: ignore[no-untyped-def]
     classes = [
-        PriorityClass(name="realtime", sla_s=2, timeout_s=10, weight=8, batch_delay_s=0,
-                      queue_limit=2),
+        PriorityClass(
+            name="realtime", sla_s=2, timeout_s=10, weight=8, batch_delay_s=0, queue_limit=2
+        ),
         PriorityClass(name="standard", sla_s=10, timeout_s=60, weight=3, batch_delay_s=0),
     ]
     settings = Settings.load(namespace=namespace, classes=classes, classifier={})
@@ -56,8 +57,11 @@ def test_class_queue_limit_refuses_and_writes_nothing(redis_client, namespace: s
 
 
 def test_tenant_limit_leaves_other_tenants_unaffected(redis_client, namespace: str) -> None:  # type: ignore[no-untyped-def]
-    classes = [PriorityClass(name="standard", sla_s=10, timeout_s=60, weight=3,
-                             batch_delay_s=0, tenant_queue_limit=3)]
+    classes = [
+        PriorityClass(
+            name="standard", sla_s=10, timeout_s=60, weight=3, batch_delay_s=0, tenant_queue_limit=3
+        )
+    ]
     settings = Settings.load(namespace=namespace, classes=classes, classifier={})
     store = Store(redis_client, settings)
     for _ in range(3):
@@ -152,7 +156,9 @@ def test_requeue_returns_to_original_position_then_dead_letters(
             assert verdict == ["dead"]
     rec = store.record(older.id)
     assert rec.state is RequestState.FAILED
-    assert rec.result is not None and "failed after 3 attempts: CUDA error" in (rec.result.error or "")
+    assert rec.result is not None and "failed after 3 attempts: CUDA error" in (
+        rec.result.error or ""
+    )
     assert store.dead_letters() == [older.id]
     assert store.requeue_dead(older.id)
     assert store.record(older.id).state is RequestState.QUEUED
@@ -238,8 +244,9 @@ def test_remove_dead_worker_requeues_but_spares_a_live_one(
     store.assign("w1", "b", [(r.id, queue_key(store, r), 1.0)])
     alive = store.remove_worker("w1", reason="no heartbeat", dead=True, stale_before=0.0)
     assert alive is None  # it beat after stale_before
-    requeued = store.remove_worker("w1", reason="no heartbeat", dead=True,
-                                   stale_before=store.now() + 1)
+    requeued = store.remove_worker(
+        "w1", reason="no heartbeat", dead=True, stale_before=store.now() + 1
+    )
     assert requeued == [r.id]
     assert store.record(r.id).state is RequestState.QUEUED
     assert not store.redis.exists(store.keys.worker("w1"), store.keys.load("w1"))

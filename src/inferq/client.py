@@ -226,9 +226,7 @@ class AsyncClient:
             settings = settings.model_copy(update=overrides)
         self.settings = settings
         self.keys = Keys(settings.namespace)
-        self.redis: aioredis.Redis = aioredis.Redis.from_url(
-            settings.redis_url, **connection_kwargs()
-        )
+        self.redis: Any = aioredis.Redis.from_url(settings.redis_url, **connection_kwargs())
         self._submit = self.redis.register_script(script_source("submit"))
         self._cancel = self.redis.register_script(script_source("cancel"))
         self._expire = self.redis.register_script(script_source("expire"))
@@ -293,7 +291,7 @@ class AsyncClient:
                 raise ResultTimeout(_timeout_message(record, timeout))
             if wait <= 0 and not expired_locally:
                 s = self.settings
-                args = [self.keys.prefix, s.result_ttl_s, s.events_maxlen, 1, "ids"]
+                args: list[Any] = [self.keys.prefix, s.result_ttl_s, s.events_maxlen, 1, "ids"]
                 await self._expire(keys=[], args=[*args, request_id, "deadline passed"])
                 expired_locally = True
                 continue

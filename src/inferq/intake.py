@@ -186,9 +186,7 @@ def _check_max_tokens(max_tokens: Any, prompt_tokens: int, max_context: int, rou
         )
 
 
-def _deadline(
-    cls: PriorityClass, timeout: Any, deadline: Any, now: float
-) -> tuple[float, float]:
+def _deadline(cls: PriorityClass, timeout: Any, deadline: Any, now: float) -> tuple[float, float]:
     if timeout is not None and deadline is not None:
         raise InvalidRequest("timeout", "give timeout or deadline, not both")
     if deadline is not None:

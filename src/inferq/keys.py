@@ -26,6 +26,7 @@ P inflight:<id>                 set     request ids assigned to the worker
 P drain:<id>                    string  set when the worker was asked to drain
 P fair:classes                  hash    class -> smooth-WRR credit
 P fair:tenants:<class>          hash    tenant -> virtual token counter
+P fair:active:<class>           set     tenants backlogged at the last decision
 P dead                          zset    dead-lettered ids, score = time ms
 P quarantine                    hash    corrupt key -> reason
 P quarantined:<key>             any     a corrupt record, renamed aside
@@ -120,6 +121,9 @@ class Keys:
 
     def fair_tenants(self, priority: str) -> str:
         return f"{self.prefix}fair:tenants:{priority}"
+
+    def fair_active(self, priority: str) -> str:
+        return f"{self.prefix}fair:active:{priority}"
 
     @property
     def dead(self) -> str:

@@ -304,7 +304,7 @@ class RequestRecord(BaseModel):
             if state.final:
                 result = Result(
                     request_id=request.id,
-                    status=state.value,  # type: ignore[arg-type]
+                    status=state.value,
                     output=fields.get("output"),
                     prompt_tokens=_opt_int(fields.get("prompt_tokens_used")),
                     completion_tokens=_opt_int(fields.get("completion_tokens")),

@@ -88,9 +88,7 @@ def check_known(route: Route, registry: Sequence[ModelSpec]) -> list[ModelSpec]:
         if route.model is not None:
             raise UnknownRoute("model", f"unknown model {route.text!r} (registry: {known})")
         largest = max(m.params_b for m in registry)
-        raise UnknownRoute(
-            "model", f"no model has {route.text} parameters (largest: {largest:g}b)"
-        )
+        raise UnknownRoute("model", f"no model has {route.text} parameters (largest: {largest:g}b)")
     return specs
 
 

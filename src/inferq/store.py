@@ -23,7 +23,21 @@ from redis.retry import Retry
 from inferq.config import Settings
 from inferq.errors import CorruptRecord, QueueFull, RedisUnavailable, RequestNotFound
 from inferq.keys import Keys
-from inferq.models import Event, InferenceRequest, RequestRecord, WorkerInfo, from_ms
+from inferq.models import (
+    Event,
+    InferenceRequest,
+    RequestRecord,
+    WorkerInfo,
+    WorkerState,
+    from_ms,
+)
+from inferq.policy.snapshot import (
+    Decision,
+    FairnessState,
+    QueuedRequest,
+    Snapshot,
+    WorkerView,
+)
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +196,9 @@ class Store:
     """
 
     def __init__(self, client: redis.Redis, settings: Settings) -> None:
-        self.redis = client
+        # Typed Any: with decode_responses=True every reply is str, which redis-py's
+        # stubs (bytes | str for every call) cannot express.
+        self.redis: Any = client
         self.settings = settings
         self.keys = Keys(settings.namespace)
         self._scripts = {name: client.register_script(script_source(name)) for name in SCRIPTS}
@@ -198,7 +214,7 @@ class Store:
     def now(self) -> float:
         """Redis server time, epoch seconds (the one clock every script uses)."""
         sec, usec = self.redis.time()
-        return float(sec) + usec / 1e6
+        return float(sec) + float(usec) / 1e6
 
     # --- client side ----------------------------------------------------------
 
@@ -454,6 +470,178 @@ class Store:
         self.redis.set(self.keys.drain(worker_id), "1", ex=24 * 3600)
         return True
 
+    # --- dispatcher snapshot -------------------------------------------------
+
+    def dispatch_view(
+        self, classes: Sequence[str], head: int, heartbeat_ttl_s: float
+    ) -> DispatchView:
+        """Read everything one dispatch decision needs, in three pipelined round trips.
+
+        Args:
+            classes: configured priority classes (queues of other classes are skipped).
+            head: requests read from the head of each queue.
+            heartbeat_ttl_s: a worker whose last beat is older is reported stale.
+        """
+        k = self.keys
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.time()
+        pipe.smembers(k.queues)
+        pipe.zrange(k.workers, 0, -1, withscores=True)
+        pipe.hgetall(k.counts)
+        pipe.hgetall(k.fair_classes)
+        pipe.hgetall(k.estimates)
+        for c in classes:
+            pipe.hgetall(k.fair_tenants(c))
+            pipe.smembers(k.fair_active(c))
+        (sec, usec), queues, beats, counts, credits, estimates, *fair = pipe.execute()
+        now = float(sec) + float(usec) / 1e6
+        queue_keys = sorted(
+            k.queue(*q.split("|", 1)) for q in queues if q.split("|", 1)[0] in classes
+        )
+        workers = [wid for wid, _ in beats]
+        stale = [wid for wid, ms in beats if from_ms(ms) < now - heartbeat_ttl_s]
+
+        pipe = self.redis.pipeline(transaction=False)
+        for qk in queue_keys:
+            pipe.zrange(qk, 0, head - 1)
+        for wid in workers:
+            pipe.hgetall(k.worker(wid))
+            pipe.hgetall(k.load(wid))
+        replies = pipe.execute()
+        heads, fleet = replies[: len(queue_keys)], replies[len(queue_keys) :]
+
+        queue_of = {rid: qk for qk, ids in zip(queue_keys, heads, strict=True) for rid in ids}
+        pipe = self.redis.pipeline(transaction=False)
+        for rid in queue_of:
+            pipe.hmget(k.req(rid), _POLICY_FIELDS)
+        corrupt: list[tuple[str, str, list[tuple[str, str]]]] = []
+        queued: dict[str, list[QueuedRequest]] = {c: [] for c in classes}
+        for rid, values in zip(list(queue_of), pipe.execute(), strict=True):
+            try:
+                req = _queued_request(rid, values)
+            except ValueError as exc:
+                members = [(queue_of.pop(rid), rid), (k.deadlines, rid)]
+                corrupt.append((k.req(rid), f"queued request: {exc}", members))
+                continue
+            queued[req.priority].append(req)
+        for reqs in queued.values():
+            reqs.sort(key=lambda r: (r.submitted_at, r.id))
+
+        views: list[WorkerView] = []
+        for i, wid in enumerate(workers):
+            fields, load = fleet[2 * i], fleet[2 * i + 1]
+            if not fields:
+                continue  # heartbeat expired; the reaper removes it
+            try:
+                info = WorkerInfo.from_fields(fields, k.worker(wid))
+            except CorruptRecord as exc:
+                corrupt.append((k.worker(wid), f"heartbeat: {exc.reason}", [(k.workers, wid)]))
+                continue
+            views.append(
+                WorkerView(
+                    id=info.id,
+                    model=info.model,
+                    params_b=info.params_b,
+                    ready=info.state is WorkerState.READY,
+                    slots=info.slots,
+                    kv_cache_mib=float(info.kv_cache_mib),
+                    reserved_slots=max(0, int(load.get("slots", 0))),
+                    reserved_mib=max(0.0, float(load.get("mib", 0.0))),
+                )
+            )
+
+        backlogged: dict[str, set[str]] = {c: set() for c in classes}
+        for field, n in counts.items():
+            if field.startswith("t:") and int(n) > 0:
+                _, cls, tenant = field.split(":", 2)
+                if cls in backlogged:
+                    backlogged[cls].add(tenant)
+        fairness = FairnessState(
+            class_credit={c: float(v) for c, v in credits.items()},
+            tenant_counter={
+                c: {t: float(v) for t, v in fair[2 * i].items()} for i, c in enumerate(classes)
+            },
+            active_tenants={c: frozenset(fair[2 * i + 1]) for i, c in enumerate(classes)},
+        )
+        snapshot = Snapshot(
+            now=now,
+            queued=queued,
+            workers=views,
+            fairness=fairness,
+            backlogged_tenants={c: frozenset(t) for c, t in backlogged.items()},
+            output_estimates=_parse_estimates(estimates),
+        )
+        return DispatchView(snapshot, queue_of, corrupt, stale)
+
+    def write_fairness(self, decision: Decision) -> None:
+        """Store the fairness state a decision carries forward (one pipelined round trip).
+
+        Credits and active sets are replaced; tenant floors set, then charges added.
+        With several dispatchers the last writer wins the credits: a small drift in
+        shares, never a correctness issue.
+        """
+        k = self.keys
+        pipe = self.redis.pipeline(transaction=False)
+        if decision.class_credit:
+            pipe.hset(
+                k.fair_classes, mapping={c: repr(v) for c, v in decision.class_credit.items()}
+            )
+        for cls, floors in decision.tenant_counter_floor.items():
+            if floors:
+                pipe.hset(k.fair_tenants(cls), mapping={t: repr(v) for t, v in floors.items()})
+        for cls, deltas in decision.tenant_counter_delta.items():
+            for tenant, delta in deltas.items():
+                pipe.hincrbyfloat(k.fair_tenants(cls), tenant, delta)
+        for cls, tenants in decision.active_tenants.items():
+            pipe.delete(k.fair_active(cls))
+            if tenants:
+                pipe.sadd(k.fair_active(cls), *sorted(tenants))
+        pipe.execute()
+
+    def mark_unschedulable(self, pairs: Sequence[tuple[str, str]]) -> list[str]:
+        """Record why requests cannot be served; returns the ids newly marked.
+
+        Each id is reported (field ``unschedulable`` + one event) only once.
+        """
+        if not pairs:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for rid, reason in pairs:
+            pipe.hsetnx(self.keys.req(rid), "unschedulable", reason)
+        fresh = [rid for (rid, _), new in zip(pairs, pipe.execute(), strict=True) if new]
+        if fresh:
+            reasons = dict(pairs)
+            pipe = self.redis.pipeline(transaction=False)
+            for rid in fresh:
+                pipe.xadd(
+                    self.keys.events,
+                    {"type": "unschedulable", "id": rid, "reason": reasons[rid]},
+                    maxlen=self.settings.events_maxlen,
+                    approximate=True,
+                )
+            pipe.execute()
+        return fresh
+
+    def update_estimates(
+        self, observed: Sequence[tuple[str, str | None, int]], alpha: float
+    ) -> None:
+        """Fold generated-token counts (model, task_type, tokens) into the moving means.
+
+        Read-modify-write without a lock: two workers racing lose one sample, which
+        an estimate tolerates.
+        """
+        from inferq.policy.estimate import update_moving_mean
+
+        if not observed:
+            return
+        fields = [f"{model}|{task or ''}" for model, task, _ in observed]
+        old = dict(zip(fields, self.redis.hmget(self.keys.estimates, fields), strict=True))
+        new: dict[str, float] = {}
+        for field, (_, _, tokens) in zip(fields, observed, strict=True):
+            prev = new.get(field, float(old[field]) if old[field] else None)
+            new[field] = update_moving_mean(prev, tokens, alpha)
+        self.redis.hset(self.keys.estimates, mapping={f: repr(v) for f, v in new.items()})
+
     # --- fleet and admin ------------------------------------------------------
 
     def workers(self) -> tuple[list[WorkerInfo], list[tuple[str, str]]]:
@@ -481,6 +669,36 @@ class Store:
             argv += [index_key, member]
         self._run("quarantine", [key], argv)
         log.warning("quarantined %s: %s", key, reason)
+
+    def queue_depths(self) -> list[tuple[str, str, int, float | None]]:
+        """(class, route, queued, oldest wait in seconds or None) for every queue."""
+        names = sorted(self.redis.smembers(self.keys.queues))
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.time()
+        for name in names:
+            qk = self.keys.queue(*name.split("|", 1))
+            pipe.zcard(qk)
+            pipe.zrange(qk, 0, 0, withscores=True)
+        (sec, usec), *replies = pipe.execute()
+        now = float(sec) + float(usec) / 1e6
+        out: list[tuple[str, str, int, float | None]] = []
+        for i, name in enumerate(names):
+            cls, route = name.split("|", 1)
+            depth, head = int(replies[2 * i]), replies[2 * i + 1]
+            oldest = max(0.0, now - from_ms(head[0][1])) if head else None
+            out.append((cls, route, depth, oldest))
+        return out
+
+    def event_rates(self, window_s: float = 60.0, cap: int = 20_000) -> dict[str, float]:
+        """Events per second by type over the last ``window_s`` seconds (at most ``cap`` read)."""
+        start = round((self.now() - window_s) * 1000)
+        entries = self.redis.xrange(self.keys.events, min=f"{start}-0", count=cap)
+        counts: dict[str, int] = {}
+        for _, fields in entries:
+            etype = fields.get("type", "?")
+            n = int(fields.get("n", 1)) if etype == "dispatch" else 1
+            counts[etype] = counts.get(etype, 0) + n
+        return {etype: n / window_s for etype, n in counts.items()}
 
     def quarantined(self) -> dict[str, str]:
         """Quarantined keys and why."""
@@ -530,10 +748,75 @@ class Store:
         return deleted
 
 
+#: Fields of a request hash the dispatch policy needs (never the payload).
+_POLICY_FIELDS = (
+    "priority",
+    "model",
+    "tenant",
+    "task_type",
+    "submitted_ms",
+    "deadline_ms",
+    "prompt_tokens",
+    "max_tokens",
+    "attempts",
+    "excluded_worker",
+    "state",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchView:
+    """A policy snapshot plus what the dispatcher needs to act on it.
+
+    Attributes:
+        snapshot: the input of :func:`inferq.policy.dispatch.decide`.
+        queue_of: request id -> the queue key it sits in (for the assign script).
+        corrupt: (key, reason, [(index key, member)]) records to quarantine.
+        stale_workers: ids in the workers index whose last beat is older than the TTL.
+    """
+
+    snapshot: Snapshot
+    queue_of: dict[str, str]
+    corrupt: list[tuple[str, str, list[tuple[str, str]]]]
+    stale_workers: list[str]
+
+
+def _queued_request(rid: str, values: list[str | None]) -> QueuedRequest:
+    """Build the policy's view of a request from ``_POLICY_FIELDS`` values (raises ValueError)."""
+    f = dict(zip(_POLICY_FIELDS, values, strict=True))
+    missing = [name for name in _POLICY_FIELDS[:8] if not f[name] and name != "task_type"]
+    if missing:
+        raise ValueError(f"missing field {missing[0]!r}")
+    return QueuedRequest(
+        id=rid,
+        priority=str(f["priority"]),
+        route=str(f["model"]),
+        tenant=str(f["tenant"]),
+        task_type=f["task_type"] or None,
+        submitted_at=from_ms(int(str(f["submitted_ms"]))),
+        deadline=from_ms(int(str(f["deadline_ms"]))),
+        prompt_tokens=int(str(f["prompt_tokens"])),
+        max_tokens=int(str(f["max_tokens"])),
+        attempts=int(f["attempts"] or 0),
+        excluded_worker=f["excluded_worker"] or None,
+    )
+
+
 def _event(eid: str, fields: dict[str, str]) -> Event:
     ms = int(eid.split("-", 1)[0])
     rest = {k: v for k, v in fields.items() if k != "type"}
     return Event(id=eid, type=fields.get("type", "?"), at=from_ms(ms), fields=rest)
+
+
+def _parse_estimates(raw: dict[str, str]) -> dict[tuple[str, str], float]:
+    out: dict[tuple[str, str], float] = {}
+    for field, value in raw.items():
+        model, _, task = field.partition("|")
+        try:
+            out[(model, task)] = float(value)
+        except ValueError:
+            continue
+    return out
 
 
 def dumps(value: Any) -> str:

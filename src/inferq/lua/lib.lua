@@ -36,6 +36,8 @@ local function release(p, id, worker, need_mib)
     if redis.call('SREM', k_inflight(p, worker), id) == 1 then
       redis.call('HINCRBY', k_load(p, worker), 'slots', -1)
       redis.call('HINCRBYFLOAT', k_load(p, worker), 'mib', -(tonumber(need_mib) or 0))
+      redis.call('LPUSH', p .. 'wake', '1')
+      redis.call('LTRIM', p .. 'wake', 0, 0)
     end
   end
 end

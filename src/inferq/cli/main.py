@@ -1,0 +1,401 @@
+"""``inferq``: run the components, submit and inspect requests, watch the fleet.
+
+Every command takes ``--redis-url`` (``INFERQ_REDIS_URL``), ``--namespace``
+(``INFERQ_NAMESPACE``) and ``--config`` (``INFERQ_CONFIG``, a TOML file).
+Listings print rich tables, or JSON with ``--json``. Errors print one line
+and exit non-zero; never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+import redis
+from rich.console import Console
+
+from inferq.cli import views
+from inferq.config import Settings
+from inferq.errors import InferqError, RedisUnavailable, redact_url
+from inferq.logs import setup_logging
+from inferq.store import Store, connect
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+class Context:
+    """Settings and a lazily opened store, shared by the subcommands."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._store: Store | None = None
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = Store(connect(self.settings.redis_url), self.settings)
+        return self._store
+
+
+def handle_errors(func: F) -> F:
+    """Turn inferq and Redis errors into one line on stderr and exit code 1."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except InferqError as exc:
+            err_console.print(f"[red]error:[/red] {exc}", highlight=False, markup=True)
+            sys.exit(1)
+        except redis.ConnectionError as exc:
+            ctx = click.get_current_context().find_object(Context)
+            url = ctx.settings.redis_url if ctx else "?"
+            err_console.print(f"[red]error:[/red] {RedisUnavailable(url, exc)}", highlight=False)
+            sys.exit(1)
+        except redis.RedisError as exc:
+            err_console.print(f"[red]error:[/red] redis: {exc}", highlight=False)
+            sys.exit(1)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--redis-url", envvar="INFERQ_REDIS_URL", help="Redis URL (redis://, rediss://).")
+@click.option("--namespace", envvar="INFERQ_NAMESPACE", help="Key namespace of the deployment.")
+@click.option(
+    "--config", "config_path", envvar="INFERQ_CONFIG", type=click.Path(), help="TOML settings file."
+)
+@click.option(
+    "--log-level",
+    default="WARNING",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
+@click.option("--log-json", is_flag=True, help="Log one JSON object per line.")
+@click.version_option(package_name="inferq")
+@click.pass_context
+def cli(
+    ctx: click.Context,
+    redis_url: str | None,
+    namespace: str | None,
+    config_path: str | None,
+    log_level: str,
+    log_json: bool,
+) -> None:
+    """inferq: priority-, deadline- and GPU-aware scheduling of LLM inference on Redis."""
+    setup_logging(log_level, json_lines=log_json)
+    overrides: dict[str, Any] = {}
+    if redis_url:
+        overrides["redis_url"] = redis_url
+    if namespace:
+        overrides["namespace"] = namespace
+    try:
+        settings = Settings.load(config_path, **overrides)
+    except InferqError as exc:
+        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+        sys.exit(1)
+    ctx.obj = Context(settings)
+
+
+pass_ctx = click.make_pass_decorator(Context)
+
+
+def emit(data: Any, as_json: bool, render: Callable[[Any], Any]) -> None:
+    """Print ``data`` as JSON (``--json``) or through a rich renderer."""
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str, sort_keys=True))
+    else:
+        console.print(render(data))
+
+
+# --- requests -----------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("prompt", required=False)
+@click.option("--model", help="Model name or size requirement (>=13b).")
+@click.option("--priority", help="Priority class name or level (0 = highest).")
+@click.option("--tenant", default="default", show_default=True)
+@click.option("--task-type", help="Task type (the classifier picks class and route from it).")
+@click.option("--max-tokens", type=int)
+@click.option("--timeout", type=float, help="Seconds until the deadline.")
+@click.option("--idempotency-key")
+@click.option("--wait", is_flag=True, help="Wait for the result and print it.")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def submit(
+    obj: Context,
+    prompt: str | None,
+    model: str | None,
+    priority: str | None,
+    tenant: str,
+    task_type: str | None,
+    max_tokens: int | None,
+    timeout: float | None,
+    idempotency_key: str | None,
+    wait: bool,
+    as_json: bool,
+) -> None:
+    """Submit one request (PROMPT, or stdin when omitted)."""
+    from inferq.client import Client
+
+    if prompt is None:
+        if sys.stdin.isatty():
+            raise click.UsageError("give a PROMPT or pipe one on stdin")
+        prompt = sys.stdin.read()
+    fields: dict[str, Any] = {"tenant": tenant}
+    for name, value in (
+        ("model", model),
+        ("priority", priority),
+        ("task_type", task_type),
+        ("max_tokens", max_tokens),
+        ("timeout", timeout),
+        ("idempotency_key", idempotency_key),
+    ):
+        if value is not None:
+            fields[name] = value
+    client = Client(settings=obj.settings, connection=obj.store.redis)
+    handle = client.submit(prompt, **fields)
+    if not wait:
+        out = {"id": handle.id, "duplicate": handle.duplicate}
+        emit(out, as_json, lambda d: f"{d['id']}" + (" (duplicate)" if d["duplicate"] else ""))
+        return
+    result = handle.result()
+    emit(result.model_dump(mode="json"), as_json, views.result_panel)
+    if not result.ok:
+        sys.exit(1)
+
+
+@cli.command("request")
+@click.argument("request_id")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def request_cmd(obj: Context, request_id: str, as_json: bool) -> None:
+    """Show one request: state, timings, result or error."""
+    record = obj.store.record(request_id)
+    emit(views.record_dict(record), as_json, views.record_panel)
+
+
+@cli.command()
+@click.argument("request_id")
+@pass_ctx
+@handle_errors
+def cancel(obj: Context, request_id: str) -> None:
+    """Cancel a queued or assigned request."""
+    state = obj.store.cancel(request_id)
+    click.echo(state)
+
+
+# --- fleet --------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def queues(obj: Context, as_json: bool) -> None:
+    """Queue depth per route and class, oldest wait, submit and finish rates."""
+    emit(views.queue_rows(obj.store), as_json, views.queue_table)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def workers(obj: Context, as_json: bool) -> None:
+    """Live workers: model, state, slots, VRAM, heartbeat age."""
+    emit(views.worker_rows(obj.store), as_json, views.worker_table)
+
+
+@cli.command()
+@click.argument("worker_id")
+@pass_ctx
+@handle_errors
+def drain(obj: Context, worker_id: str) -> None:
+    """Ask WORKER to drain: finish what it runs, take nothing new, leave."""
+    if not obj.store.request_drain(worker_id):
+        raise click.ClickException(f"no live worker {worker_id!r} (see `inferq workers`)")
+    click.echo(f"drain requested for {worker_id}")
+
+
+@cli.command()
+@click.option("--count", default=50, show_default=True, help="Events to show.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new events.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@pass_ctx
+@handle_errors
+def events(obj: Context, count: int, follow: bool, as_json: bool) -> None:
+    """The events stream: submit, dispatch, finish, retry, expire, worker and scale events."""
+    last = "-"
+    batch = obj.store.recent_events(count)
+    while True:
+        for event in batch:
+            click.echo(views.event_line(event, as_json))
+            last = event.id
+        if not follow:
+            return
+        time.sleep(0.5)
+        batch = obj.store.events(count=1000, after=last)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def report(obj: Context, as_json: bool) -> None:
+    """The run report: queue sizes, oldest waits, per-worker counts, recent events."""
+    emit(views.report_dict(obj.store), as_json, views.report_render)
+
+
+@cli.command()
+@click.option("--interval", default=1.0, show_default=True, help="Refresh period, seconds.")
+@pass_ctx
+@handle_errors
+def top(obj: Context, interval: float) -> None:
+    """A live view of queues, workers and recent events (Ctrl-C to quit)."""
+    from rich.live import Live
+
+    with Live(views.report_render(views.report_dict(obj.store)), console=console) as live:
+        try:
+            while True:
+                time.sleep(interval)
+                live.update(views.report_render(views.report_dict(obj.store)))
+        except KeyboardInterrupt:
+            pass
+
+
+@cli.group("dead-letter")
+def dead_letter() -> None:
+    """Requests that failed max_attempts times."""
+
+
+@dead_letter.command("list")
+@click.option("--limit", default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def dead_list(obj: Context, limit: int, as_json: bool) -> None:
+    """List dead-lettered requests with their last error."""
+    records = [r for r in obj.store.records(obj.store.dead_letters(limit)) if r is not None]
+    emit([views.record_dict(r) for r in records], as_json, views.dead_table)
+
+
+@dead_letter.command("requeue")
+@click.argument("request_ids", nargs=-1)
+@click.option("--all", "requeue_all", is_flag=True, help="Requeue every dead-lettered request.")
+@pass_ctx
+@handle_errors
+def dead_requeue(obj: Context, request_ids: tuple[str, ...], requeue_all: bool) -> None:
+    """Requeue dead-lettered requests with a fresh attempt budget and deadline."""
+    ids = list(request_ids) or (obj.store.dead_letters(100_000) if requeue_all else [])
+    if not ids:
+        raise click.UsageError("give request ids or --all")
+    done = sum(obj.store.requeue_dead(rid) for rid in ids)
+    click.echo(f"requeued {done} of {len(ids)}")
+
+
+@cli.command()
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@pass_ctx
+@handle_errors
+def purge(obj: Context, yes: bool) -> None:
+    """Delete every key of the namespace: queues, requests, results, workers, events."""
+    prefix = obj.store.keys.prefix
+    url = redact_url(obj.settings.redis_url)
+    if not yes:
+        click.confirm(f"Delete every {prefix}* key on {url}?", abort=True)
+    click.echo(f"deleted {obj.store.purge()} keys")
+
+
+# --- components -----------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--tick", default=0.1, show_default=True, help="Longest idle sleep, seconds.")
+@click.option("--metrics-port", type=int, help="Expose Prometheus metrics on this port.")
+@pass_ctx
+@handle_errors
+def dispatcher(obj: Context, tick: float, metrics_port: int | None) -> None:
+    """Run a dispatcher replica (any number may run)."""
+    import signal
+
+    from inferq.scheduler.dispatcher import Dispatcher
+
+    d = Dispatcher(obj.store, tick_s=tick)
+    if metrics_port is not None:
+        from inferq.metrics import serve_dispatcher_metrics
+
+        serve_dispatcher_metrics(obj.store, metrics_port)
+    signal.signal(signal.SIGTERM, lambda *_: d.stop())
+    try:
+        d.run()
+    except KeyboardInterrupt:
+        d.stop()
+
+
+@cli.command()
+@click.option("--model", required=True, help="Registry name of the loaded model.")
+@click.option("--backend", default="sim", show_default=True, help="sim, openai, or a plugin.")
+@click.option(
+    "--backend-option", "-o", multiple=True, metavar="KEY=VALUE", help="Backend option (repeat)."
+)
+@click.option("--slots", default=8, show_default=True, help="Concurrent requests at most.")
+@click.option("--vram-mib", type=int, help="Card VRAM, MiB (when NVML is unavailable).")
+@click.option("--gpu-index", type=int, help="CUDA device index.")
+@click.option("--id", "worker_id", help="Worker id (default host-pid).")
+@click.option("--label", multiple=True, metavar="KEY=VALUE", help="Label (repeat).")
+@click.option("--heartbeat-interval", default=1.0, show_default=True, help="Seconds.")
+@pass_ctx
+@handle_errors
+def worker(
+    obj: Context,
+    model: str,
+    backend: str,
+    backend_option: tuple[str, ...],
+    slots: int,
+    vram_mib: int | None,
+    gpu_index: int | None,
+    worker_id: str | None,
+    label: tuple[str, ...],
+    heartbeat_interval: float,
+) -> None:
+    """Run a GPU worker beside one loaded model; SIGTERM drains it."""
+    from inferq.workers.worker import WorkerOptions, run_worker
+
+    opts = WorkerOptions(
+        model=model,
+        backend=backend,
+        backend_options=_pairs("--backend-option", backend_option),
+        slots=slots,
+        vram_mib=vram_mib,
+        gpu_index=gpu_index,
+        worker_id=worker_id,
+        labels=_pairs("--label", label),
+        heartbeat_interval_s=heartbeat_interval,
+    )
+    sys.exit(run_worker(obj.settings, opts))
+
+
+def _pairs(option: str, values: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint=option)
+        out[key] = value
+    return out
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="inferq")

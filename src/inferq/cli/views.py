@@ -1,0 +1,229 @@
+"""What the CLI shows: data gathered from the store, rendered as rich tables or JSON."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from rich.console import Group
+from rich.panel import Panel
+from rich.table import Table
+
+from inferq.models import Event, RequestRecord
+from inferq.store import Store
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}s"
+
+
+def queue_rows(store: Store) -> list[dict[str, Any]]:
+    """One row per (class, route) queue: depth and oldest wait (s)."""
+    return [
+        {"class": cls, "route": route, "queued": depth, "oldest_wait_s": oldest}
+        for cls, route, depth, oldest in store.queue_depths()
+    ]
+
+
+def queue_table(rows: list[dict[str, Any]], rates: dict[str, float] | None = None) -> Table:
+    table = Table(title="queues")
+    for col in ("class", "route", "queued", "oldest wait"):
+        table.add_column(col, justify="right" if col != "route" and col != "class" else "left")
+    for r in rows:
+        table.add_row(r["class"], r["route"], str(r["queued"]), _s(r["oldest_wait_s"]))
+    if rates is not None:
+        table.caption = "per second (last 60 s): " + ", ".join(
+            f"{k} {v:.1f}"
+            for k, v in sorted(rates.items())
+            if k in ("submit", "dispatch", "finish", "fail", "expire", "retry")
+        )
+    return table
+
+
+def worker_rows(store: Store) -> list[dict[str, Any]]:
+    """One row per live worker (heartbeat facts plus reserved slots)."""
+    infos, bad = store.workers()
+    now = store.now()
+    pipe = store.redis.pipeline(transaction=False)
+    for w in infos:
+        pipe.hget(store.keys.load(w.id), "slots")
+    reserved = pipe.execute()
+    rows: list[dict[str, Any]] = [
+        {
+            "id": w.id,
+            "model": w.model,
+            "state": w.state.value,
+            "slots_used": int(r or 0),
+            "slots": w.slots,
+            "in_flight": w.in_flight,
+            "vram_free_mib": w.vram_free_mib,
+            "vram_total_mib": w.vram_total_mib,
+            "kv_cache_mib": w.kv_cache_mib,
+            "heartbeat_age_s": round(max(0.0, now - w.last_heartbeat), 2),
+            "host": w.host,
+        }
+        for w, r in zip(infos, reserved, strict=True)
+    ]
+    rows += [{"id": key, "state": "corrupt", "error": reason} for key, reason in bad]
+    return rows
+
+
+def worker_table(rows: list[dict[str, Any]], counts: bool = False) -> Table:
+    """Workers as a table; ``counts`` adds the report's finished/failed columns."""
+    table = Table(title="workers")
+    extra = ("finished", "failed") if counts else ()
+    for col in ("id", "model", "state", "slots", "VRAM free/total MiB", "heartbeat", *extra):
+        table.add_column(col)
+    for r in rows:
+        tail = [str(r.get(c, 0)) for c in extra]
+        if r["state"] == "corrupt":
+            table.add_row(r["id"], "-", "[red]corrupt[/red]", "-", r["error"], "-", *tail)
+            continue
+        table.add_row(
+            r["id"],
+            r["model"],
+            r["state"],
+            f"{r['slots_used']}/{r['slots']}",
+            f"{r['vram_free_mib']}/{r['vram_total_mib']}",
+            f"{r['heartbeat_age_s']:.1f}s ago",
+            *tail,
+        )
+    return table
+
+
+def record_dict(record: RequestRecord) -> dict[str, Any]:
+    """A request record as plain JSON-able data (the prompt is left out)."""
+    req, t = record.request, record.timings
+    out: dict[str, Any] = {
+        "id": req.id,
+        "state": record.state.value,
+        "model": req.model,
+        "priority": req.priority,
+        "tenant": req.tenant,
+        "task_type": req.task_type,
+        "max_tokens": req.max_tokens,
+        "prompt_tokens_estimate": req.prompt_tokens,
+        "attempt": record.attempt,
+        "worker": record.worker,
+        "submitted_at": t.submitted_at,
+        "deadline": req.deadline,
+        "queue_wait_s": t.queue_wait_s,
+        "ttft_s": t.ttft_s,
+        "e2e_s": t.e2e_s,
+        "reason": record.reason,
+    }
+    if record.result is not None:
+        out["result"] = {
+            "status": record.result.status,
+            "output": record.result.output,
+            "prompt_tokens": record.result.prompt_tokens,
+            "completion_tokens": record.result.completion_tokens,
+            "error": record.result.error,
+        }
+    return out
+
+
+def record_panel(data: dict[str, Any]) -> Panel:
+    table = Table.grid(padding=(0, 2))
+    for key in (
+        "state",
+        "model",
+        "priority",
+        "tenant",
+        "attempt",
+        "worker",
+        "queue_wait_s",
+        "ttft_s",
+        "e2e_s",
+        "reason",
+    ):
+        value = data.get(key)
+        if value is not None:
+            table.add_row(key, _s(value) if key.endswith("_s") else str(value))
+    result = data.get("result")
+    if result:
+        table.add_row("tokens", f"{result['prompt_tokens']} in, {result['completion_tokens']} out")
+        if result.get("error"):
+            table.add_row("error", result["error"])
+        if result.get("output"):
+            table.add_row("output", result["output"][:2000])
+    return Panel(table, title=f"request {data['id']}")
+
+
+def result_panel(data: dict[str, Any]) -> Panel:
+    table = Table.grid(padding=(0, 2))
+    table.add_row("status", data["status"])
+    if data.get("error"):
+        table.add_row("error", data["error"])
+    if data.get("output") is not None:
+        table.add_row("output", data["output"])
+    return Panel(table, title=f"request {data['request_id']}")
+
+
+def dead_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title="dead letter")
+    for col in ("id", "priority", "tenant", "attempts", "last error"):
+        table.add_column(col)
+    for r in rows:
+        error = (r.get("result") or {}).get("error") or r.get("reason") or ""
+        table.add_row(r["id"], r["priority"], r["tenant"], str(r["attempt"]), error)
+    return table
+
+
+def event_line(event: Event, as_json: bool) -> str:
+    if as_json:
+        return json.dumps({"id": event.id, "type": event.type, "at": event.at, **event.fields})
+    stamp = time.strftime("%H:%M:%S", time.gmtime(event.at)) + f".{int(event.at * 1000) % 1000:03d}"
+    fields = " ".join(f"{k}={v}" for k, v in event.fields.items() if k != "ids")
+    return f"{stamp} {event.type:<15} {fields}"
+
+
+def report_dict(store: Store) -> dict[str, Any]:
+    """The run report: queues, workers with their counts, lifetime counters, recent events."""
+    workers = worker_rows(store)
+    finished: dict[str, int] = {}
+    failed: dict[str, int] = {}
+    for e in store.recent_events(5000):
+        wid = e.fields.get("worker")
+        if wid and e.type == "finish":
+            finished[wid] = finished.get(wid, 0) + 1
+        elif wid and e.type in ("fail", "retry"):
+            failed[wid] = failed.get(wid, 0) + 1
+    for row in workers:
+        row["finished"] = finished.get(row["id"], 0)
+        row["failed"] = failed.get(row["id"], 0)
+    queues = queue_rows(store)
+    waits = [q["oldest_wait_s"] for q in queues if q["oldest_wait_s"] is not None]
+    return {
+        "queued": sum(q["queued"] for q in queues),
+        "oldest_wait_s": max(waits) if waits else None,
+        "queues": queues,
+        "workers": workers,
+        "counters": store.stats(),
+        "rates_per_s": store.event_rates(),
+        "dead_letter": len(store.dead_letters(100_000)),
+        "quarantined": store.quarantined(),
+        "recent_events": [
+            {"id": e.id, "type": e.type, "at": e.at, **e.fields} for e in store.recent_events(15)
+        ],
+    }
+
+
+def report_render(data: dict[str, Any]) -> Group:
+    head = Table.grid(padding=(0, 3))
+    counters = data["counters"]
+    head.add_row(
+        f"queued [bold]{data['queued']}[/bold]",
+        f"oldest wait {_s(data['oldest_wait_s'])}",
+        f"dead letter {data['dead_letter']}",
+        f"quarantined {len(data['quarantined'])}",
+        " ".join(f"{k} {v}" for k, v in sorted(counters.items())),
+    )
+    workers = worker_table(data["workers"], counts=True)
+    events = Table(title="recent events")
+    events.add_column("event")
+    for e in data["recent_events"]:
+        fields = {k: v for k, v in e.items() if k not in ("id", "type", "at", "ids")}
+        events.add_row(f"{e['type']} " + " ".join(f"{k}={v}" for k, v in fields.items()))
+    return Group(head, queue_table(data["queues"], data["rates_per_s"]), workers, events)

@@ -1,0 +1,188 @@
+"""The dispatcher daemon: snapshot -> policy decision -> atomic claims -> RQ batch jobs.
+
+Stateless: every piece of state (queues, reservations, fairness credits and
+counters) lives in Redis, so any number of replicas may run and any may be
+restarted at any time. Each step:
+
+1. expire due requests (the deadlines index; the waiting clients are told);
+2. recover: remove workers whose heartbeat lapsed (their requests go back to
+   their queues, their RQ queue is emptied) and requeue lapsed leases;
+3. read a snapshot (three pipelined round trips), call
+   :func:`inferq.policy.dispatch.decide`, quarantine corrupt records;
+4. per batch: one Lua call claims it (ZREM is the compare-and-set, so two
+   dispatchers never assign the same request), one pipeline enqueues its RQ job;
+5. write the fairness state forward.
+
+It wakes on a submission or a freed slot (BLPOP on the wake list) or every tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import redis
+
+from inferq import defaults
+from inferq.config import Settings
+from inferq.intake import new_id
+from inferq.jobs import enqueue_batch, purge_worker_queue, rq_connection, worker_queue
+from inferq.policy.dispatch import DispatchPolicy, decide
+from inferq.policy.snapshot import Batch
+from inferq.store import CONNECTION_ERRORS, DispatchView, Store
+
+log = logging.getLogger(__name__)
+
+#: RQ's own job timeout for a batch, seconds: a backstop far above any deadline;
+#: inferq's per-request timeouts end requests long before.
+BATCH_JOB_TIMEOUT_S = 3600
+
+
+@dataclass
+class StepReport:
+    """What one dispatcher step did (counts), and how long its decision took (seconds)."""
+
+    expired: int = 0
+    requeued: int = 0
+    workers_lost: int = 0
+    batches: int = 0
+    dispatched: int = 0
+    unschedulable: int = 0
+    quarantined: int = 0
+    decide_s: float = 0.0
+    step_s: float = 0.0
+    batch_sizes: list[int] = field(default_factory=list)
+
+
+class Dispatcher:
+    """One dispatcher replica.
+
+    Args:
+        store: the deployment's store.
+        policy: the dispatch policy (default: from the store's settings).
+        tick_s: longest sleep between steps when nothing wakes it, seconds.
+        queue_head: requests read from the head of each queue per step.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        policy: DispatchPolicy | None = None,
+        tick_s: float = defaults.DISPATCH_TICK_S,
+        queue_head: int = defaults.QUEUE_HEAD,
+    ) -> None:
+        self.store = store
+        self.settings: Settings = store.settings
+        self.policy = policy or DispatchPolicy.from_settings(store.settings)
+        self.tick_s = tick_s
+        self.queue_head = queue_head
+        self.rq = rq_connection(self.settings.redis_url)
+        self.classes = [c.name for c in self.policy.classes]
+        self.heartbeat_ttl_s = self.settings.heartbeat_interval_s * defaults.HEARTBEAT_TTL_INTERVALS
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return after the current step."""
+        self._stop.set()
+
+    def run(self) -> None:
+        """Step until :meth:`stop`; survive Redis outages with backoff."""
+        backoff = 0.1
+        log.info("dispatcher started (namespace %s)", self.settings.namespace)
+        while not self._stop.is_set():
+            try:
+                report = self.step()
+                backoff = 0.1
+                if report.dispatched == 0:
+                    self._wait()
+            except CONNECTION_ERRORS as exc:
+                log.warning("redis unavailable (%s); retrying in %.1f s", exc, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+        log.info("dispatcher stopped")
+
+    def _wait(self) -> None:
+        self.store.redis.blpop([self.store.keys.wake], timeout=self.tick_s)
+
+    def step(self) -> StepReport:
+        """One expire / recover / decide / claim round. Returns what it did."""
+        t0 = time.perf_counter()
+        report = StepReport()
+        report.expired = len(self.store.expire_due())
+        self._recover(report)
+        view = self.store.dispatch_view(self.classes, self.queue_head, self.heartbeat_ttl_s)
+        self._quarantine(view, report)
+        t1 = time.perf_counter()
+        decision = decide(view.snapshot, self.policy)
+        report.decide_s = time.perf_counter() - t1
+        if decision.expired:
+            report.expired += len(self.store.expire_ids(decision.expired))
+        report.unschedulable = len(self.store.mark_unschedulable(decision.unschedulable))
+        for batch in decision.batches:
+            self._dispatch(batch, view, report)
+        self.store.write_fairness(decision)
+        report.step_s = time.perf_counter() - t0
+        if report.dispatched or report.expired or report.requeued:
+            log.debug(
+                "step: dispatched %d in %d batches, expired %d, requeued %d (%.1f ms)",
+                report.dispatched,
+                report.batches,
+                report.expired,
+                report.requeued,
+                report.step_s * 1000,
+            )
+        return report
+
+    def _dispatch(self, batch: Batch, view: DispatchView, report: StepReport) -> None:
+        batch_id = new_id()
+        items = [(a.request_id, view.queue_of[a.request_id], a.need_mib) for a in batch.items]
+        claimed = self.store.assign(batch.worker_id, batch_id, items)
+        if not claimed:
+            return
+        queue = worker_queue(self.rq, self.store.keys, batch.worker_id)
+        pipe = self.rq.pipeline()
+        enqueue_batch(
+            queue,
+            self.store.keys,
+            batch_id=batch_id,
+            worker_id=batch.worker_id,
+            items=claimed,
+            timeout_s=BATCH_JOB_TIMEOUT_S,
+            pipeline=pipe,
+        )
+        pipe.execute()
+        report.batches += 1
+        report.dispatched += len(claimed)
+        report.batch_sizes.append(len(claimed))
+
+    def _recover(self, report: StepReport) -> None:
+        now = self.store.now()
+        stale_before = now - self.heartbeat_ttl_s
+        for wid in self.store.redis.zrangebyscore(
+            self.store.keys.workers, "-inf", round(stale_before * 1000)
+        ):
+            silent = now - stale_before
+            requeued = self.store.remove_worker(
+                wid,
+                reason=f"no heartbeat for more than {silent:.1f} s",
+                dead=True,
+                stale_before=stale_before,
+            )
+            if requeued is None:
+                continue
+            report.workers_lost += 1
+            report.requeued += len(requeued)
+            try:
+                purge_worker_queue(self.rq, self.store.keys, wid)
+            except redis.RedisError as exc:  # best effort: its jobs are fenced anyway
+                log.warning("could not empty RQ queue of lost worker %s: %s", wid, exc)
+            log.warning("worker %s lost; requeued %d requests", wid, len(requeued))
+        report.requeued += sum(1 for _, v in self.store.reap_leases() if v == "queued")
+
+    def _quarantine(self, view: DispatchView, report: StepReport) -> None:
+        for key, reason, members in view.corrupt:
+            self.store.quarantine(key, reason, members)
+            report.quarantined += 1

@@ -1,0 +1,362 @@
+"""The worker's engine: one asyncio loop running requests on the backend, and the heartbeat.
+
+RQ delivers batches (see :mod:`inferq.workers.batch`); the batch job only
+*accepts* its requests — checks atomically that they are still this worker's
+under this attempt, expires the late ones — and hands them to this engine,
+which runs them concurrently up to the worker's slots, continuously: a new
+batch never waits for an earlier one to finish (the way vLLM's continuous
+batching admits new sequences). Results are written through the fenced
+completion script, coalesced: whatever finished while the previous write was in
+flight goes in the next one.
+
+A background heartbeat thread publishes the worker's state every
+``heartbeat_interval_s`` with a TTL of three intervals and extends the leases
+of its in-flight requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferq import defaults
+from inferq.config import ModelSpec
+from inferq.errors import ConfigError
+from inferq.models import RequestRecord, WorkerInfo, WorkerState
+from inferq.store import CONNECTION_ERRORS, Outcome, Store
+from inferq.workers.backends import Backend, BackendError, BackendRequest
+from inferq.workers.gpu import GpuInfo
+
+log = logging.getLogger(__name__)
+
+#: Share of the card vLLM claims by default (``gpu_memory_utilization=0.9``);
+#: what is left after the weights is the KV cache.
+GPU_MEMORY_UTILIZATION = 0.9
+
+
+def kv_cache_mib(gpu: GpuInfo, spec: ModelSpec) -> int:
+    """KV-cache room on the card, MiB: 90% of VRAM minus the weights (vLLM's rule).
+
+    Raises:
+        ConfigError: the weights do not fit.
+    """
+    room = int(gpu.total_mib * GPU_MEMORY_UTILIZATION) - spec.weights_mib
+    if room <= 0:
+        raise ConfigError(
+            f"vram: {spec.name} needs {spec.weights_mib} MiB of weights but the card has "
+            f"{gpu.total_mib} MiB (x{GPU_MEMORY_UTILIZATION} usable); use a larger --vram-mib"
+        )
+    return room
+
+
+@dataclass
+class WorkerConfig:
+    """A worker's identity and capacity.
+
+    Attributes:
+        worker_id: unique id (default: ``<host>-<pid>``).
+        spec: the model it serves.
+        slots: concurrent requests at most.
+        gpu: the card (NVML or configured).
+        labels: free-form labels published in the heartbeat.
+        heartbeat_interval_s: seconds between beats.
+    """
+
+    worker_id: str
+    spec: ModelSpec
+    slots: int
+    gpu: GpuInfo
+    gpu_index: int | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
+
+
+class Engine:
+    """Runs accepted requests on the backend in a private event loop thread.
+
+    Args:
+        store: the deployment's store.
+        config: identity and capacity.
+        backend: the model server.
+    """
+
+    def __init__(self, store: Store, config: WorkerConfig, backend: Backend) -> None:
+        self.store = store
+        self.config = config
+        self.backend = backend
+        self.state = WorkerState.STARTING
+        self.started_at = time.time()
+        self.kv_cache_mib = kv_cache_mib(config.gpu, config.spec)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="engine", daemon=True)
+        self._running: dict[str, tuple[asyncio.Task[None], int]] = {}
+        self._pending: list[tuple[Outcome, str | None]] = []
+        self._flush_wanted: asyncio.Event | None = None
+        self._flusher: asyncio.Task[None] | None = None
+        self._idle = threading.Condition()
+        self._beat_stop = threading.Event()
+        self._beat_thread: threading.Thread | None = None
+        self.on_drain_requested: Callable[[], None] = lambda: os.kill(os.getpid(), signal.SIGTERM)
+        self.finished = 0
+        self.failed = 0
+
+    # --- lifecycle ---------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the loop and heartbeat, load the model (state ``starting``), then ``ready``.
+
+        Raises:
+            BackendError: the backend could not load the model.
+        """
+        self._thread.start()
+        self._call(self._init_loop())
+        self.beat()
+        self._beat_thread = threading.Thread(
+            target=self._beat_forever, name="heartbeat", daemon=True
+        )
+        self._beat_thread.start()
+        self._call(self.backend.load())
+        self.state = WorkerState.READY
+        self.beat()
+        log.info(
+            "worker %s ready: %s, %d slots, %d MiB KV cache",
+            self.config.worker_id,
+            self.config.spec.name,
+            self.config.slots,
+            self.kv_cache_mib,
+        )
+
+    def begin_drain(self) -> None:
+        """Take no new batches (the dispatcher sees ``draining`` on the next beat)."""
+        if self.state is not WorkerState.DRAINING:
+            log.info("worker %s draining (%d in flight)", self.config.worker_id, self.in_flight)
+            self.state = WorkerState.DRAINING
+            self._safe_beat()
+
+    def wait_idle(self, timeout_s: float | None = None) -> bool:
+        """Block until nothing runs; True if idle (False on timeout)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._running, timeout=timeout_s)
+
+    def hand_back(self, reason: str) -> int:
+        """Requeue every in-flight request at once (not counted as a failed attempt)."""
+        items = self._call(self._cancel_all())
+        if items:
+            self.store.requeue(
+                [(rid, attempt, self.config.worker_id, reason) for rid, attempt in items],
+                penalize=False,
+            )
+        return len(items)
+
+    def stop(self, reason: str = "drained") -> None:
+        """Flush results, leave the fleet (anything still held is requeued), stop threads."""
+        self._call(self._flush_all())
+        self._beat_stop.set()
+        if self._beat_thread is not None:
+            self._beat_thread.join(timeout=5)
+        self.store.remove_worker(self.config.worker_id, reason=reason, dead=False)
+        self._call(self._shutdown_loop())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        log.info(
+            "worker %s left: %d finished, %d failed",
+            self.config.worker_id,
+            self.finished,
+            self.failed,
+        )
+
+    # --- heartbeat -----------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._running)
+
+    def info(self) -> WorkerInfo:
+        """The heartbeat as of now."""
+        c = self.config
+        used = self.store.redis.hget(self.store.keys.load(c.worker_id), "mib")
+        reserved = int(float(used or 0))
+        return WorkerInfo(
+            id=c.worker_id,
+            host=socket.gethostname(),
+            model=c.spec.name,
+            params_b=c.spec.params_b,
+            vram_total_mib=c.gpu.total_mib,
+            vram_free_mib=max(0, c.gpu.total_mib - c.spec.weights_mib - reserved),
+            kv_cache_mib=self.kv_cache_mib,
+            slots=c.slots,
+            in_flight=self.in_flight,
+            state=self.state,
+            last_heartbeat=time.time(),
+            started_at=self.started_at,
+            gpu_name=c.gpu.name,
+            gpu_index=c.gpu_index,
+            labels=c.labels,
+        )
+
+    def beat(self) -> None:
+        """Publish one heartbeat; asks for a drain when ``inferq drain`` flagged this worker."""
+        ttl = self.config.heartbeat_interval_s * defaults.HEARTBEAT_TTL_INTERVALS
+        _, drain = self.store.heartbeat(self.info(), ttl_s=ttl)
+        if drain and self.state is WorkerState.READY:
+            log.info("worker %s: drain requested remotely", self.config.worker_id)
+            self.on_drain_requested()
+
+    def _safe_beat(self) -> None:
+        try:
+            self.beat()
+        except CONNECTION_ERRORS as exc:
+            log.warning("heartbeat failed: %s", exc)
+
+    def _beat_forever(self) -> None:
+        while not self._beat_stop.wait(self.config.heartbeat_interval_s):
+            self._safe_beat()
+
+    # --- accepting work (called from the RQ job, main thread) ---------------------
+
+    def accept(self, batch_id: str, items: list[tuple[str, int]]) -> dict[str, int]:
+        """Start a batch's requests: only those still held by this worker under this attempt.
+
+        Returns counts of ``run``, ``stale`` and ``expired`` verdicts.
+        """
+        verdicts = self.store.start(self.config.worker_id, items)
+        runnable = [item for item, v in zip(items, verdicts, strict=True) if v == "run"]
+        records = self.store.records(rid for rid, _ in runnable)
+        for (_, attempt), record in zip(runnable, records, strict=True):
+            if record is None:
+                continue  # vanished (purged) between start and read: nothing to deliver
+            self._loop.call_soon_threadsafe(self._launch, record, attempt)
+        counts = {"run": 0, "stale": 0, "expired": 0}
+        for v in verdicts:
+            counts[v] = counts.get(v, 0) + 1
+        log.debug("batch %s: %s", batch_id, counts)
+        return counts
+
+    # --- inside the loop ------------------------------------------------------------
+
+    async def _init_loop(self) -> None:
+        self._flush_wanted = asyncio.Event()
+        self._flusher = asyncio.create_task(self._flush_forever())
+
+    def _launch(self, record: RequestRecord, attempt: int) -> None:
+        rid = record.request.id
+        task = asyncio.create_task(self._run(record, attempt))
+        self._running[rid] = (task, attempt)
+        task.add_done_callback(lambda _t: self._done(rid))
+
+    def _done(self, rid: str) -> None:
+        self._running.pop(rid, None)
+        if not self._running:
+            with self._idle:
+                self._idle.notify_all()
+
+    async def _run(self, record: RequestRecord, attempt: int) -> None:
+        req = record.request
+        remaining = req.deadline - time.time()
+        breq = BackendRequest(
+            id=req.id,
+            model=self.config.spec.name,
+            payload=req.payload,
+            max_tokens=req.max_tokens,
+            prompt_tokens=req.prompt_tokens,
+            timeout_s=max(0.001, remaining),
+        )
+        t0 = time.time()
+        try:
+            result = await asyncio.wait_for(
+                self.backend.generate(breq, concurrency=self.in_flight),
+                timeout=max(0.001, remaining),
+            )
+        except TimeoutError:
+            self._queue(Outcome(req.id, attempt, "expired", error="deadline passed while running"))
+            return
+        except BackendError as exc:
+            await self._failed(req.id, attempt, exc)
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a backend bug must not kill the worker: retry elsewhere
+            log.exception("backend raised on request %s", req.id)
+            await self._failed(
+                req.id, attempt, BackendError(f"backend crashed: {exc!r}", retryable=True)
+            )
+            return
+        first = t0 + result.ttft_s if result.ttft_s is not None else None
+        outcome = Outcome(
+            req.id,
+            attempt,
+            "succeeded",
+            output=result.output,
+            prompt_tokens=result.prompt_tokens,
+            completion_tokens=result.completion_tokens,
+            first_token_at=first,
+        )
+        self._queue(outcome, req.task_type)
+
+    async def _failed(self, rid: str, attempt: int, exc: BackendError) -> None:
+        self.failed += 1
+        if not exc.retryable:
+            self._queue(Outcome(rid, attempt, "failed", error=str(exc)))
+            return
+        await asyncio.to_thread(
+            self.store.requeue, [(rid, attempt, self.config.worker_id, str(exc))]
+        )
+
+    def _queue(self, outcome: Outcome, task_type: str | None = None) -> None:
+        self._pending.append((outcome, task_type))
+        assert self._flush_wanted is not None
+        self._flush_wanted.set()
+
+    async def _flush_forever(self) -> None:
+        assert self._flush_wanted is not None
+        while True:
+            await self._flush_wanted.wait()
+            self._flush_wanted.clear()
+            await self._flush_all()
+
+    async def _flush_all(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                await asyncio.to_thread(self._write, batch)
+            except CONNECTION_ERRORS as exc:
+                log.warning("could not write %d results (%s); retrying", len(batch), exc)
+                self._pending[:0] = batch
+                await asyncio.sleep(0.5)
+
+    def _write(self, batch: list[tuple[Outcome, str | None]]) -> None:
+        verdicts = self.store.complete(self.config.worker_id, [o for o, _ in batch])
+        observed = []
+        for (outcome, task), verdict in zip(batch, verdicts, strict=True):
+            if verdict == "ok" and outcome.status == "succeeded":
+                self.finished += 1
+                observed.append((self.config.spec.name, task, outcome.completion_tokens))
+            elif verdict == "stale":
+                log.info("result of %s (attempt %d) was stale", outcome.request_id, outcome.attempt)
+        self.store.update_estimates(observed, defaults.OUTPUT_ESTIMATE_ALPHA)
+
+    async def _cancel_all(self) -> list[tuple[str, int]]:
+        held = [(rid, task, attempt) for rid, (task, attempt) in self._running.items()]
+        for _, task, _ in held:
+            task.cancel()
+        await asyncio.gather(*(task for _, task, _ in held), return_exceptions=True)
+        return [(rid, attempt) for rid, _, attempt in held]
+
+    async def _shutdown_loop(self) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        await self.backend.close()
+
+    def _call(self, coro: Any) -> Any:
+        future: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return future.result()

@@ -1,0 +1,145 @@
+"""``inferq worker``: an RQ ``SimpleWorker`` on a private queue, beside one loaded model.
+
+RQ delivers batch jobs; :class:`~inferq.workers.runtime.Engine` runs them.
+Signals:
+
+- first SIGTERM or SIGINT (or ``inferq drain WORKER``): drain — state
+  ``draining``, no new batches, finish what runs, leave the fleet, exit 0;
+- a second one: hand every in-flight request back to its queue at once, exit 1.
+
+A crashed worker loses nothing: its heartbeat lapses and the dispatcher's
+reaper requeues its requests and empties its RQ queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from rq import SimpleWorker
+from rq.exceptions import StopRequested
+from rq.serializers import JSONSerializer
+from rq.worker.base import WorkerStatus
+
+from inferq import defaults
+from inferq.config import Settings
+from inferq.errors import ConfigError
+from inferq.jobs import BatchJob, purge_worker_queue, rq_connection, worker_queue
+from inferq.store import Store, connect
+from inferq.workers import batch
+from inferq.workers.backends import make_backend
+from inferq.workers.gpu import probe_gpu
+from inferq.workers.runtime import Engine, WorkerConfig
+
+log = logging.getLogger(__name__)
+
+#: RQ's worker TTL, seconds: RQ blocks on its queue for TTL - 15 s, so 16 makes the
+#: loop check for a drain request every second.
+RQ_WORKER_TTL_S = 16
+
+
+class InferqWorker(SimpleWorker):
+    """RQ ``SimpleWorker`` whose signals drain the engine instead of killing jobs."""
+
+    engine: Engine
+
+    def _install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGINT, self._on_first_signal)
+        signal.signal(signal.SIGTERM, self._on_first_signal)
+
+    def _on_first_signal(self, signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGINT, self._on_second_signal)
+        signal.signal(signal.SIGTERM, self._on_second_signal)
+        self.engine.begin_drain()
+        if self.get_state() == WorkerStatus.BUSY:
+            self._stop_requested = True
+        else:
+            raise StopRequested()
+
+    def _on_second_signal(self, signum: int, frame: FrameType | None) -> None:
+        n = self.engine.hand_back("worker shut down before finishing")
+        log.warning("cold shutdown: handed %d requests back", n)
+        self.engine.stop(reason="cold shutdown")
+        os._exit(1)
+
+
+@dataclass
+class WorkerOptions:
+    """Options of ``inferq worker`` (see the CLI for their meaning)."""
+
+    model: str
+    backend: str = "sim"
+    backend_options: dict[str, Any] = field(default_factory=dict)
+    slots: int = 8
+    vram_mib: int | None = None
+    gpu_index: int | None = None
+    worker_id: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
+
+
+def build_engine(settings: Settings, opts: WorkerOptions, store: Store | None = None) -> Engine:
+    """Resolve the model, probe the GPU, build the backend and the engine.
+
+    Raises:
+        ConfigError: unknown model, bad slots, or the weights do not fit the card.
+    """
+    spec = settings.model_by_name.get(opts.model)
+    if spec is None:
+        known = ", ".join(settings.model_by_name)
+        raise ConfigError(f"model: unknown model {opts.model!r} (registry: {known})")
+    if not 1 <= opts.slots <= 4096:
+        raise ConfigError(f"slots: {opts.slots} is outside 1..4096")
+    gpu = probe_gpu(opts.gpu_index, opts.vram_mib)
+    if gpu.total_mib <= 0:
+        raise ConfigError("vram_mib: no GPU found; give the card's VRAM with --vram-mib")
+    worker_id = opts.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+    config = WorkerConfig(
+        worker_id=worker_id,
+        spec=spec,
+        slots=opts.slots,
+        gpu=gpu,
+        gpu_index=opts.gpu_index,
+        labels=opts.labels,
+        heartbeat_interval_s=opts.heartbeat_interval_s,
+    )
+    backend = make_backend(opts.backend, spec, **opts.backend_options)
+    return Engine(store or Store(connect(settings.redis_url), settings), config, backend)
+
+
+def run_worker(settings: Settings, opts: WorkerOptions) -> int:
+    """Run a worker until it drains; returns the process exit code (0 after a drain).
+
+    Must run in the main thread (RQ installs signal handlers).
+    """
+    engine = build_engine(settings, opts)
+    wid = engine.config.worker_id
+    rq = rq_connection(settings.redis_url)
+    queue = worker_queue(rq, engine.store.keys, wid)
+    rq_worker = InferqWorker(
+        [queue],
+        name=f"{settings.namespace}-{wid}",
+        connection=rq,
+        serializer=JSONSerializer,
+        job_class=BatchJob,
+        worker_ttl=RQ_WORKER_TTL_S,
+        default_result_ttl=60,
+    )
+    rq_worker.engine = engine
+    batch.bind(engine)
+    try:
+        engine.start()
+        # RQ logs a line per job at INFO; inferq's own log says what matters.
+        rq_worker.work(logging_level="WARNING")
+        engine.begin_drain()
+        engine.wait_idle()
+        engine.stop()
+        purge_worker_queue(rq, engine.store.keys, wid)  # batches that arrived while draining
+        return 0
+    finally:
+        batch.bind(None)
