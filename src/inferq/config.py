@@ -94,6 +94,22 @@ class ModelSpec(BaseModel):
         """KV-cache need of ``tokens`` tokens, MiB."""
         return tokens * self.kv_bytes_per_token / (1024 * 1024)
 
+    def kv_cache_mib(self, vram_total_mib: int) -> int:
+        """KV-cache room on a card of ``vram_total_mib``: the usable share minus the weights.
+
+        The usable share is vLLM's default ``gpu_memory_utilization`` (0.9).
+
+        Raises:
+            ConfigError: the weights do not fit.
+        """
+        room = int(vram_total_mib * defaults.GPU_MEMORY_UTILIZATION) - self.weights_mib
+        if room <= 0:
+            raise ConfigError(
+                f"vram_mib: {self.name} needs {self.weights_mib} MiB of weights but the card has "
+                f"{vram_total_mib} MiB (x{defaults.GPU_MEMORY_UTILIZATION} usable)"
+            )
+        return room
+
 
 class ClassifierRule(BaseModel):
     """Default priority class and route for a ``task_type`` (the request classifier)."""

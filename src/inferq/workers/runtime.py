@@ -30,33 +30,12 @@ from typing import Any
 
 from inferq import defaults
 from inferq.config import ModelSpec
-from inferq.errors import ConfigError
 from inferq.models import RequestRecord, WorkerInfo, WorkerState
 from inferq.store import CONNECTION_ERRORS, Outcome, Store
 from inferq.workers.backends import Backend, BackendError, BackendRequest
 from inferq.workers.gpu import GpuInfo
 
 log = logging.getLogger(__name__)
-
-#: Share of the card vLLM claims by default (``gpu_memory_utilization=0.9``);
-#: what is left after the weights is the KV cache.
-GPU_MEMORY_UTILIZATION = 0.9
-
-
-def kv_cache_mib(gpu: GpuInfo, spec: ModelSpec) -> int:
-    """KV-cache room on the card, MiB: 90% of VRAM minus the weights (vLLM's rule).
-
-    Raises:
-        ConfigError: the weights do not fit.
-    """
-    room = int(gpu.total_mib * GPU_MEMORY_UTILIZATION) - spec.weights_mib
-    if room <= 0:
-        raise ConfigError(
-            f"vram: {spec.name} needs {spec.weights_mib} MiB of weights but the card has "
-            f"{gpu.total_mib} MiB (x{GPU_MEMORY_UTILIZATION} usable); use a larger --vram-mib"
-        )
-    return room
-
 
 @dataclass
 class WorkerConfig:
@@ -95,7 +74,7 @@ class Engine:
         self.backend = backend
         self.state = WorkerState.STARTING
         self.started_at = time.time()
-        self.kv_cache_mib = kv_cache_mib(config.gpu, config.spec)
+        self.kv_cache_mib = config.spec.kv_cache_mib(config.gpu.total_mib)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="engine", daemon=True)
         self._running: dict[str, tuple[asyncio.Task[None], int]] = {}
