@@ -58,6 +58,10 @@ HEARTBEAT_TTL_INTERVALS = 3
 #: requeue live work but a dead worker's requests return within ~2 beats + margin.
 LEASE_S = 5.0
 
+#: Share of a card's VRAM a model server claims (vLLM's gpu_memory_utilization
+#: default); what is left after the weights is the KV cache.
+GPU_MEMORY_UTILIZATION = 0.9
+
 # --- dispatcher ---
 #: Tick when nothing wakes the dispatcher, seconds (issue #3: 100 ms).
 DISPATCH_TICK_S = 0.1
@@ -105,6 +109,12 @@ TRACE_TENANT_ZIPF_S = 1.1
 #: A synthetic bulk submission (the demo's batch job) arrives within this many
 #: seconds: one submit_many call, not a second trace.
 SYNTHETIC_BATCH_WINDOW_S = 1.0
+
+# --- estimation (inferq.policy.estimate) ---
+#: Smoothing factor of the per-(model, task_type) moving mean of generated tokens:
+#: an EWMA with alpha 0.1 weighs roughly the last 2/alpha - 1 = 19 results, enough
+#: to follow a shift in prompts within a minute of traffic without chasing outliers.
+OUTPUT_ESTIMATE_ALPHA = 0.1
 
 # --- scaling policy (issue #5; inferq.policy.scaling) ---
 #: GPUs one worker takes: one model replica per card (design brief: a worker runs
