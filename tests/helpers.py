@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 from inferq.config import Settings
@@ -46,6 +47,28 @@ def ready_worker(store: Store, worker_id: str = "w1", **kw: object) -> WorkerInf
     info = worker_info(worker_id, **kw)  # type: ignore[arg-type]
     store.heartbeat(info, ttl_s=30)
     return info
+
+
+class KeepAlive:
+    """Heartbeat some fake workers from a thread while a test runs (a context manager)."""
+
+    def __init__(self, store: Store, infos: list[WorkerInfo], interval_s: float = 0.5) -> None:
+        self.store, self.infos, self.interval_s = store, infos, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            for info in self.infos:
+                self.store.heartbeat(info, ttl_s=30)
+
+    def __enter__(self) -> KeepAlive:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def queue_key(store: Store, req: InferenceRequest) -> str:

@@ -4,13 +4,14 @@
 -- KEYS[1] worker:<w>   KEYS[2] inflight:<w>   KEYS[3] load:<w>   KEYS[4] drain:<w>
 -- ARGV: 1 prefix, 2 worker id, 3 stale_before_ms (if_dead: beats older than this are dead),
 --       4 if_dead, 5 penalize, 6 max_attempts, 7 result ttl s, 8 events maxlen, 9 reason, 10 event type
--- Returns {removed (1|0), requeued ids...}
+-- Returns {removed (1|0), requeued ids...}; 0 when the worker is alive or already gone.
 -- Invariant: every request a removed worker held is requeued (or expired/dead-lettered), so
 -- nothing is lost; a worker that is still beating is never reaped.
 local p, w = ARGV[1], ARGV[2]
+local beat = redis.call('ZSCORE', p .. 'workers', w)
 if ARGV[4] == '1' then
-  local beat = redis.call('ZSCORE', p .. 'workers', w)
-  if redis.call('EXISTS', KEYS[1]) == 1 and beat and tonumber(beat) >= tonumber(ARGV[3]) then
+  if not beat then return {0} end  -- already removed (e.g. by another dispatcher)
+  if redis.call('EXISTS', KEYS[1]) == 1 and tonumber(beat) >= tonumber(ARGV[3]) then
     return {0}
   end
 end

@@ -1,0 +1,5 @@
+"""``python -m inferq`` = the ``inferq`` command."""
+
+from inferq.cli.main import main
+
+main()
