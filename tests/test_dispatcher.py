@@ -68,7 +68,8 @@ def test_routes_to_the_smallest_adequate_model(store: Store, client: Client) -> 
 
 
 def test_two_dispatchers_never_assign_the_same_request(
-    redis_client, namespace: str  # type: ignore[no-untyped-def]
+    redis_client,
+    namespace: str,  # type: ignore[no-untyped-def]
 ) -> None:
     settings = Settings.load(namespace=namespace)
     store = Store(redis_client, settings)
@@ -77,8 +78,12 @@ def test_two_dispatchers_never_assign_the_same_request(
     handles: list[str] = []
     for chunk in range(10):
         items = [
-            {"prompt": "x", "max_tokens": 4, "priority": ("realtime", "standard", "batch")[i % 3],
-             "tenant": f"t{i % 20}"}
+            {
+                "prompt": "x",
+                "max_tokens": 4,
+                "priority": ("realtime", "standard", "batch")[i % 3],
+                "tenant": f"t{i % 20}",
+            }
             for i in range(500)
         ]
         handles += [h.id for h in client.submit_many(items)]
@@ -139,7 +144,8 @@ def test_unschedulable_request_is_reported_with_the_reason(store: Store, client:
 
 
 def test_lost_worker_requeues_at_original_position_and_purges_its_rq_queue(
-    redis_client, namespace: str  # type: ignore[no-untyped-def]
+    redis_client,
+    namespace: str,  # type: ignore[no-untyped-def]
 ) -> None:
     settings = Settings.load(namespace=namespace, heartbeat_interval_s=0.1)
     store = Store(redis_client, settings)
@@ -172,7 +178,9 @@ def test_corrupt_records_are_quarantined_not_fatal(store: Store, client: Client)
     store.redis.zadd(qkey, {"ghost": 1})  # an id with no record
     store.redis.hset(store.keys.req("half"), mapping={"priority": "realtime", "tenant": "x"})
     store.redis.zadd(qkey, {"half": 2})  # a record missing fields
-    store.redis.hset(store.keys.worker("nonsense"), mapping={"id": "nonsense", "vram_total_mib": "lots"})
+    store.redis.hset(
+        store.keys.worker("nonsense"), mapping={"id": "nonsense", "vram_total_mib": "lots"}
+    )
     store.redis.zadd(store.keys.workers, {"nonsense": time.time() * 1000})
     report = Dispatcher(store).step()
     assert report.quarantined == 3
@@ -187,8 +195,13 @@ def test_corrupt_records_are_quarantined_not_fatal(store: Store, client: Client)
 
 def test_fairness_state_lives_in_redis(store: Store, client: Client) -> None:
     ready_worker(store, "w1", slots=64)
-    client.submit_many([{"prompt": "x", "priority": p, "tenant": t} for p in ("realtime", "batch")
-                        for t in ("a", "b")])
+    client.submit_many(
+        [
+            {"prompt": "x", "priority": p, "tenant": t}
+            for p in ("realtime", "batch")
+            for t in ("a", "b")
+        ]
+    )
     Dispatcher(store).step()
     assert store.redis.hgetall(store.keys.fair_tenants("realtime"))
     assert store.redis.smembers(store.keys.fair_active("realtime")) is not None
