@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import threading
-import zlib
 import time
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 
@@ -76,7 +76,7 @@ def test_two_dispatchers_never_assign_the_same_request(
     client = Client(settings=settings, connection=redis_client)
     infos = [ready_worker(store, w, slots=2000, kv_cache_mib=10**7) for w in ("w1", "w2", "w3")]
     handles: list[str] = []
-    for chunk in range(10):
+    for _ in range(10):
         items = [
             {
                 "prompt": "x",
