@@ -1,0 +1,122 @@
+"""The interface every scaler backend implements: launch, list and stop workers.
+
+The scaler daemon decides (:mod:`inferq.policy.scaling`) and a backend acts:
+``launch`` starts one worker running ``inferq worker --model M --id ID``; a
+scale-down first drains the worker through Redis and only once it has finished
+its in-flight requests and deregistered calls ``prepare_scale_down`` and
+``stop``. A backend never decides which worker goes, and never stops a worker
+the daemon has not drained, so no in-flight request is ever killed by scaling.
+
+``list`` is the backend's view of what exists (including workers that have not
+registered a heartbeat yet): the daemon counts a listed worker without a
+heartbeat as ``starting``, so a slow start never triggers a second launch.
+"""
+
+from __future__ import annotations
+
+import builtins
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from inferq.errors import InferqError
+
+#: The worker command each backend runs; ``{model}`` and ``{worker_id}`` are filled in.
+WORKER_COMMAND: tuple[str, ...] = ("inferq", "worker", "--model", "{model}", "--id", "{worker_id}")
+
+#: Labels (Docker) and pod labels (Kubernetes) that mark inferq's workers.
+LABEL_MODEL = "inferq.model"
+LABEL_WORKER = "inferq.worker"
+LABEL_NAMESPACE = "inferq.namespace"
+
+
+class ScalerBackendError(InferqError):
+    """The orchestrator refused or failed an operation; the message says which and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerHandle:
+    """A worker as a backend knows it.
+
+    Attributes:
+        worker_id: the id the worker registers under (its heartbeat, its RQ queue).
+        model: the model it serves.
+        backend_ref: the backend's own name for it: a pid, a container id, a pod name.
+    """
+
+    worker_id: str
+    model: str
+    backend_ref: str
+
+
+class ScalerBackend(ABC):
+    """Starts and stops worker processes, containers or replicas.
+
+    Implementations must be safe to call from one thread at a time (the scaler
+    daemon acts from one loop, and only the replica holding the scaler lease acts).
+    """
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def launch(self, model: str, worker_id: str) -> WorkerHandle:
+        """Start one worker running ``inferq worker --model <model> --id <worker_id>``.
+
+        Returns at once; the worker registers as ``starting`` and then ``ready``
+        on its own after its cold start.
+
+        Raises:
+            ScalerBackendError: the orchestrator refused the launch.
+        """
+
+    @abstractmethod
+    def stop(self, handle: WorkerHandle) -> None:
+        """Remove a worker that has drained and deregistered (never a busy one).
+
+        Stopping a worker that is already gone is not an error.
+
+        Raises:
+            ScalerBackendError: the orchestrator refused the operation.
+        """
+
+    @abstractmethod
+    def list(self, model: str | None = None) -> builtins.list[WorkerHandle]:
+        """Workers this backend runs (of ``model`` only, when given), starting ones included.
+
+        Raises:
+            ScalerBackendError: the orchestrator could not be asked.
+        """
+
+    def prepare_scale_down(self, handle: WorkerHandle) -> None:  # noqa: B027 - optional hook
+        """Mark ``handle`` as the one to remove before ``stop`` (default: nothing to do)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections to the orchestrator (default: nothing to release)."""
+
+
+def worker_command(
+    model: str,
+    worker_id: str,
+    template: Sequence[str] = WORKER_COMMAND,
+    extra_args: Sequence[str] = (),
+) -> builtins.list[str]:
+    """The worker's argv: ``template`` with ``{model}``/``{worker_id}`` filled, then ``extra_args``.
+
+    >>> worker_command("llama-3.1-8b", "w1")
+    ['inferq', 'worker', '--model', 'llama-3.1-8b', '--id', 'w1']
+    """
+    values = {"model": model, "worker_id": worker_id}
+    return [part.format_map(values) for part in template] + builtins.list(extra_args)
+
+
+def worker_environment(
+    redis_url: str, namespace: str, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """What a worker needs to find its deployment: ``INFERQ_REDIS_URL``, ``INFERQ_NAMESPACE``.
+
+    ``extra`` is added last, so it may override either.
+    """
+    env = {"INFERQ_REDIS_URL": redis_url, "INFERQ_NAMESPACE": namespace}
+    env.update(extra or {})
+    return env
