@@ -163,3 +163,20 @@ DOCKER_STOP_TIMEOUT_S = 30.0
 #: ``controller.kubernetes.io/pod-deletion-cost`` set on the pod chosen for
 #: scale-down: below the default 0 of every other pod, so the ReplicaSet removes it.
 K8S_POD_DELETION_COST = -1000
+
+# --- simulator (issue 7; inferq.sim) ---
+#: Slots of a simulated worker: the default of ``inferq worker --slots``.
+SIM_WORKER_SLOTS = 8
+#: VRAM of a simulated card, MiB: an 80 GiB A100/H100, the usual card for 8B-70B serving.
+SIM_VRAM_MIB = 81_920
+#: Initial fleet of ``inferq simulate``: four warm 8B workers, about the Azure
+#: conversation trace's mean load (5.5 req/s x 5.5 s per request at 8 slots ~ 3.8 workers).
+SIM_FLEET = "llama-3.1-8b:4"
+#: The synthetic batch job of the default workload is this share of the trace requests
+#: (the demo's bulk submission: large enough to need extra workers for minutes).
+SIM_BATCH_SHARE = 0.1
+#: ... and arrives this far into the replayed window (a quarter: warm fleet, load on).
+SIM_BATCH_AT_FRACTION = 0.25
+#: ``static-fifo`` is provisioned for the busiest window of this length of the trace:
+#: sizing for the peak minute is the common capacity-planning rule for interactive load.
+SIM_PEAK_WINDOW_S = 60.0
