@@ -700,6 +700,10 @@ class Store:
             counts[etype] = counts.get(etype, 0) + n
         return {etype: n / window_s for etype, n in counts.items()}
 
+    def desired_workers(self) -> dict[str, int]:
+        """The scaler's latest desired worker count per model."""
+        return {m: int(n) for m, n in self.redis.hgetall(self.keys.scaler_desired).items()}
+
     def quarantined(self) -> dict[str, str]:
         """Quarantined keys and why."""
         return dict(self.redis.hgetall(self.keys.quarantine))

@@ -333,9 +333,9 @@ def dispatcher(obj: Context, tick: float, metrics_port: int | None) -> None:
 
     d = Dispatcher(obj.store, tick_s=tick)
     if metrics_port is not None:
-        from inferq.metrics import serve_dispatcher_metrics
+        from inferq.metrics import serve_metrics
 
-        serve_dispatcher_metrics(obj.store, metrics_port)
+        serve_metrics(obj.store, metrics_port)
     signal.signal(signal.SIGTERM, lambda *_: d.stop())
     try:
         d.run()

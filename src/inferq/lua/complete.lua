@@ -2,6 +2,8 @@
 -- ARGV: 1 prefix, 2 worker id, 3 result ttl s, 4 events maxlen,
 --       then 8-tuples: id, attempt, status ('succeeded'|'failed'|'expired'), output,
 --       prompt_tokens, completion_tokens, first_token_ms ('' if unknown), error
+-- Events: finish/fail/expire with class, tenant, queue_ms, e2e_ms and output tokens, so
+-- metrics and reports need not read the request hashes.
 -- Returns one verdict per tuple: 'ok' or 'stale' (not the attempt that holds the request:
 -- ignored, so a late result from a re-dispatched attempt never overwrites the real one).
 -- Invariant: exactly one final result per request; a final request holds no lease or
@@ -12,7 +14,8 @@ local out = {}
 for i = 5, #ARGV, 8 do
   local id, attempt, status = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local key = k_req(p, id)
-  local r = redis.call('HMGET', key, 'state', 'attempts', 'worker', 'need_mib')
+  local r = redis.call('HMGET', key, 'state', 'attempts', 'worker', 'need_mib', 'priority',
+    'submitted_ms', 'dispatched_ms', 'tenant')
   if (r[1] ~= 'assigned' and r[1] ~= 'running') or r[2] ~= attempt or r[3] ~= w then
     stat(p, 'stale_results')
     out[#out + 1] = 'stale'
@@ -23,7 +26,10 @@ for i = 5, #ARGV, 8 do
       'completion_tokens', ARGV[i + 5], 'first_token_ms', ARGV[i + 6], 'error', ARGV[i + 7]})
     local etype = 'finish'
     if status == 'failed' then etype = 'fail' elseif status == 'expired' then etype = 'expire' end
-    emit(p, maxlen, etype, 'id', id, 'worker', w, 'attempt', attempt)
+    local submitted = tonumber(r[6])
+    emit(p, maxlen, etype, 'id', id, 'worker', w, 'attempt', attempt, 'class', r[5],
+      'tenant', r[8], 'queue_ms', tonumber(r[7]) - submitted, 'e2e_ms', now - submitted,
+      'tokens', ARGV[i + 5])
     out[#out + 1] = 'ok'
   end
 end

@@ -22,7 +22,8 @@ local function expire_one(id, reason)
   end
   local waited = now - tonumber(r[7])
   finalize(p, id, 'expired', now, ttl, maxlen, {'error', reason .. ' (waited ' .. string.format('%.2f', waited / 1000) .. ' s)'})
-  emit(p, maxlen, 'expire', 'id', id, 'class', r[2], 'reason', reason)
+  emit(p, maxlen, 'expire', 'id', id, 'class', r[2], 'tenant', r[4], 'e2e_ms', waited,
+    'reason', reason)
   out[#out + 1] = id
   out[#out + 1] = waited
 end
