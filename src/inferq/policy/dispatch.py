@@ -1,0 +1,432 @@
+"""The dispatch decision: which queued requests go to which workers now.
+
+:func:`decide` is a pure, deterministic function of a
+:class:`~inferq.policy.snapshot.Snapshot` and a :class:`DispatchPolicy`; the
+dispatcher and the simulator both call it and carry out the
+:class:`~inferq.policy.snapshot.Decision`. One decision, in order:
+
+1. Expiry: a request whose deadline has passed is expired, never dispatched;
+   in a class with ``refuse_late``, so is one that cannot finish by its deadline
+   even on the fastest serving model at concurrency 1
+   (:func:`inferq.latency.service_time` with the estimated output).
+2. Unschedulable: a request no live worker could ever hold is reported with the
+   reason (:func:`~inferq.policy.routing.unschedulable_reason`) and left queued.
+3. Picks, one request at a time, while some worker has room:
+   a. aging: the most overdue dispatchable request past its class's aging bound;
+   b. otherwise the class chosen by smooth weighted round-robin over the
+      classes with dispatchable work (weight-0 classes only when no weighted
+      class has any), and in it the tenant with the lowest virtual token
+      counter, and that tenant's oldest dispatchable request
+      (:mod:`~inferq.policy.fairness`);
+   the request goes to its preferred worker (:mod:`~inferq.policy.routing`),
+   into that worker's batch (:mod:`~inferq.policy.batching`); a request its
+   class's batching delay holds back is skipped.
+   A request, tenant or class found with nothing dispatchable is skipped for
+   the rest of the decision: capacity only shrinks while deciding.
+
+The caller applies the result: claims the batches, expires and reports, stores
+``class_credit`` and ``active_tenants``, sets ``tenant_counter_floor`` then adds
+``tenant_counter_delta``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from operator import attrgetter
+from typing import Any
+
+from inferq import defaults
+from inferq.config import ModelSpec, PriorityClass, Settings
+from inferq.errors import ConfigError, InvalidRequest
+from inferq.latency import service_time
+from inferq.policy.batching import OpenBatch, held_back
+from inferq.policy.estimate import estimate_output_tokens
+from inferq.policy.fairness import (
+    VirtualTokenCounter,
+    lift_new_tenants,
+    swrr_charge,
+    swrr_winner,
+    vtc_cost,
+)
+from inferq.policy.routing import (
+    FleetCapacity,
+    WorkerIndex,
+    need_mib,
+    serving_models,
+)
+from inferq.policy.snapshot import (
+    Assignment,
+    Decision,
+    QueuedRequest,
+    Snapshot,
+)
+
+
+@dataclass(frozen=True)
+class DispatchPolicy:
+    """Everything :func:`decide` needs besides the snapshot.
+
+    Attributes:
+        classes: priority classes, highest first (weights, aging, delays...).
+        models: the model registry (routes, KV bytes per token, latency profile).
+        max_batch: requests per batch at most.
+        batch_token_budget: ``prompt + max_tokens`` summed over a batch, tokens.
+        vtc_output_weight: weight of an output token in a tenant's counter
+            (VTC's w_q; an input token weighs 1).
+        tenant_weights: tenant -> fair-share weight (> 0; missing = 1).
+        chars_per_token: the fast prompt-token estimate's characters per token.
+
+    Raises:
+        ConfigError: a value is out of range or names repeat; the message
+            names the field and the limit.
+    """
+
+    classes: tuple[PriorityClass, ...]
+    models: tuple[ModelSpec, ...]
+    max_batch: int = defaults.MAX_BATCH
+    batch_token_budget: int = defaults.BATCH_TOKEN_BUDGET
+    vtc_output_weight: float = defaults.VTC_OUTPUT_WEIGHT
+    tenant_weights: Mapping[str, float] = field(default_factory=dict, hash=False)
+    chars_per_token: float = defaults.CHARS_PER_TOKEN
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "classes", tuple(self.classes))
+        object.__setattr__(self, "models", tuple(self.models))
+        object.__setattr__(self, "tenant_weights", dict(self.tenant_weights))
+        _check_unique("classes", [c.name for c in self.classes])
+        _check_unique("models", [m.name for m in self.models])
+        _check_min("max_batch", self.max_batch, 1)
+        _check_min("batch_token_budget", self.batch_token_budget, 1)
+        _check_min("vtc_output_weight", self.vtc_output_weight, 0)
+        if self.chars_per_token <= 0:
+            raise ConfigError(f"policy.chars_per_token must be > 0, got {self.chars_per_token}")
+        for tenant, weight in self.tenant_weights.items():
+            if not weight > 0:
+                raise ConfigError(f"policy.tenant_weights[{tenant!r}] must be > 0, got {weight}")
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> DispatchPolicy:
+        """The policy of ``settings`` (classes, registry, chars per token), with overrides.
+
+        Raises:
+            ConfigError: an override names no field, or a value is out of range.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise ConfigError(f"policy has no field {unknown[0]!r} (fields: {sorted(names)})")
+        values: dict[str, Any] = {
+            "classes": tuple(settings.classes),
+            "models": tuple(settings.models),
+            "chars_per_token": settings.chars_per_token,
+        }
+        values.update(overrides)
+        return cls(**values)
+
+    @cached_property
+    def class_by_name(self) -> dict[str, PriorityClass]:
+        """Classes by name, in priority order."""
+        return {c.name: c for c in self.classes}
+
+    @cached_property
+    def model_by_name(self) -> dict[str, ModelSpec]:
+        """Registry models by name."""
+        return {m.name: m for m in self.models}
+
+    @cached_property
+    def route_cache(self) -> dict[tuple[str, bool], tuple[str, ...] | InvalidRequest]:
+        """(route, degrade) -> serving models, filled by :func:`routing.route_models`."""
+        return {}
+
+    def tenant_weight(self, tenant: str) -> float:
+        """A tenant's fair-share weight (1 unless configured)."""
+        return self.tenant_weights.get(tenant, 1.0)
+
+
+def _check_unique(what: str, names: Sequence[str]) -> None:
+    if not names:
+        raise ConfigError(f"policy.{what} must not be empty")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"policy.{what} names must be unique, got {list(names)}")
+
+
+def _check_min(what: str, value: float, least: float) -> None:
+    if value < least:
+        raise ConfigError(f"policy.{what} must be >= {least}, got {value}")
+
+
+def decide(snapshot: Snapshot, policy: DispatchPolicy) -> Decision:
+    """What to dispatch, expire and report now (see the module docstring for the order).
+
+    Args:
+        snapshot: queues (oldest first per class), workers, fairness state and
+            output estimates at ``snapshot.now``.
+        policy: classes, registry and batching limits.
+
+    Returns:
+        The decision; deterministic for a given input (the order of
+        ``snapshot.workers`` does not matter; worker ids must be unique).
+    """
+    return _Run(snapshot, policy).decide()
+
+
+@dataclass(slots=True, eq=False)
+class _Item:
+    """A dispatchable-looking request during one decision."""
+
+    req: QueuedRequest
+    cls: PriorityClass
+    models: tuple[str, ...]
+    tokens: int
+    waited_s: float
+    pending: bool = True
+
+
+class _Run:
+    """The working state of one :func:`decide` call."""
+
+    def __init__(self, snapshot: Snapshot, policy: DispatchPolicy) -> None:
+        self.snapshot = snapshot
+        self.policy = policy
+        self.now = snapshot.now
+        self.index = WorkerIndex(snapshot.workers, policy)
+        self.fleet = FleetCapacity(snapshot.workers, policy)
+        self.expired: list[tuple[str, str]] = []
+        self.unschedulable: list[tuple[str, str]] = []
+        stored = snapshot.fairness.class_credit
+        self.credit = {c.name: float(stored.get(c.name, 0.0)) for c in policy.classes}
+        self.weights = {c.name: c.weight for c in policy.classes}
+        self.by_age: dict[str, list[_Item]] = {}
+        self.age_pos: dict[str, int] = {}
+        self.by_tenant: dict[str, dict[str, list[_Item]]] = {}
+        self.tenant_pos: dict[str, dict[str, int]] = {}
+        self.fillable: dict[str, dict[str, int]] = {}
+        self.pending: dict[str, int] = {}
+        self.vtc: dict[str, VirtualTokenCounter] = {}
+        self.delta: dict[str, dict[str, float]] = {}
+        self.floor: dict[str, dict[str, float]] = {}
+        self.active: dict[str, frozenset[str]] = {}
+        self.order: list[OpenBatch] = []
+        self.exhausted: set[str] = set()
+        self.aging = [c for c in policy.classes if c.aging_s is not None]
+        for cls in policy.classes:
+            self._load_class(cls)
+        for name in sorted(set(snapshot.queued) - set(policy.class_by_name)):
+            reason = f"priority class {name!r} is not configured"
+            self.unschedulable.extend((r.id, reason) for r in snapshot.queued[name])
+
+    # --- loading -----------------------------------------------------------
+
+    def _load_class(self, cls: PriorityClass) -> None:
+        queue = sorted(self.snapshot.queued.get(cls.name, ()), key=attrgetter("submitted_at"))
+        items = [it for it in (self._admit(cls, r) for r in queue) if it is not None]
+        tenants: dict[str, list[_Item]] = {}
+        fillable: dict[str, int] = {}
+        for it in items:
+            tenants.setdefault(it.req.tenant, []).append(it)
+            for model in it.models:
+                fillable[model] = fillable.get(model, 0) + 1
+        self.by_age[cls.name] = items
+        self.age_pos[cls.name] = 0
+        self.by_tenant[cls.name] = tenants
+        self.tenant_pos[cls.name] = {}
+        self.fillable[cls.name] = fillable
+        self.pending[cls.name] = len(items)
+        self.delta[cls.name] = {}
+        fairness = self.snapshot.fairness
+        backlogged = self.snapshot.backlogged_tenants.get(cls.name, frozenset()) | {
+            r.tenant for r in queue
+        }
+        counters = fairness.tenant_counter.get(cls.name, {})
+        lifted = lift_new_tenants(
+            counters,
+            fairness.active_tenants.get(cls.name, frozenset()),
+            backlogged,
+            self.policy.tenant_weight,
+        )
+        if lifted:
+            self.floor[cls.name] = lifted
+        self.active[cls.name] = frozenset(backlogged)
+        self.vtc[cls.name] = VirtualTokenCounter(
+            {**counters, **lifted}, tenants, self.policy.tenant_weight
+        )
+
+    def _admit(self, cls: PriorityClass, req: QueuedRequest) -> _Item | None:
+        waited = self.now - req.submitted_at
+        if req.deadline <= self.now:
+            self.expired.append((req.id, f"deadline passed while queued (waited {waited:.2f} s)"))
+            return None
+        reason = self.fleet.reason(req)
+        if reason is not None:
+            self.unschedulable.append((req.id, reason))
+            return None
+        models = serving_models(req, self.policy, self.now)
+        if cls.refuse_late:
+            late = self._late_reason(cls, req, models)
+            if late is not None:
+                self.expired.append((req.id, late))
+                return None
+        return _Item(req, cls, models, req.prompt_tokens + req.max_tokens, waited)
+
+    def _late_reason(
+        self, cls: PriorityClass, req: QueuedRequest, models: Sequence[str]
+    ) -> str | None:
+        """Why ``req`` cannot finish by its deadline even at best, or None when it may."""
+        best: tuple[float, str] | None = None
+        for name in models:
+            spec = self.policy.model_by_name[name]
+            output = estimate_output_tokens(
+                req.max_tokens, self.snapshot.output_estimates, name, req.task_type
+            )
+            total = service_time(spec, req.prompt_tokens, math.ceil(output)).total_s
+            if best is None or total < best[0]:
+                best = (total, name)
+        left = req.deadline - self.now
+        if best is None or best[0] <= left:
+            return None
+        return (
+            f"cannot finish by its deadline: needs at least {best[0]:.2f} s on {best[1]}, "
+            f"{left:.2f} s left (class {cls.name} refuses late work)"
+        )
+
+    # --- picking -------------------------------------------------------------
+
+    def decide(self) -> Decision:
+        while self.index.open_count:
+            pick = self._aged_pick() or self._fair_pick()
+            if pick is None:
+                break
+            self._assign(*pick)
+        return Decision(
+            batches=tuple(b.to_batch() for b in self.order),
+            expired=tuple(self.expired),
+            unschedulable=tuple(self.unschedulable),
+            class_credit=self.credit,
+            tenant_counter_delta={c: d for c, d in self.delta.items() if d},
+            tenant_counter_floor=self.floor,
+            active_tenants=self.active,
+        )
+
+    def _place(self, item: _Item) -> OpenBatch | None:
+        return self.index.place(item.models, item.tokens, item.req.excluded_worker)
+
+    def _drop(self, item: _Item) -> None:
+        item.pending = False
+        self.pending[item.cls.name] -= 1
+        fillable = self.fillable[item.cls.name]
+        for model in item.models:
+            fillable[model] -= 1
+
+    def _aged_pick(self) -> tuple[_Item, OpenBatch] | None:
+        """The most overdue dispatchable request past its class's aging bound."""
+        best: tuple[_Item, OpenBatch] | None = None
+        best_over = 0.0
+        for cls in list(self.aging):
+            found = self._oldest_aged(cls)
+            if found is None:
+                self.aging.remove(cls)  # nothing aged left: capacity only shrinks
+                continue
+            over = found[0].waited_s - (cls.aging_s or 0.0)
+            if best is None or over > best_over:
+                best, best_over = found, over
+        return best
+
+    def _oldest_aged(self, cls: PriorityClass) -> tuple[_Item, OpenBatch] | None:
+        items, i = self.by_age[cls.name], self.age_pos[cls.name]
+        bound = cls.aging_s if cls.aging_s is not None else math.inf
+        found: tuple[_Item, OpenBatch] | None = None
+        while i < len(items):
+            item = items[i]
+            if item.pending:
+                if item.waited_s < bound:
+                    break
+                batch = self._place(item)
+                if batch is not None:
+                    found = (item, batch)
+                    break
+                self._drop(item)
+            i += 1
+        self.age_pos[cls.name] = i
+        return found
+
+    def _fair_pick(self) -> tuple[_Item, OpenBatch] | None:
+        """SWRR over classes with work, weight-0 classes after; VTC within the class."""
+        classes = [
+            c.name
+            for c in self.policy.classes
+            if self.pending[c.name] and c.name not in self.exhausted
+        ]
+        round_ = [n for n in classes if self.weights[n] > 0]
+        while round_:
+            winner = swrr_winner(self.credit, self.weights, round_)
+            assert winner is not None
+            found = self._tenant_pick(winner)
+            if found is not None:
+                swrr_charge(self.credit, self.weights, round_, winner)
+                return found
+            self.exhausted.add(winner)
+            round_.remove(winner)
+        for name in classes:
+            if self.weights[name] > 0:
+                continue
+            found = self._tenant_pick(name)
+            if found is not None:
+                return found
+            self.exhausted.add(name)
+        return None
+
+    def _tenant_pick(self, name: str) -> tuple[_Item, OpenBatch] | None:
+        vtc = self.vtc[name]
+        while (tenant := vtc.lowest()) is not None:
+            found = self._tenant_next(name, tenant)
+            if found is not None:
+                return found
+            vtc.drop(tenant)
+        return None
+
+    def _tenant_next(self, name: str, tenant: str) -> tuple[_Item, OpenBatch] | None:
+        items = self.by_tenant[name][tenant]
+        positions = self.tenant_pos[name]
+        i = positions.get(tenant, 0)
+        found: tuple[_Item, OpenBatch] | None = None
+        while i < len(items):
+            item = items[i]
+            if item.pending:
+                batch = self._place(item)
+                if batch is not None and not self._held(item, batch):
+                    found = (item, batch)
+                    break
+                self._drop(item)
+            i += 1
+        positions[tenant] = i
+        return found
+
+    def _held(self, item: _Item, batch: OpenBatch) -> bool:
+        fillable = self.fillable[item.cls.name].get(batch.spec.name, 0)
+        target = batch.fill_target(self.policy.max_batch)
+        return held_back(item.cls, item.waited_s, fillable, target)
+
+    def _assign(self, item: _Item, batch: OpenBatch) -> None:
+        req = item.req
+        output = estimate_output_tokens(
+            req.max_tokens, self.snapshot.output_estimates, batch.spec.name, req.task_type
+        )
+        cost = vtc_cost(req.prompt_tokens, output, self.policy.vtc_output_weight)
+        assignment = Assignment(
+            request_id=req.id,
+            priority=item.cls.name,
+            tenant=req.tenant,
+            need_mib=need_mib(req, batch.spec),
+            cost=cost,
+        )
+        if not batch.items:
+            self.order.append(batch)
+        self.index.add(batch, assignment, item.tokens)
+        self.vtc[item.cls.name].charge(req.tenant, cost)
+        delta = self.delta[item.cls.name]
+        delta[req.tenant] = delta.get(req.tenant, 0.0) + cost
+        self._drop(item)

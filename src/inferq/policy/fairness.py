@@ -1,0 +1,224 @@
+"""Fairness: how dispatch slots are shared between priority classes and between tenants.
+
+Across classes: smooth weighted round-robin
+    The SWRR of nginx's upstream balancer (``ngx_http_upstream_get_peer``). Every
+    dispatch ("pick") adds each *round* class's weight to its credit, serves the
+    class with the highest credit (the higher class on ties) and subtracts the
+    sum of the round's weights from the winner. The round is the classes with
+    dispatchable work and a weight above 0. Over any stretch where the same
+    classes stay backlogged, class ``i`` gets ``w_i / sum(w)`` of the picks, spread
+    evenly (5:1:1 gives ``a a b a c a a``) rather than in bursts. Credits live
+    in Redis (``Decision.class_credit``), so any dispatcher replica continues
+    the sequence.
+
+    A class of weight 0 is outside the round: it is served only when no class of
+    positive weight has dispatchable work, classes of weight 0 in priority
+    order. That is strict priority.
+
+Aging
+    ``PriorityClass.aging_s`` bounds waiting: a dispatchable request that has
+    waited at least its class's ``aging_s`` is served before any round pick,
+    the most overdue (seconds past its own bound) first, higher class on ties.
+    Aging picks leave the credits alone, so they neither earn nor cost a class
+    its round share; they do charge the tenant's counter.
+
+The two classic policies are configurations of this one mechanism:
+
+- strict priority (Triton, vLLM's priority scheduling): weights (1, 0, 0, ...)
+  and no aging -- :func:`strict_priority_classes`;
+- the seed's "every 5 realtime dispatches serve one lower": weights
+  (5, 1, 0, ...) with the classes' aging bounds kept, so the third class
+  progresses through aging alone -- :func:`seed_ratio_classes`.
+
+Within a class: Virtual Token Counter (Sheng et al., "Fairness in Serving Large
+Language Models", OSDI 2024)
+    Each tenant has a counter of the tokens it was served; a request costs
+    ``prompt_tokens + vtc_output_weight * estimated output tokens`` (the paper's
+    ``w_p * L_input + w_q * L_output`` with w_p = 1). The backlogged tenant with
+    the lowest ``counter / weight`` (weight 1 unless configured) is served next,
+    ties by tenant name. A tenant that becomes active (backlogged now, not at
+    the previous decision) is lifted to ``max(own, weight * min(counter / weight))``
+    over the tenants that were active before and are still backlogged, so idle
+    time earns no credit. Between continuously backlogged tenants the counters
+    then never drift more than one request's cost apart (the paper's bound is
+    twice the largest cost, for a server that may be batch-limited).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+
+from inferq.config import PriorityClass
+
+
+def strict_priority_classes(classes: Sequence[PriorityClass]) -> tuple[PriorityClass, ...]:
+    """The classes turned into strict priority: weights (1, 0, 0, ...), aging off.
+
+    The first class takes every slot it can use; each lower class only what no
+    class above it can use.
+    """
+    return tuple(
+        c.model_copy(update={"weight": 1.0 if i == 0 else 0.0, "aging_s": None})
+        for i, c in enumerate(classes)
+    )
+
+
+def seed_ratio_classes(
+    classes: Sequence[PriorityClass], ratio: float = 5
+) -> tuple[PriorityClass, ...]:
+    """The seed's rule: every ``ratio`` dispatches of the first class serve one of the second.
+
+    Weights become (ratio, 1, 0, ...); the aging bounds are kept, so classes
+    below the second progress when idle capacity or their aging bound lets them.
+
+    Raises:
+        ValueError: ``ratio`` is not positive.
+    """
+    if ratio <= 0:
+        raise ValueError(f"ratio must be > 0, got {ratio}")
+    weights = [float(ratio), 1.0]
+    return tuple(
+        c.model_copy(update={"weight": weights[i] if i < len(weights) else 0.0})
+        for i, c in enumerate(classes)
+    )
+
+
+# --- across classes -----------------------------------------------------------
+
+
+def swrr_winner(
+    credit: Mapping[str, float], weights: Mapping[str, float], round_: Sequence[str]
+) -> str | None:
+    """The class SWRR would serve next among ``round_`` (in priority order), not charged.
+
+    Returns:
+        The class with the highest ``credit + weight`` (the earliest on ties),
+        or None when the round is empty.
+    """
+    best: str | None = None
+    best_value = 0.0
+    for name in round_:
+        value = credit.get(name, 0.0) + weights[name]
+        if best is None or value > best_value:
+            best, best_value = name, value
+    return best
+
+
+def swrr_charge(
+    credit: MutableMapping[str, float],
+    weights: Mapping[str, float],
+    round_: Sequence[str],
+    winner: str,
+) -> None:
+    """Apply one SWRR pick in place: every round class gains its weight, the winner pays the sum.
+
+    Raises:
+        ValueError: ``winner`` is not in ``round_``.
+    """
+    if winner not in round_:
+        raise ValueError(f"winner {winner!r} is not in the round {list(round_)}")
+    total = 0.0
+    for name in round_:
+        credit[name] = credit.get(name, 0.0) + weights[name]
+        total += weights[name]
+    credit[winner] -= total
+
+
+def overdue_s(cls: PriorityClass, waited_s: float) -> float | None:
+    """Seconds a request is past its class's aging bound (>= 0), or None when it is not.
+
+    Args:
+        cls: the request's class (``aging_s`` None = no bound).
+        waited_s: seconds since the request was submitted.
+    """
+    if cls.aging_s is None or waited_s < cls.aging_s:
+        return None
+    return waited_s - cls.aging_s
+
+
+# --- within a class -----------------------------------------------------------
+
+
+def vtc_cost(prompt_tokens: int, output_tokens: float, output_weight: float) -> float:
+    """A request's charge to its tenant's counter: ``prompt + output_weight * output`` tokens."""
+    return prompt_tokens + output_weight * output_tokens
+
+
+def lift_new_tenants(
+    counters: Mapping[str, float],
+    previously_active: Iterable[str],
+    backlogged: Iterable[str],
+    weight: Callable[[str], float],
+) -> dict[str, float]:
+    """Counters newly active tenants are lifted to (VTC's counter lift).
+
+    Args:
+        counters: tenant -> served-token counter (missing = 0).
+        previously_active: tenants backlogged at the previous decision.
+        backlogged: tenants backlogged now.
+        weight: tenant -> fair-share weight (> 0).
+
+    Returns:
+        tenant -> new counter, only for tenants that became active and whose
+        counter rises: ``weight(t) * min(counter(a) / weight(a))`` over the
+        tenants ``a`` active before and still backlogged. Empty when no such
+        tenant exists.
+    """
+    now = set(backlogged)
+    before = set(previously_active)
+    still = now & before
+    if not still:
+        return {}
+    floor = min(counters.get(t, 0.0) / weight(t) for t in still)
+    lifted: dict[str, float] = {}
+    for tenant in sorted(now - before):
+        value = floor * weight(tenant)
+        if value > counters.get(tenant, 0.0):
+            lifted[tenant] = value
+    return lifted
+
+
+class VirtualTokenCounter:
+    """VTC working state of one class during one decision: who is served next.
+
+    Args:
+        counters: tenant -> counter at the start (lifts already applied).
+        tenants: the tenants that have queued requests to offer.
+        weight: tenant -> fair-share weight (> 0).
+    """
+
+    def __init__(
+        self,
+        counters: Mapping[str, float],
+        tenants: Iterable[str],
+        weight: Callable[[str], float],
+    ) -> None:
+        self.counters: dict[str, float] = dict(counters)
+        self._weight = weight
+        self._live: set[str] = set(tenants)
+        self._heap = [(self._key(t), t) for t in self._live]
+        heapq.heapify(self._heap)
+
+    def _key(self, tenant: str) -> float:
+        return self.counters.get(tenant, 0.0) / self._weight(tenant)
+
+    def lowest(self) -> str | None:
+        """The tenant with the lowest ``counter / weight`` still offering work (name on ties)."""
+        heap = self._heap
+        while heap:
+            key, tenant = heap[0]
+            if tenant in self._live and key == self._key(tenant):
+                return tenant
+            heapq.heappop(heap)  # stale entry: charged since, or dropped
+        return None
+
+    def drop(self, tenant: str) -> None:
+        """``tenant`` has nothing dispatchable left in this decision."""
+        self._live.discard(tenant)
+
+    def charge(self, tenant: str, cost: float) -> None:
+        """Add ``cost`` tokens to ``tenant``'s counter."""
+        self.counters[tenant] = self.counters.get(tenant, 0.0) + cost
+        if tenant in self._live:
+            heapq.heappush(self._heap, (self._key(tenant), tenant))

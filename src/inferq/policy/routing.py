@@ -1,0 +1,260 @@
+"""Routing: which workers may take a request, which one should, and which never could.
+
+A worker is eligible for a request (design brief, issue 3) when
+
+- it is ``ready`` and runs a model of the registry;
+- its model serves the request's route (:mod:`inferq.routes`): the exact model,
+  any model of the required size, or a configured fallback -- fallbacks only
+  when the request's class has ``allow_degrade`` and the request has waited at
+  least ``degrade_after_s``;
+- the model's context holds ``prompt + max_tokens`` (``ModelSpec.max_context``);
+- it has a free slot and ``free_mib >= need_mib`` (reservations of assigned but
+  unfinished work already subtracted).
+
+Among eligible workers the preferred one is the first model in route order
+(the exact model before its fallbacks; for a size requirement the smallest
+adequate model, i.e. the cheapest), then the lowest utilisation as of the
+snapshot, then the worker id. The worker of a request's last failed attempt
+(``excluded_worker``) is taken only when no other is eligible.
+
+:func:`choose_worker` states the rule over a list; :class:`WorkerIndex` is the
+same rule for the dispatcher's hot loop, with workers bucketed by model and
+sorted by utilisation, so a pick scans a few workers instead of the fleet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from inferq.config import ModelSpec, PriorityClass
+from inferq.errors import InvalidRequest
+from inferq.policy.batching import OpenBatch
+from inferq.policy.snapshot import Assignment, QueuedRequest, WorkerView
+from inferq.routes import candidates, parse_route
+
+if TYPE_CHECKING:
+    from inferq.policy.dispatch import DispatchPolicy
+
+MIB = 1024 * 1024
+
+
+def need_mib(request: QueuedRequest, spec: ModelSpec) -> float:
+    """KV-cache VRAM a request may fill on ``spec``: ``(prompt + max_tokens) x kv bytes``, MiB."""
+    return (request.prompt_tokens + request.max_tokens) * spec.kv_bytes_per_token / MIB
+
+
+def may_degrade(cls: PriorityClass | None, request: QueuedRequest, now: float) -> bool:
+    """True when fallback models may serve ``request``: the class allows it and it waited enough."""
+    return (
+        cls is not None and cls.allow_degrade and now - request.submitted_at >= cls.degrade_after_s
+    )
+
+
+def route_models(policy: DispatchPolicy, route: str, degrade: bool) -> tuple[str, ...]:
+    """Registry models serving ``route``, most preferred first (cached on the policy).
+
+    Raises:
+        InvalidRequest: (field ``model``) the route text does not parse.
+    """
+    key = (route, degrade)
+    cached = policy.route_cache.get(key)
+    if cached is None:
+        try:
+            parsed = parse_route(route)
+            names = candidates(parsed, policy.models, degrade=degrade)
+            cached = tuple(n for n in names if n in policy.model_by_name)
+        except InvalidRequest as exc:
+            cached = exc
+        policy.route_cache[key] = cached
+    if isinstance(cached, InvalidRequest):
+        raise cached
+    return cached
+
+
+def serving_models(request: QueuedRequest, policy: DispatchPolicy, now: float) -> tuple[str, ...]:
+    """Models that may serve ``request`` now, in preference order.
+
+    The route's models (fallbacks included when :func:`may_degrade`) whose
+    context holds ``prompt + max_tokens``.
+
+    Raises:
+        InvalidRequest: (field ``model``) the route text does not parse.
+    """
+    cls = policy.class_by_name.get(request.priority)
+    models = route_models(policy, request.route, may_degrade(cls, request, now))
+    tokens = request.prompt_tokens + request.max_tokens
+    by_name = policy.model_by_name
+    return tuple(m for m in models if tokens <= by_name[m].max_context)
+
+
+def eligible(
+    worker: WorkerView, request: QueuedRequest, policy: DispatchPolicy, now: float
+) -> bool:
+    """True when ``worker`` may take ``request`` now (the rule in the module docstring)."""
+    if not worker.ready or worker.free_slots < 1:
+        return False
+    spec = policy.model_by_name.get(worker.model)
+    if spec is None:
+        return False
+    try:
+        models = serving_models(request, policy, now)
+    except InvalidRequest:
+        return False
+    return worker.model in models and need_mib(request, spec) <= worker.free_mib
+
+
+def choose_worker(
+    request: QueuedRequest,
+    workers: Iterable[WorkerView],
+    policy: DispatchPolicy,
+    now: float,
+) -> WorkerView | None:
+    """The preferred eligible worker for ``request``, or None when none is eligible.
+
+    Order: route preference of the model, then utilisation, then id; the
+    ``excluded_worker`` only when it is the sole eligible worker. A linear scan;
+    the dispatcher uses :class:`WorkerIndex`, which picks the same worker.
+    """
+    try:
+        order = {m: i for i, m in enumerate(serving_models(request, policy, now))}
+    except InvalidRequest:
+        return None
+    found = [w for w in workers if eligible(w, request, policy, now)]
+    preferred = [w for w in found if w.id != request.excluded_worker] or found
+    if not preferred:
+        return None
+    return min(preferred, key=lambda w: (order[w.model], w.utilisation, w.id))
+
+
+class WorkerIndex:
+    """Ready workers bucketed by model, each bucket sorted by (utilisation, id).
+
+    Holds one :class:`OpenBatch` per ready registry worker with room; a batch
+    leaves its bucket once closed (no slot, or ``max_batch`` items). Capacity
+    only shrinks during a decision, so a request of ``t`` tokens that found no
+    room for a set of models means no request of ``t`` or more tokens will:
+    that is remembered, and such requests are refused without a scan.
+
+    Args:
+        workers: the snapshot's workers (any order).
+        policy: the dispatch policy (registry, ``max_batch``, token budget).
+    """
+
+    def __init__(self, workers: Iterable[WorkerView], policy: DispatchPolicy) -> None:
+        self._max_batch = policy.max_batch
+        self._budget = policy.batch_token_budget
+        self._buckets: dict[str, list[OpenBatch]] = {}
+        ranked = sorted(workers, key=lambda w: (w.utilisation, w.id))
+        for w in ranked:
+            spec = policy.model_by_name.get(w.model)
+            if spec is None or not w.ready:
+                continue
+            batch = OpenBatch(worker=w, spec=spec)
+            if not batch.closed(self._max_batch):
+                self._buckets.setdefault(w.model, []).append(batch)
+        self._open = sum(len(b) for b in self._buckets.values())
+        self._refused: dict[tuple[str, ...], int] = {}
+
+    @property
+    def open_count(self) -> int:
+        """Workers that can still take a request in this decision."""
+        return self._open
+
+    def place(
+        self, models: Sequence[str], tokens: int, excluded: str | None = None
+    ) -> OpenBatch | None:
+        """The preferred open batch for a request, or None when none has room.
+
+        Args:
+            models: the request's serving models, in preference order.
+            tokens: its prompt + max_tokens.
+            excluded: a worker id to take only when no other has room.
+        """
+        key = tuple(models)
+        if tokens >= self._refused.get(key, tokens + 1):
+            return None
+        fallback: OpenBatch | None = None
+        for model in models:
+            bucket = self._buckets.get(model)
+            if not bucket:
+                continue
+            need = tokens * bucket[0].spec.kv_bytes_per_token / MIB
+            for batch in bucket:
+                if batch.has_room(tokens, need, self._max_batch, self._budget):
+                    if batch.worker.id != excluded:
+                        return batch
+                    fallback = batch
+        if fallback is None:
+            self._refused[key] = min(tokens, self._refused.get(key, tokens))
+        return fallback
+
+    def add(self, batch: OpenBatch, assignment: Assignment, tokens: int) -> None:
+        """Append ``assignment`` to ``batch``; the batch leaves its bucket once closed."""
+        batch.add(assignment, tokens)
+        if batch.closed(self._max_batch):
+            self._buckets[batch.worker.model].remove(batch)
+            self._open -= 1
+
+
+class FleetCapacity:
+    """What the live fleet could ever hold: the largest KV cache per model, MiB.
+
+    Args:
+        workers: live workers in any state (a starting worker will be ready).
+        policy: the dispatch policy (registry, classes).
+    """
+
+    def __init__(self, workers: Iterable[WorkerView], policy: DispatchPolicy) -> None:
+        self._policy = policy
+        self.largest_mib: dict[str, float] = {}
+        for w in workers:
+            self.largest_mib[w.model] = max(self.largest_mib.get(w.model, 0.0), w.kv_cache_mib)
+
+    def reason(self, request: QueuedRequest) -> str | None:
+        """Why no live worker could ever serve ``request``, or None when one could."""
+        policy = self._policy
+        cls = policy.class_by_name.get(request.priority)
+        if cls is None:
+            return f"priority class {request.priority!r} is not configured"
+        try:
+            models = route_models(policy, request.route, cls.allow_degrade)
+        except InvalidRequest as exc:
+            return f"route {request.route!r} is invalid: {exc.reason}"
+        if not models:
+            return f"no model in the registry serves {request.route}"
+        live = [policy.model_by_name[m] for m in models if m in self.largest_mib]
+        if not live:
+            return f"no live worker serves {request.route}"
+        tokens = request.prompt_tokens + request.max_tokens
+        in_context = [s for s in live if tokens <= s.max_context]
+        if not in_context:
+            widest = max(live, key=lambda s: s.max_context)
+            return (
+                f"needs {tokens} tokens (prompt + max_tokens), more than the "
+                f"{widest.max_context}-token context of {widest.name}"
+            )
+        headroom = [(self.largest_mib[s.name] - need_mib(request, s), s) for s in in_context]
+        best_room, best = max(headroom, key=lambda pair: pair[0])
+        if best_room >= 0:
+            return None
+        return (
+            f"needs {need_mib(request, best) / 1024:.1f} GiB KV cache, largest "
+            f"{best.name} worker has {self.largest_mib[best.name] / 1024:.1f} GiB"
+        )
+
+
+def unschedulable_reason(
+    request: QueuedRequest, workers: Sequence[WorkerView], policy: DispatchPolicy
+) -> str | None:
+    """Why no live worker could ever serve ``request``, or None when one could.
+
+    Considers every live worker (any state) of every model serving the route,
+    fallbacks included when the class allows degrading.
+
+    Returns:
+        e.g. ``"needs 21.3 GiB KV cache, largest llama-3.1-8b worker has 16.0 GiB"``;
+        ``"no live worker serves <route>"`` when the fleet has no worker for the
+        route at all (the scaler may start one: report it, do not fail the request).
+    """
+    return FleetCapacity(workers, policy).reason(request)
