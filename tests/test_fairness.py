@@ -1,0 +1,161 @@
+"""Fairness primitives: smooth weighted round-robin, aging, the virtual token counter."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inferq.config import Settings
+from inferq.policy.fairness import (
+    VirtualTokenCounter,
+    lift_new_tenants,
+    overdue_s,
+    seed_ratio_classes,
+    strict_priority_classes,
+    swrr_charge,
+    swrr_winner,
+    vtc_cost,
+)
+
+CLASSES = tuple(Settings().classes)
+
+
+def run_swrr(weights: dict[str, float], picks: int) -> list[str]:
+    credit: dict[str, float] = {}
+    names = list(weights)
+    out = []
+    for _ in range(picks):
+        winner = swrr_winner(credit, weights, names)
+        assert winner is not None
+        swrr_charge(credit, weights, names, winner)
+        out.append(winner)
+    return out
+
+
+def test_swrr_matches_nginx_sequence() -> None:
+    # nginx's documented example: weights 5, 1, 1 -> a a b a c a a
+    assert run_swrr({"a": 5, "b": 1, "c": 1}, 7) == list("aabacaa")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 9), min_size=1, max_size=4), st.integers(1, 4))
+def test_swrr_full_cycles_give_exact_weights(weights: list[int], cycles: int) -> None:
+    named = {f"c{i}": float(w) for i, w in enumerate(weights)}
+    served = Counter(run_swrr(named, cycles * sum(weights)))
+    assert served == {n: int(w) * cycles for n, w in named.items()}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 9), min_size=2, max_size=4), st.integers(1, 60))
+def test_swrr_never_strays_a_whole_pick_from_the_ideal(weights: list[int], picks: int) -> None:
+    named = {f"c{i}": float(w) for i, w in enumerate(weights)}
+    served = Counter(run_swrr(named, picks))
+    total = sum(weights)
+    for name, w in named.items():
+        assert abs(served[name] - picks * w / total) < len(weights)
+
+
+def test_swrr_ties_go_to_the_earlier_class_and_round_sums_to_zero() -> None:
+    credit: dict[str, float] = {"x": 0.0, "y": 0.0}
+    assert swrr_winner(credit, {"x": 1, "y": 1}, ["x", "y"]) == "x"
+    swrr_charge(credit, {"x": 1, "y": 1}, ["x", "y"], "x")
+    assert credit == {"x": -1.0, "y": 1.0}
+    assert swrr_winner(credit, {"x": 1}, []) is None
+    with pytest.raises(ValueError, match="winner 'z' is not in the round"):
+        swrr_charge(credit, {"x": 1}, ["x"], "z")
+
+
+def test_strict_priority_classes_are_1_0_0_without_aging() -> None:
+    strict = strict_priority_classes(CLASSES)
+    assert [c.weight for c in strict] == [1.0, 0.0, 0.0]
+    assert all(c.aging_s is None for c in strict)
+    assert [c.name for c in strict] == [c.name for c in CLASSES]
+    assert strict[1].sla_s == CLASSES[1].sla_s
+
+
+def test_seed_ratio_classes_keep_aging() -> None:
+    seed = seed_ratio_classes(CLASSES, ratio=5)
+    assert [c.weight for c in seed] == [5.0, 1.0, 0.0]
+    assert [c.aging_s for c in seed] == [c.aging_s for c in CLASSES]
+    assert [c.weight for c in seed_ratio_classes(CLASSES[:1], 3)] == [3.0]
+    with pytest.raises(ValueError, match="ratio must be > 0, got 0"):
+        seed_ratio_classes(CLASSES, 0)
+
+
+def test_overdue_counts_seconds_past_the_bound() -> None:
+    standard = CLASSES[1]  # aging 5 s
+    assert overdue_s(standard, 4.99) is None
+    assert overdue_s(standard, 5.0) == 0.0
+    assert overdue_s(standard, 7.5) == 2.5
+    assert overdue_s(standard.model_copy(update={"aging_s": None}), 1e9) is None
+
+
+def test_vtc_cost_weighs_output() -> None:
+    assert vtc_cost(100, 50.0, 2.0) == 200.0
+
+
+def one(_: str) -> float:
+    return 1.0
+
+
+def test_lift_raises_new_tenants_to_the_active_minimum() -> None:
+    counters = {"a": 900.0, "b": 700.0, "late": 10.0, "rich": 5000.0, "gone": 1.0}
+    lifted = lift_new_tenants(
+        counters, {"a", "b", "gone"}, {"a", "b", "late", "rich", "fresh"}, one
+    )
+    # "gone" left the backlog: it does not pull the floor down; "rich" is above it
+    assert lifted == {"fresh": 700.0, "late": 700.0}
+
+
+def test_lift_is_empty_when_nobody_was_active() -> None:
+    assert lift_new_tenants({"a": 5.0}, set(), {"a", "b"}, one) == {}
+    assert lift_new_tenants({"a": 5.0}, {"c"}, {"a", "b"}, one) == {}
+
+
+def test_lift_uses_weighted_counters() -> None:
+    weights = {"a": 2.0, "new": 4.0}
+    lifted = lift_new_tenants({"a": 600.0}, {"a"}, {"a", "new"}, lambda t: weights[t])
+    assert lifted == {"new": 1200.0}  # 600/2 = 300 per weight unit, x4
+
+
+def test_vtc_serves_lowest_then_follows_charges() -> None:
+    vtc = VirtualTokenCounter({"a": 10.0, "b": 0.0}, ["a", "b", "c"], one)
+    assert vtc.lowest() == "b"  # b and c both 0: name order
+    vtc.charge("b", 20.0)
+    assert vtc.lowest() == "c"
+    vtc.charge("c", 5.0)
+    assert vtc.lowest() == "c"
+    vtc.drop("c")
+    assert vtc.lowest() == "a"
+    vtc.drop("a")
+    vtc.drop("b")
+    assert vtc.lowest() is None
+    vtc.charge("a", 1.0)  # charged after dropping (an aging pick): still out
+    assert vtc.lowest() is None
+    assert vtc.counters == {"a": 11.0, "b": 20.0, "c": 5.0}
+
+
+def test_vtc_divides_by_weight() -> None:
+    weights = {"heavy": 4.0, "light": 1.0}
+    vtc = VirtualTokenCounter({"heavy": 300.0, "light": 100.0}, weights, lambda t: weights[t])
+    assert vtc.lowest() == "heavy"  # 75 < 100
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.integers(1, 1000), min_size=1, max_size=60),
+    st.integers(2, 5),
+)
+def test_vtc_keeps_backlogged_tenants_within_one_cost(costs: list[int], n: int) -> None:
+    """Always serving the lowest counter keeps every counter within max cost of the others."""
+    tenants = [f"t{i}" for i in range(n)]
+    vtc = VirtualTokenCounter({}, tenants, one)
+    for cost in costs:
+        tenant = vtc.lowest()
+        assert tenant is not None
+        vtc.charge(tenant, float(cost))
+        values = [vtc.counters.get(t, 0.0) for t in tenants]
+        assert max(values) - min(values) <= max(costs)
