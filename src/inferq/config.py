@@ -49,7 +49,9 @@ class PriorityClass(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(pattern=NAME_PATTERN)
-    sla_s: float = Field(gt=0, description="latency target, submit -> finish, seconds")
+    sla_s: float = Field(
+        gt=0, description="time-to-first-token target (submit -> first token), seconds"
+    )
     timeout_s: float = Field(gt=0, description="default deadline after submit, seconds")
     weight: float = Field(ge=0, description="share of contended dispatch slots")
     batch_delay_s: float = Field(ge=0, description="longest wait to fill a batch, seconds")

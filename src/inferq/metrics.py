@@ -104,7 +104,7 @@ class EventObserver:
         )
         self.sla = Counter(
             "inferq_sla",
-            "Final results against the class SLA",
+            "Final results against the class SLA (time to first token)",
             ["priority_class", "outcome"],
             registry=registry,
         )
@@ -126,10 +126,11 @@ class EventObserver:
         if not cls or etype not in ("finish", "fail", "expire"):
             return
         e2e = int(fields.get("e2e_ms", "0")) / 1000
+        ttft = int(fields.get("ttft_ms", fields.get("e2e_ms", "0"))) / 1000
         if "queue_ms" in fields:
             self.queue_wait.labels(cls).observe(int(fields["queue_ms"]) / 1000)
         self.e2e.labels(cls).observe(e2e)
-        met = etype == "finish" and e2e <= self.sla_s.get(cls, float("inf"))
+        met = etype == "finish" and ttft <= self.sla_s.get(cls, float("inf"))
         self.sla.labels(cls, "met" if met else "missed").inc()
 
     def _run(self) -> None:

@@ -2,7 +2,8 @@
 -- ARGV: 1 prefix, 2 worker id, 3 result ttl s, 4 events maxlen,
 --       then 8-tuples: id, attempt, status ('succeeded'|'failed'|'expired'), output,
 --       prompt_tokens, completion_tokens, first_token_ms ('' if unknown), error
--- Events: finish/fail/expire with class, tenant, queue_ms, e2e_ms and output tokens, so
+-- Events: finish/fail/expire with class, tenant, queue_ms, e2e_ms, ttft_ms (finish time
+-- when the backend reports no first token) and output tokens, so
 -- metrics and reports need not read the request hashes.
 -- Returns one verdict per tuple: 'ok' or 'stale' (not the attempt that holds the request:
 -- ignored, so a late result from a re-dispatched attempt never overwrites the real one).
@@ -29,7 +30,7 @@ for i = 5, #ARGV, 8 do
     local submitted = tonumber(r[6])
     emit(p, maxlen, etype, 'id', id, 'worker', w, 'attempt', attempt, 'class', r[5],
       'tenant', r[8], 'queue_ms', tonumber(r[7]) - submitted, 'e2e_ms', now - submitted,
-      'tokens', ARGV[i + 5])
+      'ttft_ms', (tonumber(ARGV[i + 6]) or now) - submitted, 'tokens', ARGV[i + 5])
     out[#out + 1] = 'ok'
   end
 end
