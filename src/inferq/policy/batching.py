@@ -36,6 +36,8 @@ class OpenBatch:
         items: assignments so far, in dispatch order.
         tokens: their ``prompt + max_tokens`` sum.
         mib: their KV-cache need sum, MiB.
+        free_slots: slots left after the snapshot's reservations and this batch.
+        free_mib: KV-cache VRAM left after the same, MiB.
     """
 
     worker: WorkerView
@@ -43,16 +45,12 @@ class OpenBatch:
     items: list[Assignment] = field(default_factory=list)
     tokens: int = 0
     mib: float = 0.0
+    free_slots: int = field(init=False)
+    free_mib: float = field(init=False)
 
-    @property
-    def free_slots(self) -> int:
-        """Slots left after the snapshot's reservations and this batch."""
-        return self.worker.free_slots - len(self.items)
-
-    @property
-    def free_mib(self) -> float:
-        """KV-cache VRAM left after the snapshot's reservations and this batch, MiB."""
-        return self.worker.free_mib - self.mib
+    def __post_init__(self) -> None:
+        self.free_slots = self.worker.free_slots - len(self.items)
+        self.free_mib = self.worker.free_mib - self.mib
 
     def closed(self, max_batch: int) -> bool:
         """True when no further request can join (no slot, or ``max_batch`` reached)."""
@@ -67,11 +65,10 @@ class OpenBatch:
             max_batch: the policy's largest batch, requests.
             budget: the policy's batch token budget, tokens.
         """
-        if self.free_slots <= 0 or len(self.items) >= max_batch:
+        items = self.items
+        if self.free_slots <= 0 or len(items) >= max_batch or need_mib > self.free_mib:
             return False
-        if self.items and self.tokens + tokens > budget:
-            return False
-        return need_mib <= self.free_mib
+        return not items or self.tokens + tokens <= budget
 
     def fill_target(self, max_batch: int) -> int:
         """Requests that would fill this batch: ``min(free slots, max_batch - items)``."""
@@ -82,6 +79,8 @@ class OpenBatch:
         self.items.append(assignment)
         self.tokens += tokens
         self.mib += assignment.need_mib
+        self.free_slots -= 1
+        self.free_mib -= assignment.need_mib
 
     def to_batch(self) -> Batch:
         """The finished, immutable :class:`~inferq.policy.snapshot.Batch`."""

@@ -55,7 +55,9 @@ from inferq.policy.fairness import (
 from inferq.policy.routing import (
     FleetCapacity,
     WorkerIndex,
+    may_degrade,
     need_mib,
+    route_models,
     serving_models,
 )
 from inferq.policy.snapshot import (
@@ -211,6 +213,7 @@ class _Run:
         self.floor: dict[str, dict[str, float]] = {}
         self.active: dict[str, frozenset[str]] = {}
         self.order: list[OpenBatch] = []
+        self.models: dict[tuple[str, bool], tuple[tuple[str, ...], int]] = {}
         self.exhausted: set[str] = set()
         self.aging = [c for c in policy.classes if c.aging_s is not None]
         for cls in policy.classes:
@@ -264,13 +267,26 @@ class _Run:
         if reason is not None:
             self.unschedulable.append((req.id, reason))
             return None
-        models = serving_models(req, self.policy, self.now)
+        models = self._serving(cls, req)
         if cls.refuse_late:
             late = self._late_reason(cls, req, models)
             if late is not None:
                 self.expired.append((req.id, late))
                 return None
         return _Item(req, cls, models, req.prompt_tokens + req.max_tokens, waited)
+
+    def _serving(self, cls: PriorityClass, req: QueuedRequest) -> tuple[str, ...]:
+        """:func:`~inferq.policy.routing.serving_models`, cached per (route, degrade)."""
+        key = (req.route, may_degrade(cls, req, self.now))
+        entry = self.models.get(key)
+        if entry is None:
+            models = route_models(self.policy, req.route, key[1])
+            shortest = min((self.policy.model_by_name[m].max_context for m in models), default=0)
+            entry = self.models[key] = (models, shortest)
+        models, shortest = entry
+        if req.prompt_tokens + req.max_tokens <= shortest:
+            return models
+        return serving_models(req, self.policy, self.now)
 
     def _late_reason(
         self, cls: PriorityClass, req: QueuedRequest, models: Sequence[str]

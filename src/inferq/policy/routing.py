@@ -148,7 +148,7 @@ class WorkerIndex:
         ranked = sorted(workers, key=lambda w: (w.utilisation, w.id))
         for w in ranked:
             spec = policy.model_by_name.get(w.model)
-            if spec is None or not w.ready:
+            if spec is None or not w.ready or w.free_slots < 1:
                 continue
             batch = OpenBatch(worker=w, spec=spec)
             if not batch.closed(self._max_batch):
@@ -210,9 +210,27 @@ class FleetCapacity:
         self.largest_mib: dict[str, float] = {}
         for w in workers:
             self.largest_mib[w.model] = max(self.largest_mib.get(w.model, 0.0), w.kv_cache_mib)
+        self._live: dict[tuple[str, str], str | tuple[ModelSpec, ...]] = {}
 
     def reason(self, request: QueuedRequest) -> str | None:
         """Why no live worker could ever serve ``request``, or None when one could."""
+        key = (request.priority, request.route)
+        live = self._live.get(key)
+        if live is None:
+            live = self._live[key] = self._live_models(request)
+        if isinstance(live, str):
+            return live
+        tokens = request.prompt_tokens + request.max_tokens
+        for spec in live:
+            if (
+                tokens <= spec.max_context
+                and need_mib(request, spec) <= self.largest_mib[spec.name]
+            ):
+                return None
+        return self._too_big(request, live)
+
+    def _live_models(self, request: QueuedRequest) -> str | tuple[ModelSpec, ...]:
+        """The registry models with live workers that may ever serve the request, or why none."""
         policy = self._policy
         cls = policy.class_by_name.get(request.priority)
         if cls is None:
@@ -223,9 +241,10 @@ class FleetCapacity:
             return f"route {request.route!r} is invalid: {exc.reason}"
         if not models:
             return f"no model in the registry serves {request.route}"
-        live = [policy.model_by_name[m] for m in models if m in self.largest_mib]
-        if not live:
-            return f"no live worker serves {request.route}"
+        live = tuple(policy.model_by_name[m] for m in models if m in self.largest_mib)
+        return live or f"no live worker serves {request.route}"
+
+    def _too_big(self, request: QueuedRequest, live: Sequence[ModelSpec]) -> str:
         tokens = request.prompt_tokens + request.max_tokens
         in_context = [s for s in live if tokens <= s.max_context]
         if not in_context:
@@ -234,10 +253,7 @@ class FleetCapacity:
                 f"needs {tokens} tokens (prompt + max_tokens), more than the "
                 f"{widest.max_context}-token context of {widest.name}"
             )
-        headroom = [(self.largest_mib[s.name] - need_mib(request, s), s) for s in in_context]
-        best_room, best = max(headroom, key=lambda pair: pair[0])
-        if best_room >= 0:
-            return None
+        best = max(in_context, key=lambda s: self.largest_mib[s.name] - need_mib(request, s))
         return (
             f"needs {need_mib(request, best) / 1024:.1f} GiB KV cache, largest "
             f"{best.name} worker has {self.largest_mib[best.name] / 1024:.1f} GiB"
