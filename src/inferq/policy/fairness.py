@@ -39,9 +39,10 @@ Language Models", OSDI 2024)
     ties by tenant name. A tenant that becomes active (backlogged now, not at
     the previous decision) is lifted to ``max(own, weight * min(counter / weight))``
     over the tenants that were active before and are still backlogged, so idle
-    time earns no credit. Between continuously backlogged tenants the counters
-    then never drift more than one request's cost apart (the paper's bound is
-    twice the largest cost, for a server that may be batch-limited).
+    time earns no credit. Counters of tenants that stay backlogged with
+    dispatchable work and start within one request's cost of each other stay
+    within it (the paper proves twice the largest cost for its server; the
+    property tests check that bound).
 """
 
 from __future__ import annotations
