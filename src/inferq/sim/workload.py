@@ -1,0 +1,128 @@
+"""The simulator's input: trace requests turned into routed, classed, tenanted requests.
+
+A :class:`SimRequest` is what a client would have submitted for one trace row:
+
+- route: the row's own model when the registry knows it as a route, else the
+  default model (``Settings.default_model``, ``llama-3.1-8b``);
+- prompt tokens = the trace's ``ContextTokens``; ``max_tokens`` = the trace's
+  ``GeneratedTokens`` clamped to the route's context (``max_context - prompt``,
+  at least 1); the request generates ``min(GeneratedTokens, max_tokens)`` tokens;
+- priority class: the class the trace is mapped to, else the row's own, else
+  ``Settings.default_priority``;
+- tenant: the row's own, else drawn from a Zipf law (:func:`inferq.traces.assign_tenants`).
+
+Ids are ``r0000000``, ``r0000001``... in arrival order, so ordering by
+``(submitted_at, id)`` (the dispatcher's queue order) is arrival order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from inferq import defaults
+from inferq.config import ModelSpec, Settings
+from inferq.errors import ConfigError, InvalidRequest
+from inferq.routes import check_known, parse_route
+from inferq.traces import TraceRequest, assign_tenants
+
+
+@dataclass(frozen=True, slots=True)
+class SimRequest:
+    """One request of a simulation (times in seconds from the start; tokens).
+
+    Attributes:
+        id: ``r`` + 7 digits, in arrival order.
+        arrival_s: submit time.
+        priority: priority class name.
+        tenant: tenant name.
+        route: model route (a model name or ``>=Nb``).
+        prompt_tokens: input tokens.
+        output_tokens: tokens the model generates (<= ``max_tokens``).
+        max_tokens: the request's output cap (sizes its KV-cache reservation).
+        task_type: kind of request (keys the output-token estimates), or None.
+        source: where the row comes from (the trace file's stem, ``"synthetic"``).
+    """
+
+    id: str
+    arrival_s: float
+    priority: str
+    tenant: str
+    route: str
+    prompt_tokens: int
+    output_tokens: int
+    max_tokens: int
+    task_type: str | None = None
+    source: str = ""
+
+
+def request_id(index: int) -> str:
+    """The id of the ``index``-th request (0-based): ``r0000042``."""
+    return f"r{index:07d}"
+
+
+def build_requests(
+    tagged: Sequence[tuple[str | None, TraceRequest]],
+    settings: Settings,
+    *,
+    model: str | None = None,
+    tenants: int = defaults.TRACE_TENANTS,
+    seed: int = 0,
+) -> list[SimRequest]:
+    """Turn ``(class or None, trace row)`` pairs into requests (rules in the module docstring).
+
+    Args:
+        tagged: rows with the class they are mapped to (None: the row's own or
+            the default class), in any order; sorted by arrival here (stable).
+        settings: classes, registry, default model and class.
+        model: the route of rows naming no known model (default ``settings.default_model``).
+        tenants: Zipf-drawn tenants for rows naming none.
+        seed: seeds the tenant draw.
+
+    Returns:
+        Requests sorted by arrival, ids in that order.
+
+    Raises:
+        ConfigError: a class or the default model is unknown.
+    """
+    route = model or settings.default_model
+    default_spec = _route_spec(route, settings)
+    if default_spec is None:
+        known = ", ".join(sorted(settings.model_by_name))
+        raise ConfigError(f"model: {route!r} is not a route of the registry ({known})")
+    rows = sorted(tagged, key=lambda pair: pair[1].arrival_s)
+    drawn = assign_tenants(len(rows), tenants, seed=seed)
+    out: list[SimRequest] = []
+    for i, ((cls, row), tenant) in enumerate(zip(rows, drawn, strict=True)):
+        priority = cls or row.priority or settings.default_priority
+        if priority not in settings.class_by_name:
+            known = ", ".join(settings.class_by_name)
+            raise ConfigError(f"priority: class {priority!r} is not configured ({known})")
+        own = _route_spec(row.model, settings) if row.model else None
+        spec, req_route = (
+            (own, row.model) if own is not None and row.model else (default_spec, route)
+        )
+        max_tokens = max(1, min(row.output_tokens, spec.max_context - row.prompt_tokens))
+        out.append(
+            SimRequest(
+                id=request_id(i),
+                arrival_s=row.arrival_s,
+                priority=priority,
+                tenant=row.tenant or tenant,
+                route=req_route,
+                prompt_tokens=row.prompt_tokens,
+                output_tokens=min(row.output_tokens, max_tokens),
+                max_tokens=max_tokens,
+                task_type=row.task_type,
+                source=row.source,
+            )
+        )
+    return out
+
+
+def _route_spec(route: str, settings: Settings) -> ModelSpec | None:
+    """The preferred (smallest adequate) model of ``route``, or None when none serves it."""
+    try:
+        return check_known(parse_route(route), settings.models)[0]
+    except InvalidRequest:
+        return None
