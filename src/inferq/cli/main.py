@@ -386,6 +386,57 @@ def worker(
     sys.exit(run_worker(obj.settings, opts))
 
 
+@cli.command()
+@click.option("--speedup", default=10.0, show_default=True, help="Trace seconds per wall second.")
+@click.option("--duration", default=600.0, show_default=True, help="Seconds of trace to replay.")
+@click.option("--start", default=0.0, show_default=True, help="Trace second to start at.")
+@click.option(
+    "--trace", "traces", multiple=True, metavar="NAME|PATH",
+    help="Realtime trace, then standard trace (default: conv, code).",
+)  # fmt: skip
+@click.option("--workers", "fleet", default=None, help="Initial fleet: model:count@vram_mib,...")
+@click.option("--tenants", default=20, show_default=True)
+@click.option("--seed", default=0, show_default=True)
+@click.option("--out", "out_dir", default=".", show_default=True, type=click.Path(file_okay=False))
+@click.option(
+    "--redis", "redis_kind", default="auto", show_default=True,
+    type=click.Choice(["auto", "redis-server", "fakeredis"]),
+)  # fmt: skip
+@handle_errors
+def demo(
+    speedup: float,
+    duration: float,
+    start: float,
+    traces: tuple[str, ...],
+    fleet: str | None,
+    tenants: int,
+    seed: int,
+    out_dir: str,
+    redis_kind: str,
+) -> None:
+    """Run everything on an embedded Redis, replaying the real Azure LLM traces."""
+    from pathlib import Path
+
+    from inferq.demo import DEMO_FLEET, DemoOptions, run_demo
+
+    opts = DemoOptions(
+        speedup=speedup,
+        duration_s=duration,
+        start_s=start,
+        traces=traces or ("conv", "code"),
+        fleet=fleet or DEMO_FLEET,
+        tenants=tenants,
+        seed=seed,
+        out_dir=Path(out_dir),
+        redis=redis_kind,
+    )
+    try:
+        run_demo(opts, console)
+    except KeyboardInterrupt:
+        err_console.print("interrupted: everything the demo started was stopped")
+        sys.exit(130)
+
+
 def _pairs(option: str, values: tuple[str, ...]) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in values:

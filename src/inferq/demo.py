@@ -1,0 +1,547 @@
+"""``inferq demo``: the whole system on an embedded Redis, replaying the real Azure traces.
+
+What runs (one process tree; everything is stopped on exit, Ctrl-C included):
+
+- an embedded Redis (:mod:`inferq.embedded`);
+- one dispatcher and one scaler (local backend) as subprocesses; the scaler's
+  minimum pools start the initial mixed fleet of simulated workers (8B models on
+  24 GiB cards, a 70B model on an 80 GiB card) and adds or drains workers as
+  the backlog moves;
+- this process replays the workload at ``speedup`` x real time and samples the
+  queues and the fleet twice a second.
+
+Workload (the simulator's, :func:`inferq.sim.workload.build_requests`): the
+conversation trace -> ``realtime`` on ``llama-3.1-8b``; the code trace ->
+``standard`` on ``>=8b`` (served by the smallest adequate model that has room);
+a synthetic bulk ``batch`` job -> ``llama-3.1-70b``, drawn from the code trace's
+token counts (``defaults.SIM_BATCH_SHARE`` of the requests, arriving
+``defaults.SIM_BATCH_AT_FRACTION`` into the window, marked ``synthetic``).
+Tenants follow the documented Zipf skew (:func:`inferq.traces.assign_tenants`).
+
+Time is compressed: arrivals, the sim backend's latencies, class SLAs,
+timeouts, batching delays, aging bounds and the scaler's idle time all shrink by
+``speedup``; reported durations are multiplied back into trace time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from inferq import defaults
+from inferq.client import Client
+from inferq.config import Settings
+from inferq.embedded import EmbeddedRedis
+from inferq.errors import ConfigError
+from inferq.reporting import Outcome, class_summary
+from inferq.sim.workload import SimRequest, build_requests
+from inferq.store import Store, connect
+from inferq.traces import load_trace, synthetic_batch, window
+
+#: Default fleet: ``model:count@vram_mib`` (24 GiB L4/A10-class cards for 8B, an 80 GiB
+#: H100 for 70B) and how far the scaler may grow each model.
+DEMO_FLEET = "llama-3.1-8b:3@24576,llama-3.1-70b:1@81920"
+DEMO_MAX_EXTRA = 3
+#: Routes of the demo's classes (see the module docstring).
+DEMO_ROUTES = {"realtime": "llama-3.1-8b", "standard": ">=8b", "batch": "llama-3.1-70b"}
+
+
+@dataclass(frozen=True)
+class FleetEntry:
+    """``model:count@vram_mib`` of the demo's fleet."""
+
+    model: str
+    count: int
+    vram_mib: int
+
+
+def parse_fleet(text: str, settings: Settings) -> list[FleetEntry]:
+    """Parse ``"llama-3.1-8b:3@24576,llama-3.1-70b:1@81920"``.
+
+    Raises:
+        ConfigError: a part is malformed, names an unknown model, or the card is too small.
+    """
+    out: list[FleetEntry] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        head, _, vram = part.partition("@")
+        model, _, count = head.partition(":")
+        try:
+            entry = FleetEntry(model, int(count or 1), int(vram or defaults.SIM_VRAM_MIB))
+        except ValueError:
+            raise ConfigError(f"workers: {part!r} is not model:count@vram_mib") from None
+        spec = settings.model_by_name.get(model)
+        if spec is None:
+            raise ConfigError(f"workers: unknown model {model!r}")
+        if entry.count < 0:
+            raise ConfigError(f"workers: {part!r} has a negative count")
+        spec.kv_cache_mib(entry.vram_mib)  # raises when the weights do not fit
+        out.append(entry)
+    if not out:
+        raise ConfigError("workers: the fleet is empty")
+    return out
+
+
+@dataclass
+class DemoOptions:
+    """Options of ``inferq demo`` (durations in trace seconds)."""
+
+    speedup: float = 10.0
+    duration_s: float = 600.0
+    start_s: float = 0.0
+    traces: tuple[str, ...] = ("conv", "code")
+    fleet: str = DEMO_FLEET
+    tenants: int = defaults.TRACE_TENANTS
+    seed: int = 0
+    out_dir: Path = field(default_factory=Path.cwd)
+    redis: str = "auto"
+    drain_wait_s: float = 120.0
+
+
+def build_workload(opts: DemoOptions, settings: Settings) -> list[SimRequest]:
+    """The demo's requests, sorted by arrival (trace seconds from 0)."""
+    classes = ("realtime", "standard")
+    tagged: list[tuple[str | None, Any]] = []
+    rows_by_trace = {}
+    for cls, name in zip(classes, opts.traces, strict=False):
+        rows = window(load_trace(name), opts.start_s, opts.duration_s)
+        rows_by_trace[cls] = rows
+        route = DEMO_ROUTES[cls]
+        tagged += [(cls, dataclasses.replace(r, model=route)) for r in rows]
+    pool = rows_by_trace.get("standard") or rows_by_trace.get("realtime") or []
+    n_batch = round(len(tagged) * defaults.SIM_BATCH_SHARE)
+    if pool and n_batch:
+        at = opts.duration_s * defaults.SIM_BATCH_AT_FRACTION
+        bulk = synthetic_batch(pool, n_batch, at, opts.seed)
+        tagged += [("batch", dataclasses.replace(r, model=DEMO_ROUTES["batch"])) for r in bulk]
+    return build_requests(tagged, settings, tenants=opts.tenants, seed=opts.seed)
+
+
+def compressed(settings: Settings, speedup: float) -> Settings:
+    """Settings with every class duration divided by ``speedup``."""
+    classes = [
+        c.model_copy(
+            update={
+                "sla_s": c.sla_s / speedup,
+                "timeout_s": c.timeout_s / speedup,
+                "batch_delay_s": c.batch_delay_s / speedup,
+                "aging_s": None if c.aging_s is None else c.aging_s / speedup,
+                "degrade_after_s": c.degrade_after_s / speedup,
+            }
+        )
+        for c in settings.classes
+    ]
+    return settings.model_copy(update={"classes": classes})
+
+
+def child_env(settings: Settings) -> dict[str, str]:
+    """Environment that gives a subprocess exactly these settings."""
+    env = dict(os.environ)
+    env.pop("INFERQ_CONFIG", None)
+    env["INFERQ_REDIS_URL"] = settings.redis_url
+    env["INFERQ_NAMESPACE"] = settings.namespace
+    env["INFERQ_CLASSES"] = json.dumps([c.model_dump() for c in settings.classes])
+    env["INFERQ_MODELS"] = json.dumps([m.model_dump() for m in settings.models])
+    return env
+
+
+class Processes:
+    """Subprocesses of the demo, stopped in reverse order on :meth:`stop`."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def start(self, name: str, args: Sequence[str], env: dict[str, str]) -> None:
+        log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - closed by the child's exit
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "inferq", *args], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        self.procs.append((name, proc))
+
+    def check(self) -> None:
+        """Raise when a component died (its log says why)."""
+        for name, proc in self.procs:
+            if proc.poll() is not None:
+                raise ConfigError(
+                    f"{name} exited with code {proc.returncode}; see {self.log_dir / name}.log"
+                )
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM each (the scaler drains its workers), then kill what is left."""
+        for _, proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for _, proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@dataclass
+class Sample:
+    """One sample of the system, wall seconds since the replay started."""
+
+    t: float
+    queued: dict[str, int]
+    workers: dict[str, int]
+    starting: dict[str, int]
+    utilisation: float
+
+
+class Sampler(threading.Thread):
+    """Samples queues and fleet twice a second into :attr:`samples`."""
+
+    def __init__(self, store: Store, t0: float, period_s: float = 0.5) -> None:
+        super().__init__(name="demo-sampler", daemon=True)
+        self.store, self.t0, self.period_s = store, t0, period_s
+        self.samples: list[Sample] = []
+        self.stop_event = threading.Event()
+
+    def sample(self) -> Sample:
+        queued: dict[str, int] = {}
+        for cls, _, n, _ in self.store.queue_depths():
+            queued[cls] = queued.get(cls, 0) + n
+        infos, _ = self.store.workers()
+        ready: dict[str, int] = {}
+        starting: dict[str, int] = {}
+        slots = used = 0
+        for w in infos:
+            target = ready if w.state.value == "ready" else starting
+            target[w.model] = target.get(w.model, 0) + 1
+            slots += w.slots
+            used += min(w.slots, w.in_flight)
+        return Sample(
+            time.monotonic() - self.t0, queued, ready, starting, used / slots if slots else 0
+        )
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.period_s):
+            try:
+                self.samples.append(self.sample())
+            except Exception:  # a missed sample is not worth stopping the demo
+                continue
+
+
+def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[str, Any]:
+    """Run the demo end to end; returns the report (also written as JSON and PNG).
+
+    Raises:
+        ConfigError: bad options, or a component died.
+    """
+    console = console or Console()
+    base = Settings.load()
+    if opts.speedup <= 0:
+        raise ConfigError("speedup: must be > 0")
+    if opts.duration_s <= 0:
+        raise ConfigError("duration: must be > 0 seconds of trace")
+    fleet = parse_fleet(opts.fleet, base)
+    workload = build_workload(opts, base)
+    if not workload:
+        raise ConfigError("the chosen trace window holds no requests")
+    opts.out_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = Path(tempfile.mkdtemp(prefix="inferq-demo-"))
+    console.print(
+        f"[bold]inferq demo[/bold]: {len(workload)} requests from "
+        f"{opts.duration_s:g} s of the Azure traces, at {opts.speedup:g}x "
+        f"(~{opts.duration_s / opts.speedup:.0f} s); logs in {log_dir}"
+    )
+    with EmbeddedRedis(opts.redis) as server:
+        settings = compressed(base, opts.speedup).model_copy(
+            update={"redis_url": server.url, "namespace": "demo"}
+        )
+        procs = Processes(log_dir)
+        try:
+            return _run(opts, settings, fleet, workload, procs, console, server.kind)
+        finally:
+            with console.status("stopping the dispatcher, the scaler and its workers"):
+                procs.stop()
+
+
+def _run(
+    opts: DemoOptions,
+    settings: Settings,
+    fleet: list[FleetEntry],
+    workload: list[SimRequest],
+    procs: Processes,
+    console: Console,
+    redis_kind: str,
+) -> dict[str, Any]:
+    store = Store(connect(settings.redis_url), settings)
+    client = Client(settings=settings, connection=store.redis)
+    env = child_env(settings)
+    procs.start("dispatcher", ["--log-level", "INFO", "dispatcher"], env)
+    procs.start("scaler", ["--log-level", "INFO", "scaler", *scaler_args(opts, fleet)], env)
+    initial = sum(f.count for f in fleet)
+    with console.status(f"starting {initial} workers on {redis_kind}"):
+        deadline = time.monotonic() + 60
+        while len([w for w in store.workers()[0] if w.state.value == "ready"]) < initial:
+            procs.check()
+            if time.monotonic() > deadline:
+                raise ConfigError("the initial fleet did not become ready within 60 s")
+            time.sleep(0.2)
+
+    t0 = time.monotonic()
+    t0_redis = store.now()
+    sampler = Sampler(store, t0)
+    sampler.start()
+    ids = _replay(opts, client, workload, procs, sampler, console, t0)
+    _wait_final(opts, store, ids, procs, console)
+    sampler.stop_event.set()
+    wall = time.monotonic() - t0
+    report = _report(opts, settings, store, workload, ids, sampler.samples, wall, t0_redis)
+    report["redis"] = redis_kind
+    _print_report(report, console)
+    _write(report, sampler.samples, opts, console)
+    return report
+
+
+def scaler_args(opts: DemoOptions, fleet: list[FleetEntry]) -> list[str]:
+    """Arguments of the demo's ``inferq scaler`` (local backend, compressed idle time)."""
+    args = [
+        "--backend", "local",
+        "--interval", f"{max(0.5, 5.0 / opts.speedup):.2f}",
+        "--idle-s", f"{defaults.SCALE_IDLE_S / opts.speedup:.1f}",
+        "--worker-option", f"time_scale={1.0 / opts.speedup:.6f}",
+    ]  # fmt: skip
+    for f in fleet:
+        args += ["--pool", f"{f.model}={f.count}:{f.count + DEMO_MAX_EXTRA}"]
+        args += ["--vram-mib", f"{f.model}={f.vram_mib}"]
+    return args
+
+
+def _prompt(tokens: int) -> str:
+    # "tok " is 4 characters: one token for the fast estimate (4 characters per token).
+    return "tok " * max(1, tokens)
+
+
+def _replay(
+    opts: DemoOptions,
+    client: Client,
+    workload: list[SimRequest],
+    procs: Processes,
+    sampler: Sampler,
+    console: Console,
+    t0: float,
+) -> list[str]:
+    ids: list[str] = []
+    progress = Progress(
+        TextColumn("replaying"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(), console=console,
+    )  # fmt: skip
+    task = progress.add_task("replay", total=len(workload))
+    i = 0
+    with Live(Group(progress, _live_table(None)), console=console, refresh_per_second=4) as live:
+        while i < len(workload):
+            now = (time.monotonic() - t0) * opts.speedup
+            due = []
+            while i < len(workload) and workload[i].arrival_s <= now:
+                due.append(workload[i])
+                i += 1
+            if due:
+                handles = client.submit_many(
+                    {
+                        "prompt": _prompt(r.prompt_tokens),
+                        "model": r.route,
+                        "priority": r.priority,
+                        "tenant": r.tenant,
+                        "max_tokens": r.max_tokens,
+                        "params": {"sim_output_tokens": r.output_tokens},
+                    }
+                    for r in due
+                )
+                ids += [h.id for h in handles]
+                progress.update(task, completed=i)
+            procs.check()
+            live.update(
+                Group(progress, _live_table(sampler.samples[-1] if sampler.samples else None))
+            )
+            if i < len(workload):
+                wait = (workload[i].arrival_s / opts.speedup) - (time.monotonic() - t0)
+                time.sleep(min(max(wait, 0.0), 0.25))
+    return ids
+
+
+def _live_table(sample: Sample | None) -> Table:
+    table = Table.grid(padding=(0, 3))
+    if sample is None:
+        table.add_row("waiting for the first sample")
+        return table
+    queued = " ".join(f"{c} {n}" for c, n in sorted(sample.queued.items())) or "none"
+    workers = " ".join(f"{m} {n}" for m, n in sorted(sample.workers.items()))
+    starting = " ".join(f"{m} {n}" for m, n in sorted(sample.starting.items()))
+    table.add_row("queued", queued)
+    table.add_row("workers ready", workers + (f"  (starting: {starting})" if starting else ""))
+    table.add_row("slots busy", f"{sample.utilisation:.0%}")
+    return table
+
+
+def _wait_final(
+    opts: DemoOptions, store: Store, ids: list[str], procs: Processes, console: Console
+) -> None:
+    deadline = time.monotonic() + opts.drain_wait_s
+    with console.status("waiting for the last requests") as status:
+        while time.monotonic() < deadline:
+            procs.check()
+            records = store.records(ids[-2000:])
+            open_ = [r for r in records if r is not None and not r.state.final]
+            status.update(f"waiting for the last requests ({len(open_)} in flight)")
+            if not open_ and all(r is not None and r.state.final for r in store.records(ids)):
+                return
+            time.sleep(0.5)
+
+
+def _report(
+    opts: DemoOptions,
+    settings: Settings,
+    store: Store,
+    workload: list[SimRequest],
+    ids: list[str],
+    samples: list[Sample],
+    wall_s: float,
+    t0_redis: float,
+) -> dict[str, Any]:
+    outcomes: list[Outcome] = []
+    unfinished = 0
+    for start in range(0, len(ids), 1000):
+        for rec in store.records(ids[start : start + 1000]):
+            if rec is None or not rec.state.final:
+                unfinished += 1
+                continue
+            t = rec.timings
+            outcomes.append(
+                Outcome(
+                    priority=rec.request.priority,
+                    status=rec.state.value,
+                    queue_wait_s=t.queue_wait_s,
+                    ttft_s=t.ttft_s,
+                    e2e_s=t.e2e_s,
+                    tenant=rec.request.tenant,
+                )
+            )
+    sla = {c.name: c.sla_s * opts.speedup for c in settings.classes}
+    scale_events = [
+        {"type": e.type, "at_s": round((e.at - t0_redis) * opts.speedup, 1), **e.fields}
+        for e in store.events(count=100_000)
+        if e.type in ("scale_up", "scale_down")
+    ]
+    stats = store.stats()
+    util = [s.utilisation for s in samples]
+    return {
+        "trace_window_s": opts.duration_s,
+        "speedup": opts.speedup,
+        "wall_s": round(wall_s, 1),
+        "requests": len(workload),
+        "submitted": len(ids),
+        "unfinished": unfinished,
+        "lost": len(workload) - len(ids),
+        "classes": class_summary(outcomes, sla, scale=opts.speedup),
+        "sla_s": sla,
+        "worker_utilisation_mean": sum(util) / len(util) if util else None,
+        "scale_events": len(scale_events),
+        "scale_events_detail": scale_events,
+        "retries": stats.get("retried", 0),
+        "expired": stats.get("expired", 0),
+        "failed": stats.get("failed", 0),
+        "dead_letter": len(store.dead_letters(100_000)),
+    }
+
+
+def _print_report(report: dict[str, Any], console: Console) -> None:
+    table = Table(
+        title=f"inferq demo: {report['requests']} requests, "
+        f"{report['trace_window_s']:g} s of trace in {report['wall_s']:g} s "
+        f"(latencies in trace seconds)"
+    )
+    for col in (
+        "class",
+        "requests",
+        "SLA (TTFT)",
+        "attained",
+        "wait p50",
+        "wait p99",
+        "e2e p50",
+        "e2e p99",
+        "expired",
+        "failed",
+    ):
+        table.add_column(col, justify="right" if col != "class" else "left")
+
+    def s(v: Any) -> str:
+        return "-" if v is None else f"{v:.2f}s"
+
+    for cls, st in report["classes"].items():
+        table.add_row(
+            cls, str(st["requests"]), s(report["sla_s"][cls]), f"{st['sla_attainment']:.1%}",
+            s(st["queue_wait_p50_s"]), s(st["queue_wait_p99_s"]), s(st["e2e_p50_s"]),
+            s(st["e2e_p99_s"]), str(st["expired"]), str(st["failed"]),
+        )  # fmt: skip
+    console.print(table)
+    util = report["worker_utilisation_mean"]
+    console.print(
+        f"worker slot utilisation {util:.0%}" if util is not None else "no utilisation samples",
+        f"| scale events {report['scale_events']} | retries {report['retries']} "
+        f"| expired {report['expired']} | failed {report['failed']} "
+        f"| unfinished {report['unfinished']} | lost {report['lost']}",
+    )
+
+
+def _write(
+    report: dict[str, Any], samples: list[Sample], opts: DemoOptions, console: Console
+) -> None:
+    json_path = opts.out_dir / "inferq-demo-report.json"
+    json_path.write_text(json.dumps(report, indent=2, default=str))
+    png = opts.out_dir / "inferq-demo.png"
+    plot(samples, opts.speedup, png)
+    console.print(f"report: {json_path}  plot: {png}")
+
+
+def plot(samples: list[Sample], speedup: float, path: Path) -> None:
+    """Queue depth per class, workers per model and slot utilisation over trace time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [s.t * speedup for s in samples]
+    fig, axes = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
+    classes = sorted({c for s in samples for c in s.queued})
+    for cls in classes:
+        axes[0].plot(t, [s.queued.get(cls, 0) for s in samples], label=cls)
+    axes[0].set_ylabel("queued requests")
+    axes[0].legend(loc="upper right")
+    models = sorted({m for s in samples for m in (*s.workers, *s.starting)})
+    for model in models:
+        axes[1].step(
+            t, [s.workers.get(model, 0) for s in samples], where="post", label=f"{model} ready"
+        )
+        axes[1].step(t, [s.starting.get(model, 0) for s in samples], where="post",
+                     linestyle=":", label=f"{model} starting/draining")  # fmt: skip
+    axes[1].set_ylabel("workers")
+    axes[1].legend(loc="upper right", fontsize="small")
+    axes[2].plot(t, [100 * s.utilisation for s in samples], color="tab:green")
+    axes[2].set_ylabel("slots busy %")
+    axes[2].set_ylim(0, 100)
+    axes[2].set_xlabel("trace time (s)")
+    fig.suptitle("inferq demo: Azure LLM traces (2023)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,83 @@
+"""Run reports: per-class SLA attainment and latency percentiles, shared by the demo and tools.
+
+Pure functions over per-request outcomes (no I/O). SLA attainment is the share
+of a class's requests that *succeeded* with a time to first token within the
+class SLA; expired, failed and cancelled requests count as missed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One finished request as a report sees it (seconds; None = not reached)."""
+
+    priority: str
+    status: str
+    queue_wait_s: float | None
+    ttft_s: float | None
+    e2e_s: float | None
+    tenant: str = ""
+    tokens: int = 0
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in 0..100) of ``values``; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def class_summary(
+    outcomes: Iterable[Outcome], sla_s: Mapping[str, float], scale: float = 1.0
+) -> dict[str, dict[str, float | int | None]]:
+    """Per class: counts by status, SLA attainment and p50/p99 waits and latencies.
+
+    Args:
+        outcomes: finished requests.
+        sla_s: class -> TTFT SLA, seconds (in the same time base as the outcomes x ``scale``).
+        scale: multiplies every duration (the demo passes its speedup to report in
+            trace time).
+
+    Returns:
+        class -> {"requests", "succeeded", "expired", "failed", "cancelled",
+        "sla_attainment" (0..1), "queue_wait_p50_s", "queue_wait_p99_s", "ttft_p50_s",
+        "ttft_p99_s", "e2e_p50_s", "e2e_p99_s"}, in ``sla_s`` order.
+    """
+    by_class: dict[str, list[Outcome]] = {c: [] for c in sla_s}
+    for o in outcomes:
+        by_class.setdefault(o.priority, []).append(o)
+    out: dict[str, dict[str, float | int | None]] = {}
+    for cls, rows in by_class.items():
+        if not rows:
+            continue
+        sla = sla_s.get(cls, math.inf)
+        met = sum(
+            1
+            for o in rows
+            if o.status == "succeeded" and o.ttft_s is not None and o.ttft_s * scale <= sla
+        )
+        stats: dict[str, float | int | None] = {"requests": len(rows)}
+        for status in ("succeeded", "expired", "failed", "cancelled"):
+            stats[status] = sum(1 for o in rows if o.status == status)
+        stats["sla_attainment"] = met / len(rows)
+        for name in ("queue_wait", "ttft", "e2e"):
+            values = [v * scale for o in rows if (v := getattr(o, f"{name}_s")) is not None]
+            stats[f"{name}_p50_s"] = percentile(values, 50)
+            stats[f"{name}_p99_s"] = percentile(values, 99)
+        out[cls] = stats
+    return out
+
+
+def jain_index(shares: Iterable[float]) -> float | None:
+    """Jain's fairness index (sum x)^2 / (n * sum x^2): 1 = equal, 1/n = one takes all."""
+    values = list(shares)
+    if not values or not any(values):
+        return None
+    return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
