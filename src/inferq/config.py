@@ -15,6 +15,16 @@ Priority classes, models and classifier rules are tables in the TOML file::
     params_b = 8
     weights_mib = 15300
     kv_bytes_per_token = 131072
+
+The scaler reads the ``[scaling]`` table (see :class:`ScalingSettings`)::
+
+    [scaling]
+    gpu_budget = 8
+    idle_s = 300
+
+    [scaling.pools."llama-3.1-8b"]
+    min_workers = 1
+    max_workers = 4
 """
 
 from __future__ import annotations
@@ -122,6 +132,42 @@ class ClassifierRule(BaseModel):
     model: str | None = None
 
 
+class ScalingPool(BaseModel):
+    """Bounds of one model's worker pool (``inferq scaler --pool MODEL=MIN:MAX``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    min_workers: int = Field(default=defaults.SCALE_MIN_WORKERS, ge=0)
+    max_workers: int = Field(default=defaults.SCALE_MAX_WORKERS, ge=1)
+    gpus_per_worker: int = Field(default=defaults.SCALE_GPUS_PER_WORKER, ge=0)
+
+    @model_validator(mode="after")
+    def _min_below_max(self) -> ScalingPool:
+        if self.min_workers > self.max_workers:
+            raise ValueError(
+                f"min_workers ({self.min_workers}) must be <= max_workers ({self.max_workers})"
+            )
+        return self
+
+
+class ScalingSettings(BaseModel):
+    """The scaler's ``[scaling]`` table; every default is in :mod:`inferq.defaults`.
+
+    ``pools`` lists the models the scaler manages, highest priority first (the
+    order in which scale-ups get GPUs under ``gpu_budget``); when empty it manages
+    every registry model with the default bounds. Times are seconds.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    pools: dict[str, ScalingPool] = Field(default_factory=dict)
+    gpu_budget: int | None = Field(default=None, ge=0, description="GPUs all pools share")
+    idle_s: float = Field(default=defaults.SCALE_IDLE_S, ge=0)
+    up_cooldown_s: float = Field(default=defaults.SCALE_UP_COOLDOWN_S, ge=0)
+    down_cooldown_s: float = Field(default=defaults.SCALE_DOWN_COOLDOWN_S, ge=0)
+    interval_s: float = Field(default=defaults.SCALER_INTERVAL_S, gt=0)
+
+
 def _default_classes() -> list[PriorityClass]:
     return [
         PriorityClass(
@@ -215,6 +261,7 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = Field(default=defaults.HEARTBEAT_INTERVAL_S, gt=0)
     lease_s: float = Field(default=defaults.LEASE_S, gt=0)
     chars_per_token: float = Field(default=defaults.CHARS_PER_TOKEN, gt=0)
+    scaling: ScalingSettings = Field(default_factory=ScalingSettings)
 
     @field_validator("classes")
     @classmethod
@@ -247,6 +294,9 @@ class Settings(BaseSettings):
         for task, rule in self.classifier.items():
             if rule.priority not in classes:
                 raise ValueError(f"classifier[{task!r}]: unknown priority {rule.priority!r}")
+        for pool in self.scaling.pools:
+            if pool not in models:
+                raise ValueError(f"scaling.pools[{pool!r}]: model is not in the registry")
         return self
 
     @classmethod

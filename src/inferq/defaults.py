@@ -183,3 +183,26 @@ SIM_BATCH_AT_FRACTION = 0.25
 #: ``static-fifo`` is provisioned for the busiest window of this length of the trace:
 #: sizing for the peak minute is the common capacity-planning rule for interactive load.
 SIM_PEAK_WINDOW_S = 60.0
+
+# --- scaler daemon (issue #5; inferq.scaler) ---
+#: Lease of the acting scaler replica, seconds: three decisions at the default 5 s
+#: interval, so a replica that dies is replaced within ~15 s and one slow decision
+#: (a backend call taking a few seconds) does not hand the lease over.
+SCALER_LEASE_S = 15.0
+#: Arrival rates and mean service times are measured over this much of the events
+#: stream, seconds: two decisions. The policy's Holt smoothing (15 s level) does the
+#: averaging, so the window only has to hold enough events (10 at 1 req/s).
+SCALER_RATE_WINDOW_S = 10.0
+#: Most events read per decision: ``Store.event_rates``' cap (2,000 req/s over 10 s).
+SCALER_EVENTS_CAP = 20_000
+#: A launched worker that has not registered within this many seconds failed to
+#: start (it is stopped and no longer counted as capacity on its way): the worker's
+#: own wait for its model server (BACKEND_LOAD_TIMEOUT_S, 600 s) plus a minute.
+SCALER_START_TIMEOUT_S = 660.0
+#: ``local`` backend: seconds ``stop`` waits for a drained, deregistered worker to
+#: exit on its own before signalling it (it leaves within a second of deregistering).
+LOCAL_STOP_TIMEOUT_S = 10.0
+#: ``local`` backend: seconds ``close`` gives each worker to drain after SIGTERM
+#: before handing its in-flight requests back (a second SIGTERM): two minutes covers
+#: a 4,096-token answer at 40 tokens/s.
+LOCAL_DRAIN_TIMEOUT_S = 120.0

@@ -35,6 +35,8 @@ P wake                          list    dispatcher wake-up tokens
 P estimates                     hash    ``<model>|<task>`` -> moving output-token mean
 P scaler:lease                  string  the acting scaler replica's id
 P scaler:desired                hash    model -> desired workers (metrics mode)
+P scaler:state                  hash    model -> JSON of its scaling state (trend, cooldowns)
+P scaler:workers                hash    worker id -> JSON of the scaler's tracking (idle, drain)
 ==============================  ======  =============================================
 """
 
@@ -155,6 +157,14 @@ class Keys:
     @property
     def scaler_desired(self) -> str:
         return f"{self.prefix}scaler:desired"
+
+    @property
+    def scaler_state(self) -> str:
+        return f"{self.prefix}scaler:state"
+
+    @property
+    def scaler_workers(self) -> str:
+        return f"{self.prefix}scaler:workers"
 
 
 def count_field_class(priority: str) -> str:

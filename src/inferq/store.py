@@ -54,6 +54,7 @@ SCRIPTS = (
     "reap_leases",
     "dead_requeue",
     "quarantine",
+    "scaler_lease",
 )
 
 #: Errors meaning "Redis is not reachable right now" (retried with backoff by daemons).
@@ -703,6 +704,100 @@ class Store:
     def desired_workers(self) -> dict[str, int]:
         """The scaler's latest desired worker count per model."""
         return {m: int(n) for m, n in self.redis.hgetall(self.keys.scaler_desired).items()}
+
+    # --- scaler side ----------------------------------------------------------
+
+    def hold_scaler_lease(self, replica_id: str, ttl_s: float) -> bool:
+        """Take or renew the acting scaler's lease for ``ttl_s`` seconds.
+
+        Returns True when ``replica_id`` holds it now, False when another replica does.
+        """
+        ttl_ms = max(1, round(ttl_s * 1000))
+        return bool(self._run("scaler_lease", [self.keys.scaler_lease], [replica_id, ttl_ms]))
+
+    def release_scaler_lease(self, replica_id: str) -> bool:
+        """Give the lease up if ``replica_id`` holds it (so another replica takes over at once)."""
+        return bool(self._run("scaler_lease", [self.keys.scaler_lease], [replica_id, 0]))
+
+    def scaler_hash(self, key: str) -> dict[str, str]:
+        """One of the scaler's hashes (``keys.scaler_state``, ``keys.scaler_workers``).
+
+        Raises:
+            CorruptRecord: the key holds another type than a hash.
+        """
+        try:
+            return dict(self.redis.hgetall(key))
+        except redis.ResponseError as exc:
+            raise CorruptRecord(key, f"not a hash: {exc}") from None
+
+    def save_scaler(
+        self,
+        state: dict[str, str],
+        workers: dict[str, str],
+        desired: dict[str, int] | None,
+    ) -> None:
+        """Replace the scaler's state, worker tracking and (unless None) desired counts.
+
+        One MULTI/EXEC, so a reader never sees half of a decision's state.
+        """
+        k = self.keys
+        pipe = self.redis.pipeline(transaction=True)
+        hashes: list[tuple[str, dict[str, Any]]] = [
+            (k.scaler_state, state),
+            (k.scaler_workers, workers),
+        ]
+        if desired is not None:
+            hashes.append((k.scaler_desired, dict(desired)))
+        for key, mapping in hashes:
+            pipe.delete(key)
+            if mapping:
+                pipe.hset(key, mapping=mapping)
+        pipe.execute()
+
+    def worker_reservations(self, worker_ids: Sequence[str]) -> dict[str, int]:
+        """Slots reserved by assigned work (``load:<id>``), per worker; 0 when unreadable."""
+        pipe = self.redis.pipeline(transaction=False)
+        for wid in worker_ids:
+            pipe.hget(self.keys.load(wid), "slots")
+        out: dict[str, int] = {}
+        for wid, raw in zip(worker_ids, pipe.execute(), strict=True):
+            try:
+                out[wid] = max(0, int(float(raw or 0)))
+            except ValueError:
+                out[wid] = 0
+        return out
+
+    def worker_registered(self, worker_id: str) -> bool:
+        """True while the worker's heartbeat hash exists (it has not left or lapsed)."""
+        return bool(self.redis.exists(self.keys.worker(worker_id)))
+
+    def output_estimates(self) -> dict[tuple[str, str], float]:
+        """Moving means of generated tokens: (model, task_type or '') -> tokens."""
+        return _parse_estimates(self.redis.hgetall(self.keys.estimates))
+
+    def scale_event(
+        self,
+        kind: Literal["scale_up", "scale_down"],
+        model: str,
+        before: int,
+        after: int,
+        reasons: Sequence[str],
+        workers: Sequence[str],
+    ) -> None:
+        """Record a scale action on the events stream (``from``/``to`` are worker counts)."""
+        self.redis.xadd(
+            self.keys.events,
+            {
+                "type": kind,
+                "model": model,
+                "from": before,
+                "to": after,
+                "reason": "; ".join(reasons),
+                "workers": ",".join(workers),
+            },
+            maxlen=self.settings.events_maxlen,
+            approximate=True,
+        )
 
     def quarantined(self) -> dict[str, str]:
         """Quarantined keys and why."""
