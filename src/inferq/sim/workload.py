@@ -17,14 +17,15 @@ Ids are ``r0000000``, ``r0000001``... in arrival order, so ordering by
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from inferq import defaults
 from inferq.config import ModelSpec, Settings
 from inferq.errors import ConfigError, InvalidRequest
 from inferq.routes import check_known, parse_route
-from inferq.traces import TraceRequest, assign_tenants
+from inferq.traces import TraceRequest, assign_tenants, load_trace, synthetic_batch, window
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,3 +127,87 @@ def _route_spec(route: str, settings: Settings) -> ModelSpec | None:
         return check_known(parse_route(route), settings.models)[0]
     except InvalidRequest:
         return None
+
+
+# --- the command line's workload ----------------------------------------------------
+
+#: Classes of the bundled traces when ``--trace`` names none: conversations are
+#: interactive (``realtime``), code completions ``standard``.
+BUNDLED_CLASSES = {"conv": "realtime", "code": "standard"}
+
+
+@dataclass(frozen=True, slots=True)
+class TraceSource:
+    """A ``--trace`` value: a bundled name (``conv``, ``code``) or a path, and its class.
+
+    ``priority`` None means: :data:`BUNDLED_CLASSES` for a bundled trace, else the
+    rows' own class or ``Settings.default_priority``.
+    """
+
+    name: str
+    priority: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> TraceSource:
+        """``"conv"``, ``"code=standard"``, ``"path/to/trace.csv=batch"``.
+
+        Raises:
+            ConfigError: the text is empty or the class part is empty.
+        """
+        name, sep, priority = text.rpartition("=") if "=" in text else (text, "", "")
+        if not name.strip() or (sep and not priority.strip()):
+            raise ConfigError(f"trace: {text!r} is not NAME_OR_PATH[=CLASS]")
+        return cls(name.strip(), priority.strip() or BUNDLED_CLASSES.get(name.strip()))
+
+
+def assemble(
+    sources: Sequence[TraceSource],
+    settings: Settings,
+    *,
+    duration_s: float | None = None,
+    batch_requests: int | None = 0,
+    tenants: int = defaults.TRACE_TENANTS,
+    seed: int = 0,
+    model: str | None = None,
+) -> list[SimRequest]:
+    """Load traces, keep their first ``duration_s``, add a synthetic batch job, build requests.
+
+    The batch job (:func:`inferq.traces.synthetic_batch`) has ``batch_requests``
+    requests (None: ``defaults.SIM_BATCH_SHARE`` of the trace rows) whose token
+    counts are drawn from every loaded row; it arrives
+    within one second, ``defaults.SIM_BATCH_AT_FRACTION`` into the window, in
+    the lowest configured class. (The demo draws its job from the code trace only.)
+
+    Raises:
+        TraceError, FileNotFoundError: a trace does not load.
+        ConfigError: a class, the model or ``batch_requests`` is invalid.
+    """
+    if batch_requests is not None and batch_requests < 0:
+        raise ConfigError(f"batch_requests: must be >= 0, got {batch_requests}")
+    tagged: list[tuple[str | None, TraceRequest]] = []
+    pool: list[TraceRequest] = []
+    for src in sources:
+        rows = load_trace(src.name)
+        if duration_s is not None:
+            rows = window(rows, 0.0, duration_s)
+        pool += rows
+        tagged += [(src.priority, r) for r in rows]
+    if batch_requests is None:
+        batch_requests = round(len(pool) * defaults.SIM_BATCH_SHARE)
+    if batch_requests and pool:
+        span = duration_s if duration_s is not None else max(r.arrival_s for r in pool)
+        at = span * defaults.SIM_BATCH_AT_FRACTION
+        lowest = settings.classes[-1].name
+        tagged += [(lowest, r) for r in synthetic_batch(pool, batch_requests, at, seed)]
+    return build_requests(tagged, settings, model=model, tenants=tenants, seed=seed)
+
+
+def scale_requests(requests: Sequence[SimRequest], factor: float) -> list[SimRequest]:
+    """Arrival rate x ``factor``: every arrival time divided by it (tokens unchanged).
+
+    Raises:
+        ValueError: ``factor`` is not a positive finite number.
+    """
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"rate scale: must be a positive finite number, got {factor}")
+    return [replace(r, arrival_s=r.arrival_s / factor) for r in requests]

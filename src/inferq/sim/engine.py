@@ -1,0 +1,863 @@
+"""The discrete-event loop: requests, a fleet and a policy in virtual time.
+
+:func:`simulate` replays a list of :class:`~inferq.sim.workload.SimRequest`
+through one :class:`~inferq.sim.policies.SimPolicy` and returns a
+:class:`SimResult`: every request's outcome, the ordered assignment log, scale
+events, periodic samples and the workers' accounting.
+
+What happens at one instant ``t`` (all events due at ``t`` are taken together):
+
+1. arrivals join their ``(class, route)`` queue with ``deadline = t + class.timeout_s``;
+   completions free their slot and KV-cache MiB, fold the generated tokens into
+   the ``(model, task_type)`` output estimate (``update_moving_mean``, as the
+   worker does) and stop a draining worker that became idle; a starting worker
+   whose cold start has passed becomes ready;
+2. queued requests whose deadline has come expire (the dispatcher's
+   ``expire_due``); the outcome's end time is the deadline itself;
+3. if anything changed and some ready worker has a free slot, one dispatch
+   decision: a :class:`~inferq.policy.snapshot.Snapshot` is built (per
+   ``(class, route)`` queue the ``queue_head`` oldest requests, as
+   ``Store.dispatch_view`` reads them; every live worker with its reservations;
+   the fairness state; the backlogged tenants; the output estimates) and
+   handed to the policy (``decide`` or FIFO). The decision is applied as the
+   dispatcher and ``Store.write_fairness`` apply it: batches start at once,
+   expiries and unschedulable reports are recorded, class credits and active
+   sets replaced, tenant floors set, then tenant charges added;
+4. every ``scaling.interval_s`` the scaler gets one
+   :class:`~inferq.policy.scaling.ModelLoad` per model and its state back;
+   launches are ``starting`` for the model's ``cold_start_s``; drains take the
+   named workers out of dispatch, and each stops once idle;
+5. while requests wait and a ready worker has a free slot, the loop wakes again
+   ``tick_s`` later (the dispatcher's tick: batching delays, aging and
+   degrading depend on time alone).
+
+Approximations (documented in ``docs/evaluation.md``):
+
+- dispatch, RQ hand-off and start take no time; no request fails or is retried;
+- a request's service time is fixed when it starts, with the concurrency
+  the worker has then (its running requests including the batch being
+  started, as the worker's engine passes ``in_flight`` to the backend), and
+  does not change when others start or finish later;
+- a request still running at its deadline ends then as ``expired`` (the worker
+  times it out); its slot is held until then;
+- decisions are skipped while no ready worker has a free slot: such a
+  decision could dispatch nothing; it would only refresh the active-tenant
+  sets, which the next decision with room does against the same counters.
+
+The initial fleet is warm (``ready`` at time 0); scale-ups pay the cold start.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from itertools import islice
+from typing import Literal
+
+from inferq import defaults
+from inferq.config import ModelSpec, Settings
+from inferq.errors import ConfigError, InvalidRequest
+from inferq.latency import ServiceTime, service_time
+from inferq.models import WorkerState
+from inferq.policy.dispatch import DispatchPolicy
+from inferq.policy.estimate import estimate_key, update_moving_mean
+from inferq.policy.routing import route_models
+from inferq.policy.scaling import ModelLimits, ModelLoad, ScalerState, ScalingConfig
+from inferq.policy.snapshot import Decision, FairnessState, QueuedRequest, Snapshot
+from inferq.sim.capacity import peak_fleet
+from inferq.sim.fleet import Fleet, SimWorker
+from inferq.sim.policies import POLICIES, SimPolicy
+from inferq.sim.workload import SimRequest, build_requests
+from inferq.traces import TraceRequest
+
+#: ``(spec, prompt_tokens, output_tokens, concurrency) -> ServiceTime`` of a request:
+#: :func:`inferq.latency.service_time` by default (the sim backend's model).
+LatencyFn = Callable[[ModelSpec, int, int, int], ServiceTime]
+Status = Literal["queued", "running", "succeeded", "expired"]
+
+_COMPLETE, _TIMEOUT, _READY, _WAKE, _SCALE = 0, 1, 2, 3, 4
+
+
+def fixed_latency(seconds: float, ttft_s: float = 0.0) -> LatencyFn:
+    """A latency function ignoring the request: every request runs ``seconds`` in all.
+
+    Args:
+        seconds: total service time (>= ``ttft_s``).
+        ttft_s: time to the first token within it.
+    """
+    fixed = ServiceTime(ttft_s=ttft_s, decode_s=max(0.0, seconds - ttft_s))
+
+    def latency(
+        spec: ModelSpec, prompt_tokens: int, output_tokens: int, concurrency: int
+    ) -> ServiceTime:
+        return fixed
+
+    return latency
+
+
+def scaling_for_fleet(
+    fleet: Mapping[str, int], max_workers: int = defaults.SCALE_MAX_WORKERS
+) -> ScalingConfig:
+    """Scaling bounds for a simulated fleet: its models keep at least one worker.
+
+    Models of ``fleet`` get ``1 <= workers <= max(max_workers, initial)``; any
+    other model may scale from 0 to ``max_workers`` when requests need it.
+    """
+    return ScalingConfig(
+        limits={
+            m: ModelLimits(min_workers=min(1, n), max_workers=max(max_workers, n, 1))
+            for m, n in fleet.items()
+        },
+        default_limits=ModelLimits(min_workers=0, max_workers=max(1, max_workers)),
+    )
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """The simulated deployment.
+
+    Attributes:
+        settings: classes (SLAs, timeouts, weights) and the model registry.
+        fleet: model -> warm workers at time 0 (ignored by peak-provisioned policies).
+        vram_mib: VRAM of every card, MiB (KV-cache room via ``ModelSpec.kv_cache_mib``).
+        slots: concurrent requests per worker.
+        scaling: scaler knobs and bounds; None = :func:`scaling_for_fleet` of ``fleet``.
+        max_workers: per-model bound used when ``scaling`` is None.
+        queue_head: requests per ``(class, route)`` queue in a snapshot.
+        tick_s: dispatcher tick while requests wait beside free slots, seconds.
+        latency: service time of a request; default the latency model.
+        check: verify slots and VRAM limits after every decision (AssertionError).
+    """
+
+    settings: Settings = field(default_factory=Settings)
+    fleet: Mapping[str, int] = field(default_factory=lambda: {"llama-3.1-8b": 4})
+    vram_mib: int = defaults.SIM_VRAM_MIB
+    slots: int = defaults.SIM_WORKER_SLOTS
+    scaling: ScalingConfig | None = None
+    max_workers: int = defaults.SCALE_MAX_WORKERS
+    queue_head: int = defaults.QUEUE_HEAD
+    tick_s: float = defaults.DISPATCH_TICK_S
+    latency: LatencyFn = service_time
+    check: bool = False
+
+    def scaling_config(self) -> ScalingConfig:
+        """``scaling``, or the bounds of :func:`scaling_for_fleet`."""
+        return self.scaling or scaling_for_fleet(self.fleet, self.max_workers)
+
+
+@dataclass(slots=True)
+class RequestOutcome:
+    """What happened to one request (times are virtual seconds).
+
+    Attributes:
+        request: the request.
+        status: ``succeeded`` or ``expired`` at the end (``queued``/``running`` before).
+        deadline: submit + the class's ``timeout_s``.
+        dispatched_at / first_token_at / finished_at: None when never reached.
+        worker / model: where it ran.
+        concurrency: the worker's running requests when it started (itself included).
+        reason: why it expired.
+        unschedulable: the first unschedulable report, if any.
+    """
+
+    request: SimRequest
+    deadline: float = math.inf
+    status: Status = "queued"
+    dispatched_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    worker: str | None = None
+    model: str | None = None
+    concurrency: int = 0
+    reason: str | None = None
+    unschedulable: str | None = None
+
+    @property
+    def queue_wait_s(self) -> float | None:
+        """Submit -> dispatch, seconds (None if never dispatched)."""
+        if self.dispatched_at is None:
+            return None
+        return self.dispatched_at - self.request.arrival_s
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Submit -> first output token, seconds (the class SLA's measure)."""
+        if self.first_token_at is None:
+            return None
+        return self.first_token_at - self.request.arrival_s
+
+    @property
+    def e2e_s(self) -> float | None:
+        """Submit -> final result, seconds (None while not final)."""
+        if self.finished_at is None:
+            return None
+        return self.finished_at - self.request.arrival_s
+
+
+@dataclass(frozen=True, slots=True)
+class AssignmentRecord:
+    """One dispatch, in order: which request went to which worker (and model) when."""
+
+    seq: int
+    at: float
+    decision: int
+    request_id: str
+    priority: str
+    worker_id: str
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRecord:
+    """A decision that dispatched something: its index, when, how many, and the queues after it.
+
+    ``index`` matches :attr:`AssignmentRecord.decision`; ``queued_after`` is per
+    class, in :attr:`SimResult.classes` order.
+    """
+
+    index: int
+    at: float
+    dispatched: int
+    queued_after: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleEvent:
+    """A scale action carried out: workers launched (up) or drained (down)."""
+
+    at: float
+    model: str
+    action: Literal["up", "down"]
+    before: int
+    after: int
+    workers: tuple[str, ...]
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """Fleet and queues at one scaler tick."""
+
+    at: float
+    starting: int
+    ready: int
+    draining: int
+    running: int
+    queued: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class RunStats:
+    """Cost of the run itself (wall-clock seconds)."""
+
+    decisions: int = 0
+    decide_s: float = 0.0
+    scale_calls: int = 0
+    events: int = 0
+    wall_s: float = 0.0
+
+
+@dataclass
+class SimResult:
+    """Everything one run produced.
+
+    Attributes:
+        policy: the policy's name.
+        config: the deployment simulated.
+        classes: class names, highest first (the order of ``queued`` tuples).
+        initial_fleet: model -> warm workers at time 0.
+        outcomes: per request, in arrival order.
+        assignments: every dispatch in order (the faithfulness log).
+        decisions: decisions that dispatched, with the queue lengths after.
+        scale_events: scale actions in order.
+        samples: fleet and queues at each scaler tick.
+        workers: every worker that ever ran, in launch order.
+        end_s: time of the last arrival or final result.
+        stats: wall-clock cost of the run.
+    """
+
+    policy: str
+    config: SimConfig
+    classes: tuple[str, ...]
+    initial_fleet: dict[str, int]
+    outcomes: list[RequestOutcome]
+    assignments: list[AssignmentRecord]
+    decisions: list[DecisionRecord]
+    scale_events: list[ScaleEvent]
+    samples: list[Sample]
+    workers: list[SimWorker]
+    end_s: float
+    stats: RunStats
+
+    def gpu_seconds(self, worker: SimWorker) -> float:
+        """Seconds ``worker`` held its GPU: launch (cold start included) to stop or end."""
+        stop = worker.stopped_at if worker.stopped_at is not None else self.end_s
+        return max(0.0, stop - worker.launched_at)
+
+
+def initial_fleet(
+    policy: SimPolicy, requests: Sequence[SimRequest], config: SimConfig
+) -> dict[str, int]:
+    """The warm fleet at time 0: ``config.fleet``, or the peak fleet for ``peak_fleet`` policies.
+
+    The peak fleet is :func:`~inferq.sim.capacity.peak_fleet` of the trace's own
+    requests (``source != "synthetic"``: a bulk job is not the load a deployment
+    is provisioned for), with at least one worker for every model of ``config.fleet``.
+    """
+    if not policy.peak_fleet:
+        return dict(config.fleet)
+    real = [r for r in requests if r.source != "synthetic"] or list(requests)
+    peak = peak_fleet(real, config.settings, config.slots)
+    for model in config.fleet:
+        peak.setdefault(model, 1)
+    return peak
+
+
+def simulate(requests: Sequence[SimRequest], policy: SimPolicy, config: SimConfig) -> SimResult:
+    """Replay ``requests`` (sorted by arrival) through ``policy`` on ``config``'s fleet.
+
+    Deterministic: the same input gives the same result.
+
+    Raises:
+        ValueError: requests are not sorted by arrival, or ids repeat.
+        ConfigError: a fleet model is unknown or does not fit the card.
+        AssertionError: ``config.check`` is on and a worker exceeded its slots or VRAM.
+    """
+    t0 = time.perf_counter()
+    sim = _Sim(requests, policy, config)
+    sim.run()
+    result = sim.result()
+    result.stats.wall_s = time.perf_counter() - t0
+    return result
+
+
+def replay(
+    trace: Sequence[TraceRequest],
+    policy: str | SimPolicy = "inferq",
+    config: SimConfig | None = None,
+    *,
+    priority: str | None = None,
+    model: str | None = None,
+    tenants: int = defaults.TRACE_TENANTS,
+    seed: int = 0,
+) -> SimResult:
+    """Simulate trace rows as given: the entry point for tests and notebooks.
+
+    Each row keeps its own ``priority``, ``tenant``, ``model`` and ``task_type``
+    when it has them (our JSONL format); see
+    :func:`~inferq.sim.workload.build_requests` for the rest. Read the result's
+    ``assignments`` for the dispatch order and the model each request ran on, e.g.
+    ``replay(rows, config=SimConfig(latency=fixed_latency(0.5)))``.
+
+    Args:
+        trace: rows in any order (sorted by arrival, stable).
+        policy: a name of :data:`~inferq.sim.policies.POLICIES` or a policy.
+        config: the deployment (default :class:`SimConfig`'s).
+        priority: class of rows naming none (default ``Settings.default_priority``).
+        model: route of rows naming no known model (default ``Settings.default_model``).
+        tenants / seed: Zipf-drawn tenants of rows naming none.
+
+    Raises:
+        KeyError: unknown policy name.
+        ConfigError: unknown class, model or fleet model.
+    """
+    config = config or SimConfig()
+    chosen = POLICIES[policy] if isinstance(policy, str) else policy
+    requests = build_requests(
+        [(priority, r) for r in trace], config.settings, model=model, tenants=tenants, seed=seed
+    )
+    return simulate(requests, chosen, config)
+
+
+class _Sim:
+    """State of one run (see the module docstring for the order of an instant)."""
+
+    def __init__(
+        self, requests: Sequence[SimRequest], policy: SimPolicy, config: SimConfig
+    ) -> None:
+        _check_requests(requests)
+        self.policy = policy
+        self.config = config
+        settings = config.settings
+        self.settings = settings
+        self.routing = DispatchPolicy.from_settings(settings)
+        self.dispatch = policy.dispatcher(settings)
+        self.scaling = config.scaling_config()
+        self.classes = tuple(c.name for c in settings.classes)
+        self.timeout = {c.name: c.timeout_s for c in settings.classes}
+        self.requests = list(requests)
+        self.outcomes = [RequestOutcome(r) for r in self.requests]
+        self.by_id = {o.request.id: o for o in self.outcomes}
+        self.now = 0.0
+        self.last_activity = 0.0
+        self.stats = RunStats()
+        self.events: list[tuple[float, int, int, str, str]] = []
+        self.seq = 0
+        self.wake_pending = False
+        # queues
+        self.queues: dict[tuple[str, str], dict[str, QueuedRequest]] = {}
+        self.class_keys: dict[str, list[tuple[str, str]]] = {c: [] for c in self.classes}
+        self.queued = 0
+        self.tenant_counts: dict[str, dict[str, int]] = {c: {} for c in self.classes}
+        self.backlogged: dict[str, frozenset[str]] = {c: frozenset() for c in self.classes}
+        self.backlog_dirty: set[str] = set()
+        self.deadlines: list[tuple[float, int]] = []
+        self.model_of_route: dict[str, str | None] = {}
+        self.model_queued: dict[tuple[str, str], int] = {}
+        # fairness state, as Store.write_fairness keeps it
+        self.credit: dict[str, float] = {}
+        self.counters: dict[str, dict[str, float]] = {}
+        self.active: dict[str, frozenset[str]] = {}
+        self.estimates: dict[tuple[str, str], float] = {}
+        # scaler inputs and state
+        self.scaler_state = ScalerState()
+        self.service_mean: dict[str, float] = {}
+        self.arrivals: dict[str, int] = {}
+        self.last_scale_at = 0.0
+        # outputs
+        self.assignments: list[AssignmentRecord] = []
+        self.decision_log: list[DecisionRecord] = []
+        self.scale_events: list[ScaleEvent] = []
+        self.samples: list[Sample] = []
+        self.fleet = Fleet(config.vram_mib, config.slots)
+        self.initial = initial_fleet(policy, self.requests, config)
+        for model, n in sorted(self.initial.items()):
+            spec = settings.model_by_name.get(model)
+            if spec is None:
+                known = ", ".join(sorted(settings.model_by_name))
+                raise ConfigError(f"fleet: unknown model {model!r} (registry: {known})")
+            for _ in range(n):
+                self.fleet.launch(spec, 0.0, warm=True)
+
+    # --- the loop ------------------------------------------------------------------
+
+    def run(self) -> None:
+        reqs, outcomes = self.requests, self.outcomes
+        n, i = len(reqs), 0
+        self._push(self.scaling.interval_s, _SCALE)
+        self._sample()
+        while True:
+            t = reqs[i].arrival_s if i < n else math.inf
+            if self.events and self.events[0][0] < t:
+                t = self.events[0][0]
+            self._drop_stale_deadlines()
+            if self.deadlines and self.deadlines[0][0] < t:
+                t = self.deadlines[0][0]
+            if t == math.inf:
+                break
+            self.now = t
+            changed = False
+            while i < n and reqs[i].arrival_s <= t:
+                self._arrive(outcomes[i], i)
+                i += 1
+                changed = True
+            scale_due = False
+            while self.events and self.events[0][0] <= t:
+                _, _, kind, a, b = heapq.heappop(self.events)
+                self.stats.events += 1
+                if kind in (_COMPLETE, _TIMEOUT):
+                    self._complete(a, b, timed_out=kind == _TIMEOUT)
+                    changed = True
+                elif kind == _READY:
+                    changed |= self.fleet.make_ready(a, t)
+                elif kind == _WAKE:
+                    self.wake_pending = False
+                    changed = True
+                else:
+                    scale_due = True
+            changed |= self._expire_due()
+            if changed and self.queued and self.fleet.has_room():
+                self._decide()
+            if scale_due:
+                self._scale_tick(work_left=i < n)
+            if self.queued and not self.wake_pending and self.fleet.has_room():
+                self.wake_pending = True
+                self._push(t + self.config.tick_s, _WAKE)
+
+    def _push(self, at: float, kind: int, a: str = "", b: str = "") -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (at, self.seq, kind, a, b))
+
+    # --- queues --------------------------------------------------------------------
+
+    def _route_model(self, route: str) -> str | None:
+        if route not in self.model_of_route:
+            try:
+                models = route_models(self.routing, route, False)
+            except InvalidRequest:
+                models = ()
+            self.model_of_route[route] = models[0] if models else None
+        return self.model_of_route[route]
+
+    def _arrive(self, o: RequestOutcome, index: int) -> None:
+        r = o.request
+        o.deadline = r.arrival_s + self.timeout[r.priority]
+        q = QueuedRequest(
+            id=r.id,
+            priority=r.priority,
+            route=r.route,
+            tenant=r.tenant,
+            task_type=r.task_type,
+            submitted_at=r.arrival_s,
+            deadline=o.deadline,
+            prompt_tokens=r.prompt_tokens,
+            max_tokens=r.max_tokens,
+        )
+        key = (r.priority, r.route)
+        queue = self.queues.get(key)
+        if queue is None:
+            queue = self.queues[key] = {}
+            self.class_keys[r.priority] = sorted([*self.class_keys[r.priority], key])
+        queue[r.id] = q
+        self.queued += 1
+        counts = self.tenant_counts[r.priority]
+        counts[r.tenant] = counts.get(r.tenant, 0) + 1
+        if counts[r.tenant] == 1:
+            self.backlog_dirty.add(r.priority)
+        model = self._route_model(r.route)
+        if model is not None:
+            mk = (model, r.priority)
+            self.model_queued[mk] = self.model_queued.get(mk, 0) + 1
+            self.arrivals[model] = self.arrivals.get(model, 0) + 1
+        heapq.heappush(self.deadlines, (o.deadline, index))
+        self.last_activity = self.now
+
+    def _dequeue(self, o: RequestOutcome) -> None:
+        r = o.request
+        del self.queues[(r.priority, r.route)][r.id]
+        self.queued -= 1
+        counts = self.tenant_counts[r.priority]
+        counts[r.tenant] -= 1
+        if not counts[r.tenant]:
+            del counts[r.tenant]
+            self.backlog_dirty.add(r.priority)
+        model = self._route_model(r.route)
+        if model is not None:
+            self.model_queued[(model, r.priority)] -= 1
+
+    def _drop_stale_deadlines(self) -> None:
+        heap = self.deadlines
+        while heap and self.outcomes[heap[0][1]].status != "queued":
+            heapq.heappop(heap)
+
+    def _expire_due(self) -> bool:
+        heap, now = self.deadlines, self.now
+        expired = False
+        while heap and heap[0][0] <= now:
+            _, index = heapq.heappop(heap)
+            o = self.outcomes[index]
+            if o.status != "queued":
+                continue
+            self._dequeue(o)
+            waited = o.deadline - o.request.arrival_s
+            self._end(
+                o, "expired", o.deadline, f"deadline passed while queued (waited {waited:.2f} s)"
+            )
+            expired = True
+        return expired
+
+    def _end(self, o: RequestOutcome, status: Status, at: float, reason: str | None) -> None:
+        o.status = status
+        o.finished_at = at
+        o.reason = reason
+        self.last_activity = max(self.last_activity, at)
+
+    # --- dispatch ------------------------------------------------------------------
+
+    def _snapshot(self) -> Snapshot:
+        head = self.config.queue_head
+        queued: dict[str, list[QueuedRequest]] = {}
+        for cls, keys in self.class_keys.items():
+            if len(keys) == 1:
+                queued[cls] = list(islice(self.queues[keys[0]].values(), head))
+            else:
+                merged = [r for k in keys for r in islice(self.queues[k].values(), head)]
+                merged.sort(key=lambda r: (r.submitted_at, r.id))
+                queued[cls] = merged
+        for cls in self.backlog_dirty:
+            self.backlogged[cls] = frozenset(self.tenant_counts[cls])
+        self.backlog_dirty.clear()
+        return Snapshot(
+            now=self.now,
+            queued=queued,
+            workers=[w.view() for w in self.fleet],
+            fairness=FairnessState(self.credit, self.counters, self.active),
+            backlogged_tenants=self.backlogged,
+            output_estimates=self.estimates,
+        )
+
+    def _decide(self) -> None:
+        snapshot = self._snapshot()
+        t0 = time.perf_counter()
+        decision = self.dispatch(snapshot)
+        self.stats.decide_s += time.perf_counter() - t0
+        self.stats.decisions += 1
+        self._apply(decision)
+
+    def _apply(self, decision: Decision) -> None:
+        now = self.now
+        for rid, reason in decision.expired:
+            o = self.by_id[rid]
+            if o.status == "queued":
+                self._dequeue(o)
+                self._end(o, "expired", now, reason)
+        for rid, reason in decision.unschedulable:
+            o = self.by_id[rid]
+            if o.unschedulable is None:
+                o.unschedulable = reason
+        dispatched = 0
+        for batch in decision.batches:
+            dispatched += self._start(
+                batch.worker_id,
+                [a.request_id for a in batch.items],
+                [a.need_mib for a in batch.items],
+            )
+        self._write_fairness(decision)
+        if dispatched:
+            counts = tuple(
+                sum(len(self.queues[k]) for k in self.class_keys[c]) for c in self.classes
+            )
+            self.decision_log.append(
+                DecisionRecord(self.stats.decisions - 1, now, dispatched, counts)
+            )
+        if self.config.check:
+            self._check_limits()
+
+    def _start(self, worker_id: str, ids: Sequence[str], needs: Sequence[float]) -> int:
+        now = self.now
+        worker = self.fleet.live[worker_id]
+        if worker.state is not WorkerState.READY:
+            raise AssertionError(f"decision assigned to {worker_id} in state {worker.state}")
+        decision = self.stats.decisions - 1
+        started: list[RequestOutcome] = []
+        for rid, need in zip(ids, needs, strict=True):
+            o = self.by_id[rid]
+            if o.status != "queued":
+                raise AssertionError(f"decision assigned {rid} in state {o.status}")
+            self._dequeue(o)
+            worker.admit(rid, need, now)
+            o.status = "running"
+            o.dispatched_at = now
+            o.worker = worker.id
+            o.model = worker.model
+            self.assignments.append(
+                AssignmentRecord(
+                    len(self.assignments),
+                    now,
+                    decision,
+                    rid,
+                    o.request.priority,
+                    worker.id,
+                    worker.model,
+                )
+            )
+            started.append(o)
+        concurrency = worker.in_flight
+        latency = self.config.latency
+        for o in started:
+            r = o.request
+            o.concurrency = concurrency
+            took = latency(worker.spec, r.prompt_tokens, r.output_tokens, concurrency)
+            end = now + took.total_s
+            if end > o.deadline:
+                self._push(o.deadline, _TIMEOUT, worker.id, r.id)
+            else:
+                o.first_token_at = now + took.ttft_s
+                self._push(end, _COMPLETE, worker.id, r.id)
+        return len(started)
+
+    def _complete(self, worker_id: str, request_id: str, *, timed_out: bool) -> None:
+        now = self.now
+        o = self.by_id[request_id]
+        worker = self.fleet.live[worker_id]
+        worker.release(request_id, now)
+        if timed_out:
+            self._end(o, "expired", now, "deadline passed while running")
+        else:
+            self._end(o, "succeeded", now, None)
+            self._observe(worker.model, o, now)
+        if worker.state is WorkerState.DRAINING and not worker.running:
+            self.fleet.stop(worker_id, now)
+
+    def _observe(self, model: str, o: RequestOutcome, now: float) -> None:
+        """Fold a success into the output-token estimate and the scaler's service mean."""
+        alpha = defaults.OUTPUT_ESTIMATE_ALPHA
+        key = estimate_key(model, o.request.task_type)
+        self.estimates[key] = update_moving_mean(
+            self.estimates.get(key), o.request.output_tokens, alpha
+        )
+        started = o.dispatched_at if o.dispatched_at is not None else now
+        old = self.service_mean.get(model)
+        took = now - started
+        self.service_mean[model] = took if old is None else old + alpha * (took - old)
+
+    def _write_fairness(self, d: Decision) -> None:
+        """Carry the decision's fairness state forward exactly as ``Store.write_fairness``."""
+        if d.class_credit:
+            self.credit.update(d.class_credit)
+        for cls, floors in d.tenant_counter_floor.items():
+            if floors:
+                self.counters.setdefault(cls, {}).update(floors)
+        for cls, deltas in d.tenant_counter_delta.items():
+            counters = self.counters.setdefault(cls, {})
+            for tenant, delta in deltas.items():
+                counters[tenant] = counters.get(tenant, 0.0) + delta
+        for cls, tenants in d.active_tenants.items():
+            self.active[cls] = frozenset(tenants)
+
+    def _check_limits(self) -> None:
+        for w in self.fleet:
+            problem = w.over_limits()
+            if problem is not None:
+                raise AssertionError(f"t={self.now:.3f}: {problem}")
+
+    # --- scaling -------------------------------------------------------------------
+
+    def _scale_tick(self, work_left: bool) -> None:
+        running = any(w.running for w in self.fleet)
+        if not (work_left or self.queued or running):
+            return  # nothing left to serve: the run ends, so does the scaler
+        scaler = self.policy.scaler
+        if scaler is not None:
+            loads = [self._load(m) for m in self._scaled_models()]
+            self.stats.scale_calls += 1
+            decisions, self.scaler_state = scaler(
+                loads, self.scaler_state, self.scaling, self.settings.classes, self.now
+            )
+            for d in decisions:
+                self._carry_out(d.model, d.action, d.current, d.desired, d.drain, d.reasons)
+        self.arrivals.clear()
+        self.last_scale_at = self.now
+        self._sample()
+        self._push(self.now + self.scaling.interval_s, _SCALE)
+
+    def _scaled_models(self) -> list[str]:
+        models = set(self.initial) | {w.model for w in self.fleet}
+        models |= {m for (m, _), n in self.model_queued.items() if n > 0}
+        return sorted(m for m in models if m in self.settings.model_by_name)
+
+    def _load(self, model: str) -> ModelLoad:
+        now = self.now
+        spec = self.settings.model_by_name[model]
+        workers = [w for w in self.fleet if w.model == model]
+        ready = [w for w in workers if w.state is WorkerState.READY]
+        queued: dict[str, int] = {}
+        oldest: dict[str, float] = {}
+        for cls in self.classes:
+            count = self.model_queued.get((model, cls), 0)
+            if count <= 0:
+                continue
+            queued[cls] = count
+            firsts = [
+                next(iter(self.queues[k].values())).submitted_at
+                for k in self.class_keys[cls]
+                if self.queues[k] and self._route_model(k[1]) == model
+            ]
+            if firsts:
+                oldest[cls] = now - min(firsts)
+        elapsed = now - self.last_scale_at
+        rate = self.arrivals.get(model, 0) / elapsed if elapsed > 0 else 0.0
+        prior = service_time(spec, 0, defaults.MAX_TOKENS).total_s
+        return ModelLoad(
+            model=model,
+            queued=queued,
+            oldest_wait_s=oldest,
+            arrival_rate=rate,
+            mean_service_s=max(1e-6, self.service_mean.get(model, prior)),
+            slots_per_worker=self.config.slots,
+            cold_start_s=spec.cold_start_s,
+            ready=len(ready),
+            starting=sum(1 for w in workers if w.state is WorkerState.STARTING),
+            draining=sum(1 for w in workers if w.state is WorkerState.DRAINING),
+            idle_workers={w.id: now - w.idle_since for w in ready if not w.running},
+            busy={w.id: len(w.running) for w in ready if w.running},
+        )
+
+    def _carry_out(
+        self,
+        model: str,
+        action: str,
+        current: int,
+        desired: int,
+        drain: Sequence[str],
+        reasons: Sequence[str],
+    ) -> None:
+        now = self.now
+        if action == "up" and desired > current:
+            spec = self.settings.model_by_name[model]
+            launched = []
+            for _ in range(desired - current):
+                worker = self.fleet.launch(spec, now)
+                launched.append(worker.id)
+                self._push(now + spec.cold_start_s, _READY, worker.id)
+            self.scale_events.append(
+                ScaleEvent(now, model, "up", current, desired, tuple(launched), tuple(reasons))
+            )
+        elif action == "down" and drain:
+            drained = tuple(w for w in drain if self.fleet.drain(w, now))
+            if drained:
+                self.scale_events.append(
+                    ScaleEvent(
+                        now,
+                        model,
+                        "down",
+                        current,
+                        current - len(drained),
+                        drained,
+                        tuple(reasons),
+                    )
+                )
+
+    def _sample(self) -> None:
+        counts = {s: 0 for s in WorkerState}
+        running = 0
+        for w in self.fleet:
+            counts[w.state] += 1
+            running += len(w.running)
+        queued = tuple(sum(len(self.queues[k]) for k in self.class_keys[c]) for c in self.classes)
+        self.samples.append(
+            Sample(
+                self.now,
+                counts[WorkerState.STARTING],
+                counts[WorkerState.READY],
+                counts[WorkerState.DRAINING],
+                running,
+                queued,
+            )
+        )
+
+    # --- the end -------------------------------------------------------------------
+
+    def result(self) -> SimResult:
+        end = self.last_activity
+        for w in self.fleet:
+            w.advance(end)
+        return SimResult(
+            policy=self.policy.name,
+            config=replace(self.config, fleet=dict(self.config.fleet)),
+            classes=self.classes,
+            initial_fleet=dict(self.initial),
+            outcomes=self.outcomes,
+            assignments=self.assignments,
+            decisions=self.decision_log,
+            scale_events=self.scale_events,
+            samples=self.samples,
+            workers=self.fleet.all_workers(),
+            end_s=end,
+            stats=self.stats,
+        )
+
+
+def _check_requests(requests: Sequence[SimRequest]) -> None:
+    seen: set[str] = set()
+    last = -math.inf
+    for i, r in enumerate(requests):
+        if r.arrival_s < last:
+            raise ValueError(f"requests[{i}].arrival_s: {r.arrival_s} is before the previous one")
+        if r.id in seen:
+            raise ValueError(f"requests[{i}].id: {r.id!r} repeats")
+        last = r.arrival_s
+        seen.add(r.id)
