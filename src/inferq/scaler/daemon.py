@@ -1,0 +1,506 @@
+"""The scaler daemon: Redis facts -> :func:`~inferq.policy.scaling.decide_scale` -> a backend.
+
+Each decision (every ``interval_s``, default 5 s):
+
+1. take or renew the lease (``P scaler:lease``, a compare-and-set in
+   ``lua/scaler_lease.lua``): any number of replicas may run, one acts, the
+   others stand by and take over within the lease time when it stops;
+2. read queues, heartbeats, reservations, the events stream of the last
+   ``rate_window_s`` and the scaler's own state (``P scaler:state``: trend and
+   cooldowns; ``P scaler:workers``: per-worker idle and drain tracking), and the
+   backend's listing; merge them (:func:`~inferq.scaler.loads.reconcile`);
+3. stop the workers that drained and deregistered (or left, or never started):
+   ``backend.prepare_scale_down`` then ``backend.stop``;
+4. build one :class:`~inferq.policy.scaling.ModelLoad` per managed model, decide;
+5. carry the decisions out: launch workers; for a scale-down, ask the chosen
+   idle workers to drain through Redis (``Store.request_drain``) and remember
+   it, never waiting: a later decision stops them once their heartbeat is gone.
+   No in-flight request is ever killed by the scaler.
+6. write the state, the tracking and the desired counts (``P scaler:desired``),
+   scale events (``scale_up``/``scale_down``) to the events stream, and log each
+   action with its reasons at INFO (holds at DEBUG).
+
+Modes: ``act`` (the above), ``dry-run`` (no lease, nothing written, nothing
+started or drained: decisions go to ``on_decision``; state stays in memory) and
+``metrics`` (no backend: only the desired counts are written, for KEDA or an
+HPA; a hold keeps the last published count so the external scaler sees a
+steady target, not one that flips back while it acts).
+
+Redis outages are retried with backoff; a corrupt record is quarantined and the
+decision goes on without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import TypeVar
+
+import redis
+
+from inferq import defaults
+from inferq.config import ScalingSettings, Settings
+from inferq.errors import ConfigError, CorruptRecord
+from inferq.latency import service_time
+from inferq.models import Event
+from inferq.policy.scaling import (
+    ModelLimits,
+    ScaleDecision,
+    ScalerState,
+    ScalingConfig,
+    decide_scale,
+)
+from inferq.scaler.backends.base import ScalerBackend, ScalerBackendError, WorkerHandle
+from inferq.scaler.loads import (
+    Fleet,
+    LiveWorker,
+    LoadInputs,
+    Tracked,
+    arrival_rates,
+    build_loads,
+    reconcile,
+    service_times,
+    worker_activity,
+)
+from inferq.store import CONNECTION_ERRORS, Store
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Mode(StrEnum):
+    """What the daemon does with its decisions (see the module docstring)."""
+
+    ACT = "act"
+    DRY_RUN = "dry-run"
+    METRICS = "metrics"
+
+
+@dataclass
+class StepReport:
+    """What one decision did.
+
+    Attributes:
+        acting: false when another replica holds the lease (nothing else was done).
+        now: the decision's time, epoch s (Redis clock).
+        decisions: one per managed model.
+        launched / drained / stopped: worker ids launched, asked to drain, stopped.
+        quarantined: corrupt records moved aside.
+    """
+
+    acting: bool
+    now: float = 0.0
+    decisions: list[ScaleDecision] = field(default_factory=list)
+    launched: list[str] = field(default_factory=list)
+    drained: list[str] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
+    quarantined: int = 0
+
+
+def scaling_config(scaling: ScalingSettings) -> ScalingConfig:
+    """The policy's knobs from the ``[scaling]`` settings (pools in priority order).
+
+    Raises:
+        ConfigError: a pool's bounds are inconsistent.
+    """
+    limits = {
+        m: ModelLimits(p.min_workers, p.max_workers, p.gpus_per_worker)
+        for m, p in scaling.pools.items()
+    }
+    return ScalingConfig(
+        limits=limits,
+        gpu_budget=scaling.gpu_budget,
+        model_priority=tuple(scaling.pools),
+        up_cooldown_s=scaling.up_cooldown_s,
+        down_cooldown_s=scaling.down_cooldown_s,
+        idle_s=scaling.idle_s,
+        interval_s=scaling.interval_s,
+    )
+
+
+def new_worker_id(model: str) -> str:
+    """A fresh worker id for ``model``: ``llama-3-1-8b-3f9a0c1e`` (fits ``[A-Za-z0-9_-]{1,64}``)."""
+    slug = re.sub(r"[^A-Za-z0-9_-]+", "-", model).strip("-")[:50] or "worker"
+    return f"{slug}-{secrets.token_hex(4)}"
+
+
+def describe(decision: ScaleDecision) -> str:
+    """One line: ``model: up 1 -> 3: reason; reason``."""
+    reasons = "; ".join(decision.reasons) or "no change needed"
+    return (
+        f"{decision.model}: {decision.action} {decision.current} -> {decision.desired}: {reasons}"
+    )
+
+
+class Scaler:
+    """One scaler replica.
+
+    Args:
+        store: the deployment's store.
+        config: the policy's knobs (see :func:`scaling_config`); ``config.interval_s``
+            is the loop period.
+        backend: where workers run; required in ``act`` mode, optional in ``dry-run``
+            (its listing counts starting workers), unused in ``metrics`` mode.
+        mode: ``act``, ``dry-run`` or ``metrics``.
+        models: the managed models, in priority order (default: the models of
+            ``config.limits``, else every registry model).
+        replica_id: this replica's lease id (default ``<host>-<pid>-<random>``).
+        lease_s: lease time, s (default: ``SCALER_LEASE_S`` or 3 intervals if longer).
+        rate_window_s: seconds of events measured for arrival and service rates.
+        start_timeout_s: a launched worker not registered after this long is stopped.
+        default_slots: slots per worker assumed before any worker of a model is live.
+        on_decision: called with every decision (the CLI prints them in dry-run).
+
+    Raises:
+        ConfigError: ``act`` mode without a backend, or an unknown managed model.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        config: ScalingConfig,
+        backend: ScalerBackend | None = None,
+        mode: Mode = Mode.ACT,
+        models: Sequence[str] | None = None,
+        replica_id: str | None = None,
+        lease_s: float | None = None,
+        rate_window_s: float = defaults.SCALER_RATE_WINDOW_S,
+        start_timeout_s: float = defaults.SCALER_START_TIMEOUT_S,
+        default_slots: int = defaults.SIM_WORKER_SLOTS,
+        on_decision: Callable[[ScaleDecision], None] | None = None,
+    ) -> None:
+        if mode is Mode.ACT and backend is None:
+            raise ConfigError("backend: the scaler needs a backend unless --dry-run/--metrics-only")
+        self.store = store
+        self.settings: Settings = store.settings
+        self.config = config
+        self.backend = backend if mode is not Mode.METRICS else None
+        self.mode = mode
+        registry = [m.name for m in self.settings.models]
+        self.models = tuple(models or config.limits or registry)
+        unknown = [m for m in self.models if m not in registry]
+        if unknown:
+            raise ConfigError(f"pool: model {unknown[0]!r} is not in the registry ({registry})")
+        self.replica_id = (
+            replica_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+        )
+        self.interval_s = config.interval_s
+        self.lease_s = lease_s or max(defaults.SCALER_LEASE_S, 3 * self.interval_s)
+        self.rate_window_s = rate_window_s
+        self.start_timeout_s = start_timeout_s
+        self.default_slots = default_slots
+        self.on_decision = on_decision
+        hb_ttl = self.settings.heartbeat_interval_s * defaults.HEARTBEAT_TTL_INTERVALS
+        self.lost_grace_s = self.settings.lease_s + hb_ttl
+        self._holding = False
+        self._memory: tuple[ScalerState, dict[str, Tracked]] | None = None
+        self._measured: dict[str, float] = {}
+        self._stop = threading.Event()
+
+    # --- loop ---------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Decide every ``interval_s`` until :meth:`stop`; survive Redis outages with backoff.
+
+        Releases the lease on the way out.
+        """
+        log.info(
+            "scaler %s started: %s mode, every %.1f s, models %s",
+            self.replica_id,
+            self.mode.value,
+            self.interval_s,
+            ", ".join(self.models),
+        )
+        backoff = 0.1
+        try:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                try:
+                    self.step()
+                    backoff = 0.1
+                except CONNECTION_ERRORS as exc:
+                    log.warning("redis unavailable (%s); retrying in %.1f s", exc, backoff)
+                    self._stop.wait(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+                except (ScalerBackendError, redis.ResponseError) as exc:
+                    log.warning("scaler step failed: %s", exc)
+                except ValueError:  # malformed data the store let through: skip this decision
+                    log.exception("scaler step failed on malformed data")
+                self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+        finally:
+            self.close()
+        log.info("scaler %s stopped", self.replica_id)
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return after the current decision."""
+        self._stop.set()
+
+    def close(self) -> None:
+        """Give the lease up (another replica takes over at its next decision)."""
+        if not self._holding:
+            return
+        self._holding = False
+        try:
+            self.store.release_scaler_lease(self.replica_id)
+        except CONNECTION_ERRORS as exc:
+            log.warning("could not release the scaler lease (%s); it lapses on its own", exc)
+
+    # --- one decision ---------------------------------------------------------------
+
+    def step(self) -> StepReport:
+        """One decision: read, reconcile, decide, act, write. Returns what it did."""
+        now = self.store.now()
+        report = StepReport(acting=True, now=now)
+        if self.mode is not Mode.DRY_RUN and not self._lease():
+            report.acting = False
+            return report
+        state, tracked = self._records(report)
+        live = self._live(report)
+        handles = self._listed()
+        events, span = self._events(now)
+        fleet = reconcile(
+            tracked,
+            live,
+            {wid: h.model for wid, h in handles.items()},
+            now,
+            activity=worker_activity(events),
+            start_timeout_s=self.start_timeout_s,
+            lost_grace_s=self.lost_grace_s,
+        )
+        tracked = dict(fleet.tracked)
+        if self.mode is Mode.ACT:
+            self._stop_workers(fleet.to_stop, handles, tracked, report)
+        inputs = self._inputs(live, replace(fleet, tracked=tracked), events, span)
+        loads = build_loads(self.models, self.settings.models, inputs, now)
+        decisions, state = decide_scale(loads, state, self.config, self.settings.classes, now)
+        report.decisions = decisions
+        desired = self._carry_out(decisions, tracked, now, report)
+        self._save(state, tracked, desired)
+        return report
+
+    # --- reading --------------------------------------------------------------------
+
+    def _lease(self) -> bool:
+        held = self.store.hold_scaler_lease(self.replica_id, self.lease_s)
+        if held != self._holding:
+            if held:
+                log.info("scaler %s holds the lease: acting", self.replica_id)
+            else:
+                log.info("scaler %s lost the lease: standing by", self.replica_id)
+        self._holding = held
+        return held
+
+    def _records(self, report: StepReport) -> tuple[ScalerState, dict[str, Tracked]]:
+        if self.mode is Mode.DRY_RUN and self._memory is not None:
+            return self._memory[0], dict(self._memory[1])
+        k = self.store.keys
+        state = self._parsed(
+            k.scaler_state, lambda f: ScalerState.from_fields(f, k.scaler_state), report
+        )
+        tracked = self._parsed(
+            k.scaler_workers,
+            lambda f: {w: Tracked.from_json(w, raw, k.scaler_workers) for w, raw in f.items()},
+            report,
+        )
+        return state or ScalerState(), tracked or {}
+
+    def _parsed(
+        self, key: str, parse: Callable[[dict[str, str]], T], report: StepReport
+    ) -> T | None:
+        """Read and parse one of the scaler's hashes; quarantine it (None) when corrupt."""
+        try:
+            return parse(self.store.scaler_hash(key))
+        except CorruptRecord as exc:
+            if self.mode is not Mode.DRY_RUN:
+                self.store.quarantine(key, exc.reason)
+                report.quarantined += 1
+            else:
+                log.warning("dry run: %s is corrupt (%s); ignoring it", key, exc.reason)
+            return None
+
+    def _live(self, report: StepReport) -> list[LiveWorker]:
+        k = self.store.keys
+        infos, bad = self.store.workers()
+        for key, reason in bad:
+            if self.mode is not Mode.DRY_RUN:
+                wid = key.removeprefix(k.worker(""))
+                self.store.quarantine(key, f"heartbeat: {reason}", [(k.workers, wid)])
+                report.quarantined += 1
+        mine = [w for w in infos if w.model in self.models]
+        reserved = self.store.worker_reservations([w.id for w in mine])
+        return [
+            LiveWorker(w.id, w.model, w.state, w.slots, w.in_flight, reserved.get(w.id, 0))
+            for w in mine
+        ]
+
+    def _listed(self) -> dict[str, WorkerHandle]:
+        if self.backend is None:
+            return {}
+        return {h.worker_id: h for h in self.backend.list() if h.model in self.models}
+
+    def _events(self, now: float) -> tuple[list[Event], float]:
+        """Events of the last ``rate_window_s`` and the seconds they span."""
+        start = now - self.rate_window_s
+        cap = defaults.SCALER_EVENTS_CAP
+        events = self.store.events(count=cap, after=f"{round(start * 1000)}-0")
+        if len(events) >= cap:
+            return events, max(events[-1].at - start, 1e-3)
+        return events, self.rate_window_s
+
+    def _inputs(
+        self,
+        live: Sequence[LiveWorker],
+        fleet: Fleet,
+        events: Sequence[Event],
+        span: float,
+    ) -> LoadInputs:
+        owner = {wid: t.model for wid, t in fleet.tracked.items()} | {w.id: w.model for w in live}
+        measured = service_times(events, owner)
+        self._measured.update(measured)
+        return LoadInputs(
+            depths=self.store.queue_depths(),
+            live=live,
+            fleet=fleet,
+            arrivals=arrival_rates(events, span, self.settings.models, self.models),
+            service_s=measured,
+            fallback_service_s=self._fallback_service(),
+            default_slots=self.default_slots,
+        )
+
+    def _fallback_service(self) -> dict[str, float]:
+        """Per model: the last measured service time, else the latency model's estimate."""
+        estimates = self.store.output_estimates()
+        out: dict[str, float] = {}
+        for model in self.models:
+            if model in self._measured:
+                out[model] = self._measured[model]
+                continue
+            seen = [v for (m, _), v in estimates.items() if m == model]
+            tokens = sum(seen) / len(seen) if seen else self.settings.default_max_tokens
+            spec = self.settings.model_by_name[model]
+            out[model] = max(1e-3, service_time(spec, 0, round(tokens)).total_s)
+        return out
+
+    # --- acting ---------------------------------------------------------------------
+
+    def _stop_workers(
+        self,
+        to_stop: dict[str, str],
+        handles: dict[str, WorkerHandle],
+        tracked: dict[str, Tracked],
+        report: StepReport,
+    ) -> None:
+        assert self.backend is not None
+        for wid, why in to_stop.items():
+            handle = handles[wid]
+            try:
+                self.backend.prepare_scale_down(handle)
+                self.backend.stop(handle)
+            except ScalerBackendError as exc:
+                log.warning("could not stop worker %s (%s): %s; retrying", wid, why, exc)
+                continue
+            tracked.pop(wid, None)
+            report.stopped.append(wid)
+            log.info("stopped worker %s (%s): %s", wid, handle.model, why)
+
+    def _carry_out(
+        self,
+        decisions: Sequence[ScaleDecision],
+        tracked: dict[str, Tracked],
+        now: float,
+        report: StepReport,
+    ) -> dict[str, int] | None:
+        """Act on (or only publish) the decisions; returns the desired counts to write."""
+        for d in decisions:
+            if self.on_decision is not None:
+                self.on_decision(d)
+        if self.mode is Mode.DRY_RUN:
+            for d in decisions:
+                log.log(
+                    logging.DEBUG if d.action == "hold" else logging.INFO,
+                    "dry run: %s",
+                    describe(d),
+                )
+            return None
+        if self.mode is Mode.METRICS:
+            return self._published(decisions)
+        for d in decisions:
+            if d.action == "up":
+                self._launch(d, report)
+            elif d.action == "down":
+                self._drain(d, tracked, now, report)
+            else:
+                log.debug("%s", describe(d))
+        return {d.model: d.desired for d in decisions}
+
+    def _launch(self, d: ScaleDecision, report: StepReport) -> None:
+        assert self.backend is not None
+        launched = []
+        for _ in range(d.launch):
+            wid = new_worker_id(d.model)
+            try:
+                self.backend.launch(d.model, wid)
+            except ScalerBackendError as exc:
+                log.warning("could not launch a %s worker: %s", d.model, exc)
+                break
+            launched.append(wid)
+        report.launched += launched
+        log.info("%s (launched %s)", describe(d), ", ".join(launched) or "none")
+        if launched:
+            after = d.current + len(launched)
+            self.store.scale_event("scale_up", d.model, d.current, after, d.reasons, launched)
+
+    def _drain(
+        self, d: ScaleDecision, tracked: dict[str, Tracked], now: float, report: StepReport
+    ) -> None:
+        drained = []
+        for wid in d.drain:
+            if not self.store.request_drain(wid):
+                continue  # gone meanwhile
+            t = tracked.get(wid) or Tracked(model=d.model, last_busy_at=now)
+            tracked[wid] = replace(t, draining_since=now)
+            drained.append(wid)
+        report.drained += drained
+        log.info("%s (draining %s)", describe(d), ", ".join(drained) or "none")
+        if drained:
+            after = d.current - len(drained)
+            self.store.scale_event("scale_down", d.model, d.current, after, d.reasons, drained)
+
+    def _published(self, decisions: Sequence[ScaleDecision]) -> dict[str, int]:
+        """Metrics mode: the decision's count, except that a hold keeps the last one published."""
+        try:
+            previous = self.store.desired_workers()
+        except ValueError as exc:
+            self.store.quarantine(self.store.keys.scaler_desired, f"desired count: {exc}")
+            previous = {}
+        out: dict[str, int] = {}
+        for d in decisions:
+            limits = self.config.limits_for(d.model)
+            if d.action == "hold" and d.model in previous:
+                out[d.model] = min(max(previous[d.model], limits.min_workers), limits.max_workers)
+            else:
+                out[d.model] = d.desired
+            if d.action != "hold" or out[d.model] != previous.get(d.model):
+                log.info("metrics: desired %s = %d: %s", d.model, out[d.model], describe(d))
+        return out
+
+    def _save(
+        self, state: ScalerState, tracked: dict[str, Tracked], desired: dict[str, int] | None
+    ) -> None:
+        if self.mode is Mode.DRY_RUN:
+            self._memory = (state, dict(tracked))
+            return
+        self.store.save_scaler(
+            state.to_fields(), {w: t.to_json() for w, t in tracked.items()}, desired
+        )

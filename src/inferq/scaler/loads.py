@@ -1,0 +1,320 @@
+"""What the scaler knows of each model: :class:`ModelLoad` built from Redis facts.
+
+Pure functions (no redis, no clock): the daemon reads queues, heartbeats, the
+events stream and its own tracking through :class:`~inferq.store.Store` and
+passes them here, with ``now`` from the Redis clock.
+
+- **Backlog**: a queue's route (``llama-3.1-8b``, ``>=13b``) is charged to the
+  first managed model among :func:`inferq.routes.candidates` (without degrading),
+  the one the dispatcher prefers, so no request is counted twice.
+- **Arrival rate**: submit events in the window per model, over the window, req/s.
+- **Service time**: mean of ``e2e_ms - queue_ms`` (dispatch -> finish) of the
+  finish events in the window; without any, the caller's fallback.
+- **Fleet**: :func:`reconcile` merges heartbeats, the backend's listing and the
+  scaler's per-worker tracking (:class:`Tracked`, kept in Redis so any replica
+  continues it) into starting / draining counts, idle times, and the workers to
+  stop now.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+
+from inferq.config import ModelSpec
+from inferq.errors import CorruptRecord, InvalidRequest
+from inferq.models import Event, WorkerState
+from inferq.policy.scaling import ModelLoad
+from inferq.routes import candidates, parse_route
+
+#: (class, route, queued, oldest wait in seconds or None): one row of ``Store.queue_depths``.
+QueueDepth = tuple[str, str, int, float | None]
+
+
+@dataclass(frozen=True, slots=True)
+class LiveWorker:
+    """A worker as its heartbeat and its load hash show it.
+
+    Attributes:
+        id: worker id.
+        model: the model it serves.
+        state: ``starting``, ``ready`` or ``draining`` (its own report).
+        slots: concurrent requests at most.
+        in_flight: requests it runs (heartbeat).
+        reserved: slots held by assigned work (``load:<id>``), dispatched but maybe not started.
+    """
+
+    id: str
+    model: str
+    state: WorkerState
+    slots: int
+    in_flight: int = 0
+    reserved: int = 0
+
+    @property
+    def busy(self) -> int:
+        """Requests it holds: the larger of running and reserved."""
+        return max(self.in_flight, self.reserved)
+
+
+@dataclass(frozen=True, slots=True)
+class Tracked:
+    """The scaler's memory of one worker (a field of ``P scaler:workers``).
+
+    Attributes:
+        model: the model it serves.
+        last_busy_at: when it was last seen with work (or first seen), epoch s.
+        seen_live: it has had a heartbeat.
+        absent_since: since when the backend lists it without a heartbeat, epoch s.
+        draining_since: when the scaler asked it to drain (or first saw it draining on
+            its own), epoch s; None while it serves.
+    """
+
+    model: str
+    last_busy_at: float
+    seen_live: bool = False
+    absent_since: float | None = None
+    draining_since: float | None = None
+
+    def to_json(self) -> str:
+        """Compact JSON of the fields."""
+        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, worker_id: str, raw: str, key: str) -> Tracked:
+        """Parse :meth:`to_json`.
+
+        Raises:
+            CorruptRecord: ``raw`` is not the JSON of a tracking record.
+        """
+        try:
+            value = cls(**json.loads(raw))
+            float(value.last_busy_at)
+        except (ValueError, TypeError) as exc:
+            raise CorruptRecord(key, f"worker {worker_id!r}: {exc}") from None
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """Heartbeats, backend listing and tracking, merged (output of :func:`reconcile`).
+
+    Attributes:
+        tracked: the tracking to keep (workers gone from both Redis and the backend dropped).
+        starting: model -> workers on their way: listed without a heartbeat yet (or
+            briefly absent), within the start timeout; heartbeats saying ``starting``
+            are counted by :func:`build_loads`.
+        to_stop: worker id -> why: drained and deregistered, left on their own, or
+            never registered within the start timeout. None of them has a heartbeat.
+    """
+
+    tracked: dict[str, Tracked]
+    starting: dict[str, int] = field(default_factory=dict)
+    to_stop: dict[str, str] = field(default_factory=dict)
+
+
+def reconcile(
+    tracked: Mapping[str, Tracked],
+    live: Sequence[LiveWorker],
+    listed: Mapping[str, str],
+    now: float,
+    *,
+    activity: Mapping[str, float] | None = None,
+    start_timeout_s: float,
+    lost_grace_s: float,
+) -> Fleet:
+    """Merge what Redis, the backend and the scaler's memory say of each worker.
+
+    Args:
+        tracked: the tracking carried from the previous decision.
+        live: workers with a heartbeat.
+        listed: worker id -> model, as the backend lists them (empty without a backend).
+        now: epoch seconds (Redis clock).
+        activity: worker id -> last dispatch or finish seen in the events stream,
+            so work between two decisions still counts as busy.
+        start_timeout_s: a listed worker never registered after this long failed to start.
+        lost_grace_s: a worker seen live and now absent this long has left (its
+            leases lapsed and the dispatcher requeued its work); until then it counts
+            as starting (a missed beat comes back).
+
+    Returns:
+        The merged :class:`Fleet`.
+    """
+    out: dict[str, Tracked] = {}
+    starting: dict[str, int] = {}
+    to_stop: dict[str, str] = {}
+    seen_at = activity or {}
+    for w in live:
+        t = tracked.get(w.id) or Tracked(model=w.model, last_busy_at=now)
+        last = now if w.busy else max(t.last_busy_at, seen_at.get(w.id, t.last_busy_at))
+        drain = t.draining_since
+        if drain is None and w.state is WorkerState.DRAINING:
+            drain = now  # drained by someone else (inferq drain, SIGTERM): stop it once gone
+        out[w.id] = replace(
+            t,
+            model=w.model,
+            last_busy_at=last,
+            seen_live=True,
+            absent_since=None,
+            draining_since=drain,
+        )
+    for wid, model in listed.items():
+        if wid in out:
+            continue
+        t = tracked.get(wid) or Tracked(model=model, last_busy_at=now)
+        if t.draining_since is not None:
+            to_stop[wid] = "drained and deregistered"
+            out[wid] = t
+            continue
+        t = replace(t, absent_since=now if t.absent_since is None else t.absent_since)
+        absent = now - (t.absent_since or now)
+        if t.seen_live and absent >= lost_grace_s:
+            to_stop[wid] = f"no heartbeat for {absent:.0f} s: left the fleet"
+        elif not t.seen_live and absent > start_timeout_s:
+            to_stop[wid] = f"not registered {absent:.0f} s after launch: failed to start"
+        else:
+            starting[t.model] = starting.get(t.model, 0) + 1
+        out[wid] = t
+    return Fleet(tracked=out, starting=starting, to_stop=to_stop)
+
+
+def route_model(route: str, registry: Sequence[ModelSpec], managed: Sequence[str]) -> str | None:
+    """The managed model a queue's backlog is charged to (None: no managed model serves it)."""
+    try:
+        names = candidates(parse_route(route), registry)
+    except InvalidRequest:
+        return None
+    return next((n for n in names if n in managed), None)
+
+
+def backlog(
+    depths: Iterable[QueueDepth], registry: Sequence[ModelSpec], managed: Sequence[str]
+) -> dict[str, tuple[dict[str, int], dict[str, float]]]:
+    """Model -> (queued per class, oldest wait per class in seconds) from the queues."""
+    out: dict[str, tuple[dict[str, int], dict[str, float]]] = {}
+    for cls, route, depth, oldest in depths:
+        model = route_model(route, registry, managed)
+        if model is None or depth <= 0:
+            continue
+        queued, waits = out.setdefault(model, ({}, {}))
+        queued[cls] = queued.get(cls, 0) + depth
+        waits[cls] = max(waits.get(cls, 0.0), oldest or 0.0)
+    return out
+
+
+def arrival_rates(
+    events: Iterable[Event],
+    span_s: float,
+    registry: Sequence[ModelSpec],
+    managed: Sequence[str],
+) -> dict[str, float]:
+    """Model -> submitted requests per second over ``span_s`` seconds of events."""
+    counts: dict[str, int] = {}
+    for e in events:
+        if e.type != "submit":
+            continue
+        model = route_model(e.fields.get("route", ""), registry, managed)
+        if model is not None:
+            counts[model] = counts.get(model, 0) + 1
+    return {m: n / max(span_s, 1e-9) for m, n in counts.items()}
+
+
+def service_times(events: Iterable[Event], worker_model: Mapping[str, str]) -> dict[str, float]:
+    """Model -> mean seconds from dispatch to finish over its finish events (malformed: skipped)."""
+    sums: dict[str, tuple[float, int]] = {}
+    for e in events:
+        model = worker_model.get(e.fields.get("worker", ""))
+        if e.type != "finish" or model is None:
+            continue
+        try:
+            service = (int(e.fields["e2e_ms"]) - int(e.fields["queue_ms"])) / 1000
+        except (KeyError, ValueError):
+            continue
+        if service > 0:
+            total, n = sums.get(model, (0.0, 0))
+            sums[model] = (total + service, n + 1)
+    return {m: total / n for m, (total, n) in sums.items()}
+
+
+def worker_activity(events: Iterable[Event]) -> dict[str, float]:
+    """Worker id -> time of its last dispatch or finish event, epoch s."""
+    out: dict[str, float] = {}
+    for e in events:
+        if e.type in ("dispatch", "finish", "fail", "expire", "start"):
+            wid = e.fields.get("worker")
+            if wid:
+                out[wid] = max(out.get(wid, 0.0), e.at)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class LoadInputs:
+    """Everything :func:`build_loads` combines, per decision.
+
+    Attributes:
+        depths: ``Store.queue_depths()`` rows.
+        live: workers with a heartbeat.
+        fleet: output of :func:`reconcile`.
+        arrivals: model -> req/s (missing: 0).
+        service_s: model -> mean service seconds (missing: ``fallback_service_s``).
+        fallback_service_s: model -> seconds to assume without measurements.
+        default_slots: slots of a worker when none of the model is live.
+    """
+
+    depths: Sequence[QueueDepth]
+    live: Sequence[LiveWorker]
+    fleet: Fleet
+    arrivals: Mapping[str, float]
+    service_s: Mapping[str, float]
+    fallback_service_s: Mapping[str, float]
+    default_slots: int
+
+
+def build_loads(
+    managed: Sequence[str], registry: Sequence[ModelSpec], inputs: LoadInputs, now: float
+) -> list[ModelLoad]:
+    """One :class:`ModelLoad` per managed model, in ``managed`` order.
+
+    Ready workers the scaler asked to drain count as draining even before their
+    heartbeat says so, so the policy never picks them twice.
+
+    Raises:
+        KeyError: a managed model is not in ``registry``.
+    """
+    specs = {m.name: m for m in registry}
+    queues = backlog(inputs.depths, registry, managed)
+    tracked = inputs.fleet.tracked
+    loads = []
+    for model in managed:
+        spec = specs[model]
+        mine = [w for w in inputs.live if w.model == model]
+        asked = {w.id for w in mine if tracked.get(w.id, _NEVER).draining_since is not None}
+        ready = [w for w in mine if w.state is WorkerState.READY and w.id not in asked]
+        draining = [w for w in mine if w.state is WorkerState.DRAINING or w.id in asked]
+        queued, waits = queues.get(model, ({}, {}))
+        loads.append(
+            ModelLoad(
+                model=model,
+                queued=queued,
+                oldest_wait_s=waits,
+                arrival_rate=inputs.arrivals.get(model, 0.0),
+                mean_service_s=inputs.service_s.get(model) or inputs.fallback_service_s[model],
+                slots_per_worker=max((w.slots for w in mine), default=inputs.default_slots),
+                cold_start_s=spec.cold_start_s,
+                ready=len(ready),
+                starting=sum(1 for w in mine if w.state is WorkerState.STARTING)
+                + inputs.fleet.starting.get(model, 0),
+                draining=len(draining),
+                idle_workers={
+                    w.id: max(0.0, now - tracked[w.id].last_busy_at if w.id in tracked else 0.0)
+                    for w in ready
+                    if not w.busy
+                },
+                busy={w.id: w.busy for w in ready if w.busy},
+            )
+        )
+    return loads
+
+
+_NEVER = Tracked(model="", last_busy_at=0.0)
