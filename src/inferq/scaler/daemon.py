@@ -202,7 +202,7 @@ class Scaler:
         self.on_decision = on_decision
         hb_ttl = self.settings.heartbeat_interval_s * defaults.HEARTBEAT_TTL_INTERVALS
         self.lost_grace_s = self.settings.lease_s + hb_ttl
-        self._holding = False
+        self._holding: bool | None = None  # unknown until the first decision
         self._memory: tuple[ScalerState, dict[str, Tracked]] | None = None
         self._measured: dict[str, float] = {}
         self._stop = threading.Event()
@@ -297,7 +297,7 @@ class Scaler:
             if held:
                 log.info("scaler %s holds the lease: acting", self.replica_id)
             else:
-                log.info("scaler %s lost the lease: standing by", self.replica_id)
+                log.info("scaler %s standing by: another replica holds the lease", self.replica_id)
         self._holding = held
         return held
 
