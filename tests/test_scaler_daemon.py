@@ -449,7 +449,7 @@ def test_cli_refuses_bad_options(invoke) -> None:  # type: ignore[no-untyped-def
     out = invoke("--dry-run", "--metrics-only", "--once")
     assert out.exit_code == 2 and "exclude each other" in out.output
     out = invoke("--backend", "docker", "--once")
-    assert out.exit_code != 0 and "needs --image" in out.output
+    assert out.exit_code != 0 and "needs --docker-image" in out.output
     out = invoke("--pool", "gpt-9=1:2", "--once", "--dry-run")
     assert out.exit_code == 1 and "not in the registry" in out.output
     assert parse_pool(f"{MODEL}=0:2:4") == (

@@ -127,7 +127,7 @@ def scaling_settings(base: ScalingSettings, options: dict[str, Any]) -> ScalingS
     "--worker-option", "-o", multiple=True, metavar="KEY=VALUE", help="local: worker -o (repeat)."
 )
 @click.option("--log-dir", type=click.Path(file_okay=False), help="local: worker log directory.")
-@click.option("--image", help="docker: the worker image.")
+@click.option("--docker-image", "--image", "image", help="docker: the worker image.")
 @click.option("--docker-url", help="docker: daemon URL [DOCKER_HOST].")
 @click.option("--docker-network", help="docker: network of the worker containers.")
 @click.option("--docker-gpus", type=int, default=0, show_default=True, help="docker: GPUs each.")
@@ -201,7 +201,7 @@ def _backend(obj: _Obj, store: Store, options: dict[str, Any]) -> Any:
         )
     if name == "docker":
         if not options["image"]:
-            raise click.UsageError("--backend docker needs --image")
+            raise click.UsageError("--backend docker needs --docker-image")
         return cls(
             image=options["image"],
             redis_url=settings.redis_url,
