@@ -1,0 +1,409 @@
+"""Dispatcher decision time per batch and batches per second, on the real Redis.
+
+Issue 3's benchmark. Setup, in a fresh namespace: ``--workers`` fake workers
+(60% llama-3.1-8b on 24 GiB cards, 30% llama-2-13b on 40 GiB, 10% llama-3.1-70b
+on 80 GiB; ``--slots`` each) registered with ``Store.heartbeat`` and kept beating
+every second by a child process (no worker processes), and ``--queued`` requests
+over 3 classes, 20 tenants and three routes (60% llama-3.1-8b, 25% ``>=13b``, 15%
+llama-3.1-70b). ``Dispatcher.step()`` is then called directly, timed, in two
+scenarios; between steps (untimed) the bench completes claimed requests to free
+slots and submits as many new ones, so the backlog stays at ``--queued``:
+
+- ``idle``: every claimed request completes between steps; each step dispatches
+  as much as the queue heads allow (the fixed cost of a step is spread over many
+  batches);
+- ``busy``: the fleet is full; between steps ``--free-workers`` workers finish
+  what they hold, so each step hands out a few batches (the steady state of a
+  saturated fleet, where the fixed cost of a step weighs on few batches).
+
+Decision time per batch = a step's wall time / the batches it dispatched. The
+step is split into its pieces (expiry, recovery, snapshot read, policy decision,
+claim = the assign Lua call, RQ enqueue, fairness write) so it shows where the
+time goes. Goal: <= 2 ms per batch::
+
+    python scripts/bench_dispatch.py --json dispatch.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import signal
+import subprocess
+import sys
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import _bench
+
+from inferq import defaults
+from inferq.client import Client
+from inferq.config import Settings
+from inferq.models import WorkerInfo, WorkerState
+from inferq.scheduler.dispatcher import Dispatcher, StepReport
+from inferq.store import Outcome, Store, connect
+
+GOAL_MS_PER_BATCH = 2.0
+CLASSES = ("realtime", "standard", "batch")
+TENANTS = 20
+#: (route, share of requests); (model, params B, card MiB, share of workers).
+ROUTES = (("llama-3.1-8b", 0.60), (">=13b", 0.25), ("llama-3.1-70b", 0.15))
+FLEET = (
+    ("llama-3.1-8b", 8.0, 24_576, 0.6),
+    ("llama-2-13b", 13.0, 40_960, 0.3),
+    ("llama-3.1-70b", 70.0, 81_920, 0.1),
+)
+PROMPT = "Classify the sentiment of this review and explain why in one line: great"
+#: Requests never expire during a run (the bench measures dispatching, not expiry).
+TIMEOUT_S = 3600.0
+PIECES = ("expire", "recover", "snapshot", "decide", "claim", "enqueue", "fairness", "other")
+
+
+def fleet(settings: Settings, n: int, slots: int) -> list[WorkerInfo]:
+    """``n`` ready workers in FLEET's proportions (deterministic ids ``w0000``...)."""
+    out: list[WorkerInfo] = []
+    now = time.time()
+    for model, params_b, card, share in FLEET:
+        count = round(n * share) if model != FLEET[-1][0] else n - len(out)
+        kv = settings.model_by_name[model].kv_cache_mib(card)
+        for _ in range(count):
+            out.append(
+                WorkerInfo(
+                    id=f"w{len(out):04d}",
+                    model=model,
+                    params_b=params_b,
+                    vram_total_mib=card,
+                    vram_free_mib=kv,
+                    kv_cache_mib=kv,
+                    slots=slots,
+                    state=WorkerState.READY,
+                    last_heartbeat=now,
+                    started_at=now,
+                )
+            )
+    return out
+
+
+def beat_forever(url: str, namespace: str, workers: int, slots: int) -> None:
+    """Heartbeat every worker once a second until SIGTERM (the child process's job)."""
+    settings = Settings.load(redis_url=url, namespace=namespace)
+    store = Store(connect(url), settings)
+    infos = fleet(settings, workers, slots)
+    ttl = settings.heartbeat_interval_s * defaults.HEARTBEAT_TTL_INTERVALS
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        started = time.monotonic()
+        for info in infos:
+            store.heartbeat(info, ttl_s=ttl)
+        time.sleep(max(0.0, settings.heartbeat_interval_s - (time.monotonic() - started)))
+
+
+def submissions(n: int, offset: int = 0) -> list[dict[str, Any]]:
+    """``n`` submissions over the classes, tenants and ROUTES (``offset`` varies the mix)."""
+    routes = [route for route, share in ROUTES for _ in range(round(share * 20))]
+    return [
+        {
+            "prompt": PROMPT,
+            "max_tokens": 64,
+            "priority": CLASSES[(offset + i) % len(CLASSES)],
+            "tenant": f"tenant{(offset + i) % TENANTS}",
+            "model": routes[(offset + i) % len(routes)],
+            "timeout": TIMEOUT_S,
+        }
+        for i in range(n)
+    ]
+
+
+def submit(client: Client, n: int, offset: int = 0) -> None:
+    """Submit ``n`` requests in pipelined chunks of 500."""
+    batch = submissions(n, offset)
+    for i in range(0, n, 500):
+        client.submit_many(batch[i : i + 500])
+
+
+@dataclass
+class Held:
+    """Claimed requests per worker, in the order workers were handed batches."""
+
+    by_worker: OrderedDict[str, list[tuple[str, int]]] = field(default_factory=OrderedDict)
+
+    def add(self, worker_id: str, claimed: list[tuple[str, int]]) -> None:
+        self.by_worker.setdefault(worker_id, []).extend(claimed)
+        self.by_worker.move_to_end(worker_id)
+
+    def take(self, workers: int | None) -> list[tuple[str, list[tuple[str, int]]]]:
+        """Remove and return what the first ``workers`` workers hold (None = all)."""
+        n = len(self.by_worker) if workers is None else min(workers, len(self.by_worker))
+        return [self.by_worker.popitem(last=False) for _ in range(n)]
+
+
+class Bench:
+    """A dispatcher whose store calls are timed, and the untimed worker stand-in around it."""
+
+    def __init__(self, settings: Settings, client: Client) -> None:
+        self.client = client
+        self.store = Store(connect(settings.redis_url), settings)
+        self.dispatcher = Dispatcher(self.store)
+        self.sw = _bench.Stopwatch()
+        self.held = Held()
+        self.submitted = 0
+        s, d = self.store, self.dispatcher
+        s.expire_due = self.sw.wrap("expire", s.expire_due)  # type: ignore[method-assign]
+        d._recover = self.sw.wrap("recover", d._recover)  # type: ignore[method-assign]
+        s.dispatch_view = self.sw.wrap("snapshot", s.dispatch_view)  # type: ignore[method-assign]
+        s.assign = self.sw.wrap("claim", self._assign(s.assign))  # type: ignore[method-assign]
+        d._dispatch = self.sw.wrap("dispatch", d._dispatch)  # type: ignore[method-assign]
+        s.write_fairness = self.sw.wrap("fairness", s.write_fairness)  # type: ignore[method-assign]
+
+    def _assign(self, assign: Any) -> Any:
+        def recording(worker_id: str, batch_id: str, items: Any) -> list[tuple[str, int]]:
+            claimed: list[tuple[str, int]] = assign(worker_id, batch_id, items)
+            self.held.add(worker_id, claimed)
+            return claimed
+
+        return recording
+
+    def free(self, workers: int | None) -> int:
+        """Complete what the first ``workers`` workers hold (None = all); refill the queue."""
+        done = 0
+        for worker_id, claimed in self.held.take(workers):
+            outcomes = [Outcome(rid, attempt, "succeeded", output="ok") for rid, attempt in claimed]
+            self.store.complete(worker_id, outcomes)
+            done += len(outcomes)
+        submit(self.client, done, self.submitted)
+        self.submitted += done
+        return done
+
+    def step(self) -> tuple[StepReport, dict[str, float]]:
+        """One timed dispatcher step and its pieces, seconds."""
+        self.sw.reset()
+        report = self.dispatcher.step()
+        dispatch = self.sw.total("dispatch")
+        pieces = {name: self.sw.total(name) for name in ("expire", "recover", "snapshot")}
+        pieces["decide"] = report.decide_s
+        pieces["claim"] = self.sw.total("claim")
+        pieces["enqueue"] = dispatch - pieces["claim"]
+        pieces["fairness"] = self.sw.total("fairness")
+        pieces["other"] = max(0.0, report.step_s - sum(pieces.values()))
+        return report, pieces
+
+
+@dataclass
+class Scenario:
+    """Figures of one scenario's measured steps."""
+
+    name: str
+    steps: list[tuple[StepReport, dict[str, float]]] = field(default_factory=list)
+    per_batch_dispatch_s: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        working = [(r, p) for r, p in self.steps if r.batches]
+        per_batch_ms = [r.step_s / r.batches * 1000 for r, _ in working]
+        sizes = [n for r, _ in working for n in r.batch_sizes]
+        total_s = sum(r.step_s for r, _ in self.steps)
+        batches = sum(r.batches for r, _ in self.steps)
+        out: dict[str, Any] = {
+            "steps": len(self.steps),
+            "steps_with_batches": len(working),
+            "batches": batches,
+            "requests_dispatched": sum(sizes),
+            "batches_per_s": batches / total_s if total_s else 0.0,
+            "requests_per_s": sum(sizes) / total_s if total_s else 0.0,
+        }
+        if not working:
+            return out
+        out |= {
+            "ms_per_batch_p50": _bench.percentile(per_batch_ms, 50),
+            "ms_per_batch_p99": _bench.percentile(per_batch_ms, 99),
+            "step_ms_p50": _bench.percentile([r.step_s * 1000 for r, _ in working], 50),
+            "step_ms_p99": _bench.percentile([r.step_s * 1000 for r, _ in working], 99),
+            "batches_per_step_mean": batches / len(working),
+            "batch_size_mean": sum(sizes) / len(sizes),
+            "batch_size_p50": _bench.percentile(sizes, 50),
+            "batch_size_max": max(sizes),
+            "claim_enqueue_ms_per_batch_p50": _bench.percentile(
+                [s * 1000 for s in self.per_batch_dispatch_s], 50
+            ),
+            "claim_enqueue_ms_per_batch_p99": _bench.percentile(
+                [s * 1000 for s in self.per_batch_dispatch_s], 99
+            ),
+            "piece_ms_per_step_mean": {
+                name: sum(p[name] for _, p in working) / len(working) * 1000 for name in PIECES
+            },
+        }
+        out["goal_ms_per_batch"] = GOAL_MS_PER_BATCH
+        out["goal_met"] = out["ms_per_batch_p50"] <= GOAL_MS_PER_BATCH
+        return out
+
+
+def run(bench: Bench, name: str, steps: int, free_workers: int | None) -> Scenario:
+    """``steps`` measured steps, freeing ``free_workers`` workers (None = all) before each."""
+    scenario = Scenario(name)
+    for _ in range(steps):
+        bench.free(free_workers)
+        report, pieces = bench.step()
+        scenario.steps.append((report, pieces))
+        scenario.per_batch_dispatch_s += bench.sw.samples["dispatch"]
+    return scenario
+
+
+def fill(bench: Bench) -> None:
+    """Step until the fleet is full (a step dispatches nothing), then top the backlog up."""
+    dispatched = 0
+    while n := bench.dispatcher.step().dispatched:
+        dispatched += n
+    submit(bench.client, dispatched, bench.submitted)
+    bench.submitted += dispatched
+
+
+def measure(args: argparse.Namespace, ns: str, profile: cProfile.Profile | None) -> list[Scenario]:
+    settings = Settings.load(redis_url=args.redis_url, namespace=ns)
+    client = Client(settings=settings)
+    bench = Bench(settings, client)
+    ttl = settings.heartbeat_interval_s * defaults.HEARTBEAT_TTL_INTERVALS
+    for info in fleet(settings, args.workers, args.slots):
+        bench.store.heartbeat(info, ttl_s=ttl)
+    beater = subprocess.Popen(
+        [
+            sys.executable,
+            __file__,
+            "--redis-url",
+            args.redis_url,
+            "--beat",
+            ns,
+            "--workers",
+            str(args.workers),
+            "--slots",
+            str(args.slots),
+        ]
+    )
+    try:
+        submit(client, args.queued)
+        bench.submitted = args.queued
+        for _ in range(args.warmup):
+            bench.free(None)
+            bench.step()
+        if profile:
+            profile.enable()
+        idle = run(bench, "idle", args.idle_steps, None)
+        if profile:
+            profile.disable()
+        bench.free(None)
+        fill(bench)
+        if profile:
+            profile.enable()
+        busy = run(bench, "busy", args.busy_steps, args.free_workers)
+        if profile:
+            profile.disable()
+        return [idle, busy]
+    finally:
+        beater.terminate()
+        beater.wait(timeout=10)
+        client.close()
+
+
+def report(args: argparse.Namespace, scenarios: list[Scenario]) -> dict[str, Any]:
+    summaries = {s.name: s.summary() for s in scenarios}
+    rows = []
+    for name, s in summaries.items():
+        if "ms_per_batch_p50" not in s:
+            rows.append([name, *(["-"] * 8)])
+            continue
+        rows.append(
+            [
+                name,
+                _bench.fmt(s["ms_per_batch_p50"], 3),
+                _bench.fmt(s["ms_per_batch_p99"], 3),
+                _bench.fmt(s["batches_per_s"]),
+                _bench.fmt(s["requests_per_s"]),
+                _bench.fmt(s["batches_per_step_mean"], 1),
+                f"{s['batch_size_mean']:.1f} / {s['batch_size_max']}",
+                _bench.fmt(s["step_ms_p50"]),
+                "yes" if s["goal_met"] else "NO",
+            ]
+        )
+    _bench.table(
+        f"Dispatcher: {args.queued:,} queued, 3 classes, {TENANTS} tenants, "
+        f"{args.workers} heartbeating workers x {args.slots} slots",
+        [
+            "scenario",
+            "ms/batch p50",
+            "ms/batch p99",
+            "batches/s",
+            "requests/s",
+            "batches/step",
+            "batch size mean/max",
+            "step ms p50",
+            f"<= {GOAL_MS_PER_BATCH:g} ms",
+        ],
+        rows,
+    )
+    piece_rows = []
+    for name, s in summaries.items():
+        if "piece_ms_per_step_mean" in s:
+            ms = s["piece_ms_per_step_mean"]
+            total = sum(ms.values()) or 1.0
+            piece_rows.append([name, *(f"{ms[p]:.2f} ({ms[p] / total:.0%})" for p in PIECES)])
+    _bench.table(
+        "Where a step's time goes (mean ms per step, share)", ["scenario", *PIECES], piece_rows
+    )
+    return summaries
+
+
+def main() -> None:
+    p = _bench.parser(__doc__.split("\n\n")[0])
+    p.add_argument("--queued", type=_bench.positive, default=10_000, help="backlog kept queued")
+    p.add_argument("--workers", type=_bench.positive, default=500, help="heartbeating workers")
+    p.add_argument("--slots", type=_bench.positive, default=8, help="slots per worker")
+    p.add_argument("--idle-steps", type=_bench.positive, default=30, help="measured, idle fleet")
+    p.add_argument("--busy-steps", type=_bench.positive, default=200, help="measured, full fleet")
+    p.add_argument(
+        "--free-workers", type=_bench.positive, default=16, help="workers freed per busy step"
+    )
+    p.add_argument("--warmup", type=int, default=3, help="unmeasured idle steps first")
+    p.add_argument(
+        "--profile", type=int, metavar="N", default=0, help="print the top N by cProfile"
+    )
+    p.add_argument("--beat", metavar="NAMESPACE", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.beat:
+        beat_forever(args.redis_url, args.beat, args.workers, args.slots)
+        return
+
+    profile = cProfile.Profile() if args.profile else None
+    with _bench.namespace(args.redis_url) as ns:
+        scenarios = measure(args, ns, profile)
+    summaries = report(args, scenarios)
+    for name, s in summaries.items():
+        if "goal_met" in s:
+            verdict = "met" if s["goal_met"] else "MISSED"
+            _bench.note(
+                f"{name}: goal <= {GOAL_MS_PER_BATCH:g} ms per batch {verdict} "
+                f"(p50 {s['ms_per_batch_p50']:.3f} ms)"
+            )
+    if profile:
+        out = io.StringIO()
+        pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(args.profile)
+        _bench.note("cProfile of the measured steps (timings above include its overhead):")
+        _bench.note(out.getvalue())
+    _bench.write_json(
+        args.json,
+        args.redis_url,
+        {
+            "queued": args.queued,
+            "workers": args.workers,
+            "slots_per_worker": args.slots,
+            "classes": len(CLASSES),
+            "tenants": TENANTS,
+            "free_workers_per_busy_step": args.free_workers,
+            "scenarios": summaries,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,373 @@
+"""End-to-end throughput and added latency through the real stack, beside plain RQ.
+
+Issue 7's benchmark. In a fresh namespace it starts a dispatcher (``inferq
+dispatcher``) and ``--workers`` worker processes (``inferq worker`` with the sim
+backend at ``time_scale=0``: a request takes no time, so only scheduling costs
+remain). Every timestamp is read from the request hashes, where Redis TIME wrote
+it (whole milliseconds).
+
+1. Added latency, idle capacity: ``--latency-requests`` single submissions of
+   class ``--priority`` (default realtime, whose batching delay is 0: standard
+   and batch requests wait up to their batching delay, 50 and 500 ms, to fill a
+   batch, by design) at a fixed ``--rate``; per request ``started_ms -
+   submitted_ms`` (submit -> the worker starts it), split into submit -> claimed
+   by the dispatcher and claimed -> started (the RQ hand-off). Goals: p50 <= 2
+   ms, p99 <= 10 ms.
+2. Throughput: with the dispatcher stopped, ``--requests`` are queued; then the
+   dispatcher starts and the fleet drains them; requests/s = requests / (last
+   ``finished_ms`` - first ``dispatched_ms``).
+3. The RQ baseline: ``--rq-jobs`` no-op jobs (JSON serializer) queued first, then
+   as many RQ ``SimpleWorker`` processes as inferq workers drain them in burst
+   mode; jobs/s = jobs / (last ``ended_at`` - first ``started_at``).
+   Goal: inferq >= 20x RQ's per-job throughput::
+
+    python scripts/bench_e2e.py --json e2e.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import _bench
+from rq import Queue
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+from inferq.client import Client
+from inferq.config import Settings
+from inferq.jobs import rq_connection
+from inferq.store import Store
+
+MODEL = "llama-3.1-8b"
+CLASSES = ("realtime", "standard", "batch")
+TENANTS = 20
+GOAL_THROUGHPUT_RATIO = 20.0
+GOAL_P50_MS = 2.0
+GOAL_P99_MS = 10.0
+#: Longest wait for a phase to finish, seconds.
+PHASE_TIMEOUT_S = 600.0
+SCRIPTS = Path(__file__).resolve().parent
+
+
+class Procs:
+    """Child processes with their output in temporary files; all stopped on close."""
+
+    def __init__(self) -> None:
+        self.procs: dict[str, tuple[subprocess.Popen[bytes], IO[bytes]]] = {}
+
+    def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
+        log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop())
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.procs[name] = (proc, log)
+
+    def stop(self, name: str, timeout_s: float = 30.0) -> None:
+        """SIGTERM (drain), then SIGKILL past ``timeout_s``."""
+        proc, log = self.procs.pop(name)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+    def check(self) -> None:
+        """Raise with its output if a child exited early."""
+        for name, (proc, log) in self.procs.items():
+            if proc.poll() is not None:
+                log.seek(0)
+                tail = log.read().decode(errors="replace")[-3000:]
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
+
+    def close(self) -> None:
+        for name in list(self.procs):
+            self.stop(name)
+
+
+def wait_until(what: str, done: Callable[[], bool], procs: Procs) -> None:
+    """Poll ``done`` every 20 ms until true (raises after PHASE_TIMEOUT_S or a child's exit)."""
+    deadline = time.monotonic() + PHASE_TIMEOUT_S
+    while not done():
+        procs.check()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not done after {PHASE_TIMEOUT_S:.0f} s")
+        time.sleep(0.02)
+
+
+class Stack:
+    """The inferq side: a dispatcher and workers as processes, a client in this one."""
+
+    def __init__(self, url: str, ns: str, workers: int, slots: int) -> None:
+        self.url, self.ns = url, ns
+        self.settings = Settings.load(redis_url=url, namespace=ns)
+        self.client = Client(settings=self.settings)
+        self.store: Store = self.client.store
+        self.procs = Procs()
+        self.base = [sys.executable, "-m", "inferq", "--redis-url", url, "--namespace", ns]
+        self.worker_ids = [f"e2e-w{i}" for i in range(workers)]
+        try:
+            for wid in self.worker_ids:
+                self.procs.start(
+                    wid,
+                    [
+                        *self.base,
+                        "worker",
+                        "--model",
+                        MODEL,
+                        "--vram-mib",
+                        "81920",
+                        "--id",
+                        wid,
+                        "--slots",
+                        str(slots),
+                        "-o",
+                        "time_scale=0",
+                    ],
+                )
+            wait_until("workers ready", self._ready, self.procs)
+        except BaseException:
+            self.close()
+            raise
+
+    def _ready(self) -> bool:
+        states = [
+            self.store.redis.hget(self.store.keys.worker(w), "state") for w in self.worker_ids
+        ]
+        return all(s == "ready" for s in states)
+
+    def start_dispatcher(self) -> None:
+        self.procs.start("dispatcher", [*self.base, "dispatcher"])
+
+    def stop_dispatcher(self) -> None:
+        self.procs.stop("dispatcher")
+
+    def wait_finished(self, total: int) -> None:
+        wait_until(
+            f"{total} requests succeeded",
+            lambda: self.store.stats().get("succeeded", 0) >= total,
+            self.procs,
+        )
+
+    def times(self, ids: list[str], fields: tuple[str, ...]) -> list[list[int]]:
+        """Integer ms ``fields`` of each request (one pipelined round trip)."""
+        pipe = self.store.redis.pipeline(transaction=False)
+        for rid in ids:
+            pipe.hmget(self.store.keys.req(rid), fields)
+        return [[int(v) for v in row] for row in pipe.execute()]
+
+    def close(self) -> None:
+        self.procs.close()
+        self.client.close()
+
+
+def item(i: int) -> dict[str, Any]:
+    return {
+        "prompt": "Say hello",
+        "max_tokens": 16,
+        "priority": CLASSES[i % len(CLASSES)],
+        "tenant": f"tenant{i % TENANTS}",
+    }
+
+
+def latency(stack: Stack, n: int, rate: float, priority: str) -> dict[str, Any]:
+    """Submit ``n`` requests one by one at ``rate``/s to an idle fleet; ms percentiles."""
+    stack.start_dispatcher()
+    time.sleep(1.0)  # the dispatcher has started and is waiting for work
+    before = stack.store.stats().get("succeeded", 0)
+    ids = []
+    t0 = time.perf_counter()
+    for i in range(n):
+        pause = t0 + i / rate - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+        ids.append(stack.client.submit(**{**item(i), "priority": priority}).id)
+    stack.wait_finished(before + n)
+    stack.stop_dispatcher()
+    rows = stack.times(ids, ("submitted_ms", "dispatched_ms", "started_ms"))
+    added = [float(s - sub) for sub, _, s in rows]
+    dispatch = [float(d - sub) for sub, d, _ in rows]
+    handoff = [float(s - d) for _, d, s in rows]
+    out: dict[str, Any] = {"requests": n, "rate_per_s": rate, "priority": priority}
+    for name, values in (("added", added), ("dispatch", dispatch), ("handoff", handoff)):
+        out[f"{name}_ms_p50"] = _bench.percentile(values, 50)
+        out[f"{name}_ms_p99"] = _bench.percentile(values, 99)
+        out[f"{name}_ms_max"] = max(values)
+    out["goal_p50_met"] = out["added_ms_p50"] <= GOAL_P50_MS
+    out["goal_p99_met"] = out["added_ms_p99"] <= GOAL_P99_MS
+    return out
+
+
+def throughput(stack: Stack, n: int) -> dict[str, Any]:
+    """Queue ``n`` requests, start the dispatcher, time the drain (Redis ms)."""
+    before = stack.store.stats().get("succeeded", 0)
+    ids: list[str] = []
+    for start in range(0, n, 500):
+        batch = [item(i) for i in range(start, min(n, start + 500))]
+        ids += [h.id for h in stack.client.submit_many(batch)]
+    stack.start_dispatcher()
+    stack.wait_finished(before + n)
+    stack.stop_dispatcher()
+    rows = stack.times(ids, ("dispatched_ms", "finished_ms"))
+    span_ms = max(f for _, f in rows) - min(d for d, _ in rows)
+    return {"requests": n, "span_s": span_ms / 1000, "requests_per_s": n / span_ms * 1000}
+
+
+def rq_baseline(url: str, ns: str, jobs: int, workers: int) -> dict[str, Any]:
+    """Queue ``jobs`` no-op jobs, drain them with ``workers`` SimpleWorker processes."""
+    rq = rq_connection(url)
+    queue = Queue(f"{ns}-noop", connection=rq, serializer=JSONSerializer)
+    ids = [f"{ns}-j{i}" for i in range(jobs)]
+    for start in range(0, jobs, 500):
+        queue.enqueue_many(
+            [
+                Queue.prepare_data("_bench.noop", job_id=jid, result_ttl=600)
+                for jid in ids[start : start + 500]
+            ]
+        )
+    procs = Procs()
+    env = {**os.environ, "PYTHONPATH": str(SCRIPTS)}
+    rq_cli = [sys.executable, "-c", "from rq.cli import main; main()"]
+    for i in range(workers):
+        procs.start(
+            f"rq{i}",
+            [
+                *rq_cli,
+                "worker",
+                "--burst",
+                "--url",
+                url,
+                "--name",
+                f"{ns}-rq{i}",
+                "-w",
+                "rq.worker.SimpleWorker",
+                "-S",
+                "json",
+                "-q",
+                queue.name,
+            ],
+            env=env,
+        )
+    try:
+        for name in list(procs.procs):
+            proc, _ = procs.procs[name]
+            if proc.wait(timeout=PHASE_TIMEOUT_S) != 0:
+                procs.check()
+    finally:
+        procs.close()
+    done = [j for j in Job.fetch_many(ids, connection=rq, serializer=JSONSerializer) if j]
+    if len(done) != jobs or any(j.ended_at is None or j.started_at is None for j in done):
+        raise RuntimeError(f"RQ baseline: {len(done)} of {jobs} jobs found finished")
+    first = min(j.started_at for j in done if j.started_at)
+    last = max(j.ended_at for j in done if j.ended_at)
+    span_s = (last - first).total_seconds()
+    rq.close()
+    return {"jobs": jobs, "span_s": span_s, "jobs_per_s": jobs / span_s}
+
+
+def main() -> None:
+    p = _bench.parser(__doc__.split("\n\n")[0])
+    p.add_argument("--workers", type=_bench.positive, default=2, help="worker processes (each)")
+    p.add_argument("--slots", type=_bench.positive, default=64, help="slots per inferq worker")
+    p.add_argument("--requests", type=_bench.positive, default=10_000, help="throughput run")
+    p.add_argument("--rq-jobs", type=_bench.positive, default=3_000, help="RQ baseline run")
+    p.add_argument("--latency-requests", type=_bench.positive, default=500)
+    p.add_argument("--rate", type=float, default=50.0, help="submissions/s in the latency run")
+    p.add_argument("--priority", default="realtime", help="class of the latency run's requests")
+    args = p.parse_args()
+
+    with _bench.namespace(args.redis_url) as ns:
+        stack = Stack(args.redis_url, ns, args.workers, args.slots)
+        try:
+            lat = latency(stack, args.latency_requests, args.rate, args.priority)
+            thr = throughput(stack, args.requests)
+        finally:
+            stack.close()
+        rq = rq_baseline(args.redis_url, ns, args.rq_jobs, args.workers)
+    report(args, lat, thr, rq)
+
+
+def report(
+    args: argparse.Namespace, lat: dict[str, Any], thr: dict[str, Any], rq: dict[str, Any]
+) -> None:
+    ratio = _bench.ratio(thr["requests_per_s"], rq["jobs_per_s"])
+    goal_met = ratio is not None and ratio >= GOAL_THROUGHPUT_RATIO
+    _bench.table(
+        f"End-to-end throughput, zero-latency backend, {args.workers} worker process(es) each",
+        ["system", "items", "span s", "per s", f"ratio (goal >= {GOAL_THROUGHPUT_RATIO:g}x)"],
+        [
+            [
+                f"inferq (dispatcher + workers, {args.slots} slots)",
+                f"{thr['requests']:,}",
+                _bench.fmt(thr["span_s"], 3),
+                _bench.fmt(thr["requests_per_s"]),
+                f"{_bench.fmt(ratio)}x ({'met' if goal_met else 'MISSED'})",
+            ],
+            [
+                "RQ SimpleWorker, no-op jobs",
+                f"{rq['jobs']:,}",
+                _bench.fmt(rq["span_s"], 3),
+                _bench.fmt(rq["jobs_per_s"]),
+                "1x",
+            ],
+        ],
+    )
+    rows = []
+    for name, label, goal in (
+        (
+            "added",
+            "submit -> started (added latency)",
+            f"p50 <= {GOAL_P50_MS:g}, p99 <= {GOAL_P99_MS:g}",
+        ),
+        ("dispatch", "submit -> claimed by the dispatcher", ""),
+        ("handoff", "claimed -> started (RQ hand-off)", ""),
+    ):
+        rows.append(
+            [
+                label,
+                _bench.fmt(lat[f"{name}_ms_p50"], 1),
+                _bench.fmt(lat[f"{name}_ms_p99"], 1),
+                _bench.fmt(lat[f"{name}_ms_max"], 1),
+                goal,
+            ]
+        )
+    _bench.table(
+        f"Added latency at {args.rate:g} {args.priority} submissions/s, idle capacity "
+        f"({lat['requests']} requests; Redis ms timestamps, +-1 ms)",
+        ["interval", "p50 ms", "p99 ms", "max ms", "goal"],
+        rows,
+    )
+    verdicts = (
+        f"throughput goal >= {GOAL_THROUGHPUT_RATIO:g}x RQ: {'met' if goal_met else 'MISSED'}; "
+        f"latency p50 <= {GOAL_P50_MS:g} ms: {'met' if lat['goal_p50_met'] else 'MISSED'}; "
+        f"p99 <= {GOAL_P99_MS:g} ms: {'met' if lat['goal_p99_met'] else 'MISSED'}"
+    )
+    _bench.note(verdicts)
+    _bench.write_json(
+        args.json,
+        args.redis_url,
+        {
+            "workers": args.workers,
+            "slots_per_worker": args.slots,
+            "throughput": thr,
+            "rq_baseline": rq,
+            "throughput_ratio_to_rq": ratio,
+            "throughput_goal_ratio": GOAL_THROUGHPUT_RATIO,
+            "throughput_goal_met": goal_met,
+            "latency": lat,
+            "latency_goal_ms": {"p50": GOAL_P50_MS, "p99": GOAL_P99_MS},
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
