@@ -14,12 +14,17 @@ slots and submits as many new ones, so the backlog stays at ``--queued``:
   batches);
 - ``busy``: the fleet is full; between steps ``--free-workers`` workers finish
   what they hold, so each step hands out a few batches (the steady state of a
-  saturated fleet, where the fixed cost of a step weighs on few batches).
+  saturated fleet, where the fixed cost of a step weighs on few batches);
+- ``full``: no slot is free; each step reads the snapshot and dispatches
+  nothing (what a wake-up by a submission costs when the fleet is full).
 
 Decision time per batch = a step's wall time / the batches it dispatched. The
 step is split into its pieces (expiry, recovery, snapshot read, policy decision,
 claim = the assign Lua call, RQ enqueue, fairness write) so it shows where the
-time goes. Goal: <= 2 ms per batch::
+time goes. Steps that find no free slot at all (what each wake-up of a full
+fleet's dispatcher costs) are timed too. The baseline, timed in the same process
+before and after, is RQ's own hand-off of one job: ``Queue.enqueue`` of a no-op
+job (JSON serializer). Goal: <= 2 ms per batch::
 
     python scripts/bench_dispatch.py --json dispatch.json
 """
@@ -39,10 +44,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import _bench
+from rq import Queue
+from rq.serializers import JSONSerializer
 
 from inferq import defaults
 from inferq.client import Client
 from inferq.config import Settings
+from inferq.jobs import rq_connection
 from inferq.models import WorkerInfo, WorkerState
 from inferq.scheduler.dispatcher import Dispatcher, StepReport
 from inferq.store import Outcome, Store, connect
@@ -201,11 +209,11 @@ class Scenario:
     per_batch_dispatch_s: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
-        working = [(r, p) for r, p in self.steps if r.batches]
-        per_batch_ms = [r.step_s / r.batches * 1000 for r, _ in working]
-        sizes = [n for r, _ in working for n in r.batch_sizes]
+        working = [r for r, _ in self.steps if r.batches]
+        step_ms = [r.step_s * 1000 for r, _ in self.steps]
+        sizes = [n for r in working for n in r.batch_sizes]
         total_s = sum(r.step_s for r, _ in self.steps)
-        batches = sum(r.batches for r, _ in self.steps)
+        batches = sum(r.batches for r in working)
         out: dict[str, Any] = {
             "steps": len(self.steps),
             "steps_with_batches": len(working),
@@ -213,29 +221,28 @@ class Scenario:
             "requests_dispatched": sum(sizes),
             "batches_per_s": batches / total_s if total_s else 0.0,
             "requests_per_s": sum(sizes) / total_s if total_s else 0.0,
+            "step_ms_p50": _bench.percentile(step_ms, 50),
+            "step_ms_p99": _bench.percentile(step_ms, 99),
+            "piece_ms_per_step_mean": {
+                name: sum(p[name] for _, p in self.steps) / len(self.steps) * 1000
+                for name in PIECES
+            },
         }
         if not working:
             return out
+        per_batch_ms = [r.step_s / r.batches * 1000 for r in working]
+        dispatch_ms = [s * 1000 for s in self.per_batch_dispatch_s]
         out |= {
             "ms_per_batch_p50": _bench.percentile(per_batch_ms, 50),
             "ms_per_batch_p99": _bench.percentile(per_batch_ms, 99),
-            "step_ms_p50": _bench.percentile([r.step_s * 1000 for r, _ in working], 50),
-            "step_ms_p99": _bench.percentile([r.step_s * 1000 for r, _ in working], 99),
             "batches_per_step_mean": batches / len(working),
             "batch_size_mean": sum(sizes) / len(sizes),
             "batch_size_p50": _bench.percentile(sizes, 50),
             "batch_size_max": max(sizes),
-            "claim_enqueue_ms_per_batch_p50": _bench.percentile(
-                [s * 1000 for s in self.per_batch_dispatch_s], 50
-            ),
-            "claim_enqueue_ms_per_batch_p99": _bench.percentile(
-                [s * 1000 for s in self.per_batch_dispatch_s], 99
-            ),
-            "piece_ms_per_step_mean": {
-                name: sum(p[name] for _, p in working) / len(working) * 1000 for name in PIECES
-            },
+            "claim_enqueue_ms_per_batch_p50": _bench.percentile(dispatch_ms, 50),
+            "claim_enqueue_ms_per_batch_p99": _bench.percentile(dispatch_ms, 99),
+            "goal_ms_per_batch": GOAL_MS_PER_BATCH,
         }
-        out["goal_ms_per_batch"] = GOAL_MS_PER_BATCH
         out["goal_met"] = out["ms_per_batch_p50"] <= GOAL_MS_PER_BATCH
         return out
 
@@ -260,7 +267,21 @@ def fill(bench: Bench) -> None:
     bench.submitted += dispatched
 
 
-def measure(args: argparse.Namespace, ns: str, profile: cProfile.Profile | None) -> list[Scenario]:
+def rq_enqueue_s(url: str, ns: str, n: int, tag: str) -> list[float]:
+    """Seconds of each of ``n`` RQ ``Queue.enqueue`` calls of a no-op job."""
+    queue = Queue(f"{ns}-rq", connection=rq_connection(url), serializer=JSONSerializer)
+    out = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        queue.enqueue_call("_bench.noop", job_id=f"{ns}-{tag}{i}")
+        out.append(time.perf_counter() - t0)
+    queue.connection.close()
+    return out
+
+
+def measure(
+    args: argparse.Namespace, ns: str, profile: cProfile.Profile | None
+) -> tuple[list[Scenario], list[float]]:
     settings = Settings.load(redis_url=args.redis_url, namespace=ns)
     client = Client(settings=settings)
     bench = Bench(settings, client)
@@ -282,6 +303,7 @@ def measure(args: argparse.Namespace, ns: str, profile: cProfile.Profile | None)
         ]
     )
     try:
+        baseline = rq_enqueue_s(args.redis_url, ns, args.baseline_jobs, "a")
         submit(client, args.queued)
         bench.submitted = args.queued
         for _ in range(args.warmup):
@@ -299,19 +321,27 @@ def measure(args: argparse.Namespace, ns: str, profile: cProfile.Profile | None)
         busy = run(bench, "busy", args.busy_steps, args.free_workers)
         if profile:
             profile.disable()
-        return [idle, busy]
+        bench.free(None)
+        fill(bench)
+        full = run(bench, "full", args.full_steps, 0)
+        baseline += rq_enqueue_s(args.redis_url, ns, args.baseline_jobs, "b")
+        return [idle, busy, full], baseline
     finally:
         beater.terminate()
         beater.wait(timeout=10)
         client.close()
 
 
-def report(args: argparse.Namespace, scenarios: list[Scenario]) -> dict[str, Any]:
+def report(
+    args: argparse.Namespace, scenarios: list[Scenario], baseline_s: list[float]
+) -> dict[str, Any]:
     summaries = {s.name: s.summary() for s in scenarios}
+    rq_ms = _bench.median(baseline_s) * 1000
     rows = []
     for name, s in summaries.items():
+        step = f"{s['step_ms_p50']:.1f} / {s['step_ms_p99']:.1f}"
         if "ms_per_batch_p50" not in s:
-            rows.append([name, *(["-"] * 8)])
+            rows.append([name, "-", "-", "-", "-", "-", "-", step, "-", "no batch"])
             continue
         rows.append(
             [
@@ -322,7 +352,8 @@ def report(args: argparse.Namespace, scenarios: list[Scenario]) -> dict[str, Any
                 _bench.fmt(s["requests_per_s"]),
                 _bench.fmt(s["batches_per_step_mean"], 1),
                 f"{s['batch_size_mean']:.1f} / {s['batch_size_max']}",
-                _bench.fmt(s["step_ms_p50"]),
+                step,
+                _bench.fmt(_bench.ratio(s["ms_per_batch_p50"], rq_ms)),
                 "yes" if s["goal_met"] else "NO",
             ]
         )
@@ -337,21 +368,21 @@ def report(args: argparse.Namespace, scenarios: list[Scenario]) -> dict[str, Any
             "requests/s",
             "batches/step",
             "batch size mean/max",
-            "step ms p50",
+            "step ms p50 / p99",
+            f"p50 / RQ enqueue ({rq_ms:.3f} ms)",
             f"<= {GOAL_MS_PER_BATCH:g} ms",
         ],
         rows,
     )
     piece_rows = []
     for name, s in summaries.items():
-        if "piece_ms_per_step_mean" in s:
-            ms = s["piece_ms_per_step_mean"]
-            total = sum(ms.values()) or 1.0
-            piece_rows.append([name, *(f"{ms[p]:.2f} ({ms[p] / total:.0%})" for p in PIECES)])
+        ms = s["piece_ms_per_step_mean"]
+        total = sum(ms.values()) or 1.0
+        piece_rows.append([name, *(f"{ms[p]:.2f} ({ms[p] / total:.0%})" for p in PIECES)])
     _bench.table(
         "Where a step's time goes (mean ms per step, share)", ["scenario", *PIECES], piece_rows
     )
-    return summaries
+    return {"rq_enqueue_ms_p50": rq_ms, "scenarios": summaries}
 
 
 def main() -> None:
@@ -364,7 +395,11 @@ def main() -> None:
     p.add_argument(
         "--free-workers", type=_bench.positive, default=16, help="workers freed per busy step"
     )
+    p.add_argument("--full-steps", type=_bench.positive, default=20, help="measured, no slot free")
     p.add_argument("--warmup", type=int, default=3, help="unmeasured idle steps first")
+    p.add_argument(
+        "--baseline-jobs", type=_bench.positive, default=300, help="RQ enqueues, before and after"
+    )
     p.add_argument(
         "--profile", type=int, metavar="N", default=0, help="print the top N by cProfile"
     )
@@ -376,9 +411,9 @@ def main() -> None:
 
     profile = cProfile.Profile() if args.profile else None
     with _bench.namespace(args.redis_url) as ns:
-        scenarios = measure(args, ns, profile)
-    summaries = report(args, scenarios)
-    for name, s in summaries.items():
+        scenarios, baseline = measure(args, ns, profile)
+    figures = report(args, scenarios, baseline)
+    for name, s in figures["scenarios"].items():
         if "goal_met" in s:
             verdict = "met" if s["goal_met"] else "MISSED"
             _bench.note(
@@ -400,7 +435,7 @@ def main() -> None:
             "classes": len(CLASSES),
             "tenants": TENANTS,
             "free_workers_per_busy_step": args.free_workers,
-            "scenarios": summaries,
+            **figures,
         },
     )
 
