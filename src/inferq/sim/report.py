@@ -291,7 +291,8 @@ def markdown(reports: Sequence[Report]) -> str:
 
     def table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
         head = "| " + " | ".join(columns) + " |"
-        rule = "|" + "|".join(" --- " if i < 1 else " ---: " for i, _ in enumerate(columns)) + "|"
+        rule = "|" + "|".join(" --- " if c in ("policy", "class") else " ---: " for c in columns)
+        rule += "|"
         body = ["| " + " | ".join(r) + " |" for r in rows]
         return "\n".join([head, rule, *body])
 
