@@ -325,6 +325,7 @@ def model_states(draw: st.DrawFn, now: float) -> ModelScaleState:
         level=draw(st.none() | st.floats(0, 60)),
         slope=draw(st.floats(-1, 1)),
         observed_at=draw(st.none() | st.floats(now - 60, now)),
+        surplus_since=draw(st.none() | st.floats(now - 1000, now)),
     )
 
 
@@ -376,7 +377,7 @@ def test_decisions_stay_within_bounds_and_the_gpu_budget(
 
 @settings(max_examples=300, deadline=None)
 @given(scenarios())
-def test_scale_down_never_picks_a_busy_worker(
+def test_scale_down_picks_a_busy_worker_only_after_a_lasting_surplus(
     scenario: tuple[list[ModelLoad], ScalerState, ScalingConfig],
 ) -> None:
     loads, state, config = scenario
@@ -390,8 +391,29 @@ def test_scale_down_never_picks_a_busy_worker(
     ):
         for ld, d in zip(loads, decisions, strict=True):
             assert len(set(d.drain)) == len(d.drain)
+            surplus_since = state.model(ld.model).surplus_since
             for w in d.drain:
-                assert w in ld.idle_workers and ld.busy.get(w, 0) == 0, (w, ld)
+                if w in ld.idle_workers and ld.busy.get(w, 0) == 0:
+                    continue
+                # A busy worker only as the one least-busy drain after idle_s of surplus.
+                assert d.drain == (w,), (w, ld)
+                assert surplus_since is not None and NOW - surplus_since >= config.idle_s
+                assert ld.busy[w] == min(ld.busy.values())
+
+
+def test_lasting_surplus_drains_the_least_busy_worker() -> None:
+    spread = load(ready=4, busy={"a": 3, "b": 1, "c": 2, "d": 2}, idle_workers={}, arrival_rate=0.5)
+    _, fresh = decide_scale([spread], ScalerState(), ScalingConfig(), CLASSES, NOW)
+    assert fresh.model("m").surplus_since == NOW
+    early = one(spread, state=fresh, now=NOW + 299)
+    assert (early.action, early.drain) == ("hold", ())
+    late = one(spread, state=fresh, now=NOW + 300)
+    assert (late.action, late.desired, late.drain) == ("down", 3, ("b",))
+    assert has(late, "surplus for 300 s >= 300 s and no idle worker: draining the least busy (b")
+    _, reset = decide_scale(
+        [load(ready=4, arrival_rate=40.0)], fresh, ScalingConfig(), CLASSES, NOW + 1
+    )
+    assert reset.model("m").surplus_since is None  # the surplus must last without a break
 
 
 @settings(max_examples=200, deadline=None)

@@ -96,6 +96,9 @@ def test_assign_refuses_a_worker_that_is_not_ready(store: Store, settings: Setti
     store.submit(r)
     assert store.assign("w1", "b1", [(r.id, queue_key(store, r), 1.0)]) == []
     assert store.assign("ghost", "b1", [(r.id, queue_key(store, r), 1.0)]) == []
+    ready_worker(store, "w2")
+    assert store.request_drain("w2")  # asked to drain, its heartbeat still says ready
+    assert store.assign("w2", "b1", [(r.id, queue_key(store, r), 1.0)]) == []
     assert store.record(r.id).state is RequestState.QUEUED
 
 

@@ -166,6 +166,9 @@ class ScalingSettings(BaseModel):
     up_cooldown_s: float = Field(default=defaults.SCALE_UP_COOLDOWN_S, ge=0)
     down_cooldown_s: float = Field(default=defaults.SCALE_DOWN_COOLDOWN_S, ge=0)
     interval_s: float = Field(default=defaults.SCALER_INTERVAL_S, gt=0)
+    backlog_drain_s: float = Field(default=defaults.SCALE_BACKLOG_DRAIN_S, gt=0)
+    trend_level_s: float = Field(default=defaults.SCALE_TREND_LEVEL_S, gt=0)
+    trend_slope_s: float = Field(default=defaults.SCALE_TREND_SLOPE_S, gt=0)
 
 
 def _default_classes() -> list[PriorityClass]:

@@ -58,6 +58,9 @@ from inferq.traces import load_trace, synthetic_batch, window
 #: H100 for 70B) and how far the scaler may grow each model.
 DEMO_FLEET = "llama-3.1-8b:3@24576,llama-3.1-70b:1@81920"
 DEMO_MAX_EXTRA = 3
+#: Concurrent requests per worker: vLLM serves dozens of sequences per card; 16 keeps
+#: a 24 GiB card's KV cache (~54k tokens for Llama-3.1-8B) enough for the traces' prompts.
+DEMO_SLOTS = 16
 #: Routes of the demo's classes (see the module docstring).
 DEMO_ROUTES = {"realtime": "llama-3.1-8b", "standard": ">=8b", "batch": "llama-3.1-70b"}
 
@@ -133,7 +136,28 @@ def build_workload(opts: DemoOptions, settings: Settings) -> list[SimRequest]:
 
 
 def compressed(settings: Settings, speedup: float) -> Settings:
-    """Settings with every class duration divided by ``speedup``."""
+    """The same deployment on a clock ``speedup`` x faster.
+
+    Every duration shrinks by ``speedup`` — class SLAs, timeouts, batching delays,
+    aging bounds; model cold starts; the scaler's idle time, cooldowns, interval,
+    backlog-drain target and trend constants — and every model's prefill and decode
+    rates grow by it, so the sim backend, the dispatcher and the scaler all live on
+    one consistent compressed clock.
+    """
+    models = [
+        m.model_copy(
+            update={
+                "cold_start_s": m.cold_start_s / speedup,
+                "prefill_tps": m.prefill_tps * speedup,
+                "decode_tps": m.decode_tps * speedup,
+            }
+        )
+        for m in settings.models
+    ]
+    sc = settings.scaling
+    durations = ("idle_s", "up_cooldown_s", "down_cooldown_s", "interval_s")
+    durations += ("backlog_drain_s", "trend_level_s", "trend_slope_s")
+    scaling = sc.model_copy(update={name: getattr(sc, name) / speedup for name in durations})
     classes = [
         c.model_copy(
             update={
@@ -146,7 +170,7 @@ def compressed(settings: Settings, speedup: float) -> Settings:
         )
         for c in settings.classes
     ]
-    return settings.model_copy(update={"classes": classes})
+    return settings.model_copy(update={"classes": classes, "models": models, "scaling": scaling})
 
 
 def child_env(settings: Settings) -> dict[str, str]:
@@ -157,6 +181,7 @@ def child_env(settings: Settings) -> dict[str, str]:
     env["INFERQ_NAMESPACE"] = settings.namespace
     env["INFERQ_CLASSES"] = json.dumps([c.model_dump() for c in settings.classes])
     env["INFERQ_MODELS"] = json.dumps([m.model_dump() for m in settings.models])
+    env["INFERQ_SCALING"] = settings.scaling.model_dump_json()
     return env
 
 
@@ -205,12 +230,13 @@ class Sample:
     workers: dict[str, int]
     starting: dict[str, int]
     utilisation: float
+    gpus_busy: float
 
 
 class Sampler(threading.Thread):
-    """Samples queues and fleet twice a second into :attr:`samples`."""
+    """Samples queues and fleet four times a second into :attr:`samples`."""
 
-    def __init__(self, store: Store, t0: float, period_s: float = 0.5) -> None:
+    def __init__(self, store: Store, t0: float, period_s: float = 0.25) -> None:
         super().__init__(name="demo-sampler", daemon=True)
         self.store, self.t0, self.period_s = store, t0, period_s
         self.samples: list[Sample] = []
@@ -223,14 +249,20 @@ class Sampler(threading.Thread):
         infos, _ = self.store.workers()
         ready: dict[str, int] = {}
         starting: dict[str, int] = {}
-        slots = used = 0
+        slots = used = busy = 0
         for w in infos:
             target = ready if w.state.value == "ready" else starting
             target[w.model] = target.get(w.model, 0) + 1
             slots += w.slots
             used += min(w.slots, w.in_flight)
+            busy += w.in_flight > 0
         return Sample(
-            time.monotonic() - self.t0, queued, ready, starting, used / slots if slots else 0
+            time.monotonic() - self.t0,
+            queued,
+            ready,
+            starting,
+            used / slots if slots else 0.0,
+            busy / len(infos) if infos else 0.0,
         )
 
     def run(self) -> None:
@@ -289,7 +321,8 @@ def _run(
     client = Client(settings=settings, connection=store.redis)
     env = child_env(settings)
     procs.start("dispatcher", ["--log-level", "INFO", "dispatcher"], env)
-    procs.start("scaler", ["--log-level", "INFO", "scaler", *scaler_args(opts, fleet)], env)
+    args = scaler_args(opts, fleet, procs.log_dir)
+    procs.start("scaler", ["--log-level", "INFO", "scaler", *args], env)
     initial = sum(f.count for f in fleet)
     with console.status(f"starting {initial} workers on {redis_kind}"):
         deadline = time.monotonic() + 60
@@ -314,13 +347,13 @@ def _run(
     return report
 
 
-def scaler_args(opts: DemoOptions, fleet: list[FleetEntry]) -> list[str]:
-    """Arguments of the demo's ``inferq scaler`` (local backend, compressed idle time)."""
+def scaler_args(opts: DemoOptions, fleet: list[FleetEntry], log_dir: Path) -> list[str]:
+    """Arguments of the demo's ``inferq scaler`` (local backend, compressed times)."""
     args = [
         "--backend", "local",
-        "--interval", f"{max(0.5, 5.0 / opts.speedup):.2f}",
-        "--idle-s", f"{defaults.SCALE_IDLE_S / opts.speedup:.1f}",
-        "--worker-option", f"time_scale={1.0 / opts.speedup:.6f}",
+        "--slots", str(DEMO_SLOTS),
+        "--worker-option", "cold_start=true",
+        "--log-dir", str(log_dir / "workers"),
     ]  # fmt: skip
     for f in fleet:
         args += ["--pool", f"{f.model}={f.count}:{f.count + DEMO_MAX_EXTRA}"]
@@ -445,6 +478,7 @@ def _report(
     ]
     stats = store.stats()
     util = [s.utilisation for s in samples]
+    gpus = [s.gpus_busy for s in samples]
     return {
         "trace_window_s": opts.duration_s,
         "speedup": opts.speedup,
@@ -455,7 +489,8 @@ def _report(
         "lost": len(workload) - len(ids),
         "classes": class_summary(outcomes, sla, scale=opts.speedup),
         "sla_s": sla,
-        "worker_utilisation_mean": sum(util) / len(util) if util else None,
+        "slot_utilisation_mean": sum(util) / len(util) if util else None,
+        "gpus_busy_mean": sum(gpus) / len(gpus) if gpus else None,
         "scale_events": len(scale_events),
         "scale_events_detail": scale_events,
         "retries": stats.get("retried", 0),
@@ -467,37 +502,28 @@ def _report(
 
 def _print_report(report: dict[str, Any], console: Console) -> None:
     table = Table(
-        title=f"inferq demo: {report['requests']} requests, "
-        f"{report['trace_window_s']:g} s of trace in {report['wall_s']:g} s "
-        f"(latencies in trace seconds)"
+        title=f"{report['requests']} requests, {report['trace_window_s']:g} s of trace in "
+        f"{report['wall_s']:g} s (durations in trace seconds)",
+        caption="SLA = time to first token; met = share of the class that succeeded within it",
     )
-    for col in (
-        "class",
-        "requests",
-        "SLA (TTFT)",
-        "attained",
-        "wait p50",
-        "wait p99",
-        "e2e p50",
-        "e2e p99",
-        "expired",
-        "failed",
-    ):
-        table.add_column(col, justify="right" if col != "class" else "left")
+    for col in ("class", "n", "SLA", "met", "wait50", "wait99", "e2e50", "e2e99", "exp", "fail"):
+        table.add_column(col, justify="left" if col == "class" else "right")
 
     def s(v: Any) -> str:
-        return "-" if v is None else f"{v:.2f}s"
+        return "-" if v is None else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
 
     for cls, st in report["classes"].items():
         table.add_row(
-            cls, str(st["requests"]), s(report["sla_s"][cls]), f"{st['sla_attainment']:.1%}",
+            cls, str(st["requests"]), s(report["sla_s"][cls]), f"{st['sla_attainment']:.0%}",
             s(st["queue_wait_p50_s"]), s(st["queue_wait_p99_s"]), s(st["e2e_p50_s"]),
             s(st["e2e_p99_s"]), str(st["expired"]), str(st["failed"]),
         )  # fmt: skip
     console.print(table)
-    util = report["worker_utilisation_mean"]
+    util, gpus = report["slot_utilisation_mean"], report["gpus_busy_mean"]
     console.print(
-        f"worker slot utilisation {util:.0%}" if util is not None else "no utilisation samples",
+        f"GPUs busy {gpus:.0%} (>= 1 request running), slots busy {util:.0%}"
+        if util is not None and gpus is not None
+        else "no utilisation samples",
         f"| scale events {report['scale_events']} | retries {report['retries']} "
         f"| expired {report['expired']} | failed {report['failed']} "
         f"| unfinished {report['unfinished']} | lost {report['lost']}",
@@ -537,8 +563,10 @@ def plot(samples: list[Sample], speedup: float, path: Path) -> None:
                      linestyle=":", label=f"{model} starting/draining")  # fmt: skip
     axes[1].set_ylabel("workers")
     axes[1].legend(loc="upper right", fontsize="small")
-    axes[2].plot(t, [100 * s.utilisation for s in samples], color="tab:green")
-    axes[2].set_ylabel("slots busy %")
+    axes[2].plot(t, [100 * s.gpus_busy for s in samples], label="GPUs busy (>= 1 request)")
+    axes[2].plot(t, [100 * s.utilisation for s in samples], label="slots busy")
+    axes[2].set_ylabel("utilisation %")
+    axes[2].legend(loc="lower right", fontsize="small")
     axes[2].set_ylim(0, 100)
     axes[2].set_xlabel("trace time (s)")
     fig.suptitle("inferq demo: Azure LLM traces (2023)")

@@ -314,6 +314,7 @@ class Store:
             self.keys.worker(worker_id),
             self.keys.load(worker_id),
             self.keys.inflight(worker_id),
+            self.keys.drain(worker_id),
         ]
         flat = self._run("assign", keys, argv)
         return [(flat[i], int(flat[i + 1])) for i in range(0, len(flat), 2)]

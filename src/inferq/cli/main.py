@@ -447,6 +447,17 @@ def _pairs(option: str, values: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+def _register_plugins() -> None:
+    from inferq.cli.scaler import scaler
+    from inferq.cli.simulate import simulate
+
+    cli.add_command(scaler)
+    cli.add_command(simulate)
+
+
+_register_plugins()
+
+
 def main() -> None:
     """Console-script entry point."""
     cli(prog_name="inferq")

@@ -70,6 +70,20 @@ def _pairs(values: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+def parse_vram(values: tuple[str, ...]) -> int | dict[str, int] | None:
+    """``--vram-mib``: one ``MIB`` for every model, or ``MODEL=MIB`` pairs."""
+    if not values:
+        return None
+    try:
+        if len(values) == 1 and "=" not in values[0]:
+            return int(values[0])
+        return {model: int(mib) for model, _, mib in (v.partition("=") for v in values)}
+    except ValueError:
+        raise click.BadParameter(
+            f"{', '.join(values)} is not MIB or MODEL=MIB", param_hint="--vram-mib"
+        ) from None
+
+
 def scaling_settings(base: ScalingSettings, options: dict[str, Any]) -> ScalingSettings:
     """``base`` with the command's overrides applied (``--pool``, times, budget).
 
@@ -122,7 +136,12 @@ def scaling_settings(base: ScalingSettings, options: dict[str, Any]) -> ScalingS
 @click.option("--replica-id", help="This replica's lease id [host-pid-random].")
 @click.option("--worker-backend", default="sim", show_default=True, help="local: model backend.")
 @click.option("--slots", type=int, default=8, show_default=True, help="local: worker slots.")
-@click.option("--vram-mib", type=int, help="local: card VRAM, MiB (without NVML).")
+@click.option(
+    "--vram-mib",
+    multiple=True,
+    metavar="MIB|MODEL=MIB",
+    help="local: card VRAM, MiB (without NVML); MODEL=MIB per model (repeat).",
+)
 @click.option(
     "--worker-option", "-o", multiple=True, metavar="KEY=VALUE", help="local: worker -o (repeat)."
 )
@@ -194,7 +213,7 @@ def _backend(obj: _Obj, store: Store, options: dict[str, Any]) -> Any:
             log_dir=options["log_dir"],
             worker_backend=options["worker_backend"],
             slots=options["slots"],
-            vram_mib=options["vram_mib"],
+            vram_mib=parse_vram(options["vram_mib"]),
             worker_options=_pairs(options["worker_option"]),
             heartbeat_interval_s=settings.heartbeat_interval_s,
             registered=store.worker_registered,

@@ -1,14 +1,16 @@
 -- assign: claim a batch of queued requests for one worker (compare-and-set per request).
--- KEYS[1] worker:<w> (heartbeat)   KEYS[2] load:<w>   KEYS[3] inflight:<w>
+-- KEYS[1] worker:<w> (heartbeat)   KEYS[2] load:<w>   KEYS[3] inflight:<w>   KEYS[4] drain:<w>
 -- ARGV: 1 prefix, 2 worker id, 3 batch id, 4 lease_ms, 5 events maxlen,
 --       then triples: request id, queue key, need_mib
 -- Returns a flat list {id1, attempt1, id2, attempt2, ...} of the requests claimed.
 -- Invariant: a request leaves its queue exactly once per attempt (ZREM is the CAS, so two
 -- dispatchers never assign the same request); every assigned request is in the leases and
 -- inflight:<w> and its need is counted in load:<w>; nothing is assigned to a worker that is
--- not live and ready.
+-- not live and ready, or that was asked to drain (before its next beat says so).
 local p, w, batch, lease_ms, maxlen = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
-if redis.call('HGET', KEYS[1], 'state') ~= 'ready' then return {} end
+if redis.call('HGET', KEYS[1], 'state') ~= 'ready' or redis.call('EXISTS', KEYS[4]) == 1 then
+  return {}
+end
 local now = now_ms()
 local claimed, ids = {}, {}
 for i = 6, #ARGV, 3 do

@@ -242,6 +242,8 @@ class ModelScaleState:
         slope: smoothed change of the rate, requests/s per s.
         observed_at: time of the last trend update, s.
         checked_at: time of the last evaluation (the baselines poll on it), s.
+        surplus_since: since when the model has had more workers than it needs,
+            without a break, s (None while it has not).
     """
 
     last_up_at: float | None = None
@@ -251,6 +253,7 @@ class ModelScaleState:
     slope: float = 0.0
     observed_at: float | None = None
     checked_at: float | None = None
+    surplus_since: float | None = None
 
     @property
     def last_action_at(self) -> float | None:
@@ -353,8 +356,9 @@ def decide_scale(
     plans: list[ScaleDecision] = []
     for load in loads:
         ms = _update_trend(state.model(load.model), load.arrival_rate, now, config)
+        plan, ms = _plan(load, ms, config, sla, now)
         models[load.model] = ms
-        plans.append(_plan(load, ms, config, sla, now))
+        plans.append(plan)
     decisions = _grant_budget(plans, loads, config)
     return decisions, _record(decisions, models, now)
 
@@ -365,7 +369,7 @@ def _plan(
     config: ScalingConfig,
     sla: Mapping[str, float],
     now: float,
-) -> ScaleDecision:
+) -> tuple[ScaleDecision, ModelScaleState]:
     limits = config.limits_for(load.model)
     current = load.current
     need, reasons = _need(load, ms, config, sla)
@@ -373,11 +377,13 @@ def _plan(
     floor = _sla_floor(load, config, sla, reasons)
     want = max(want, floor)
     target = _bounded(want, limits, reasons)
+    surplus = target < current and load.starting == 0
+    ms = replace(ms, surplus_since=(ms.surplus_since or now) if surplus else None)
     if target > current:
-        return _scale_up(load, ms, config, limits, target, now, reasons)
+        return _scale_up(load, ms, config, limits, target, now, reasons), ms
     if target < current:
-        return _scale_down(load, ms, config, limits, target, now, reasons)
-    return ScaleDecision(load.model, current, current, "hold", tuple(reasons))
+        return _scale_down(load, ms, config, limits, target, now, reasons), ms
+    return ScaleDecision(load.model, current, current, "hold", tuple(reasons)), ms
 
 
 def _need(
@@ -513,9 +519,32 @@ def _scale_down(
                 f">= {config.idle_s:.0f} s"
             )
     drain = tuple(idle[: max(forced, wanted)])
+    if not drain and left <= 0 and current - target > 0:
+        drain = _least_busy_after_surplus(load, ms, config, now, reasons)
     if not drain:
         return ScaleDecision(load.model, current, current, "hold", tuple(reasons))
     return ScaleDecision(load.model, current, current - len(drain), "down", tuple(reasons), drain)
+
+
+def _least_busy_after_surplus(
+    load: ModelLoad, ms: ModelScaleState, config: ScalingConfig, now: float, reasons: list[str]
+) -> tuple[str, ...]:
+    """One busy worker to drain once the surplus has lasted ``idle_s``.
+
+    The dispatcher spreads work over the least-loaded workers (the design's
+    routing rule), so under steady moderate load no worker ever sits idle and
+    an idle-only rule would never give GPUs back. A drain finishes the
+    worker's in-flight requests before it leaves, so the least busy one may go.
+    """
+    if ms.surplus_since is None or now - ms.surplus_since < config.idle_s or not load.busy:
+        return ()
+    worker = min(load.busy, key=lambda w: (load.busy[w], w))
+    reasons.append(
+        f"surplus for {now - ms.surplus_since:.0f} s >= {config.idle_s:.0f} s and no idle "
+        f"worker: draining the least busy ({worker}, {load.busy[worker]} in flight, "
+        "finished before it leaves)"
+    )
+    return (worker,)
 
 
 def drain_order(load: ModelLoad) -> list[str]:

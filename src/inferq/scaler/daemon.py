@@ -124,6 +124,9 @@ def scaling_config(scaling: ScalingSettings) -> ScalingConfig:
         down_cooldown_s=scaling.down_cooldown_s,
         idle_s=scaling.idle_s,
         interval_s=scaling.interval_s,
+        backlog_drain_s=scaling.backlog_drain_s,
+        trend_level_s=scaling.trend_level_s,
+        trend_slope_s=scaling.trend_slope_s,
     )
 
 

@@ -59,7 +59,8 @@ class LocalBackend(ScalerBackend):
             in the system temp directory); created at the first launch.
         worker_backend: the worker's model backend (``sim``, ``openai``, ...).
         slots: the worker's concurrent requests at most.
-        vram_mib: the card's VRAM, MiB, when NVML is unavailable (the ``sim`` backend needs it).
+        vram_mib: the card's VRAM, MiB, when NVML is unavailable (the ``sim`` backend needs
+            it): one figure for every model, or model -> MiB (a mixed fleet).
         worker_options: ``-o KEY=VALUE`` options of the worker backend (``time_scale=0.1``).
         heartbeat_interval_s: the workers' heartbeat period, s (match the settings').
         log_level: the workers' log level.
@@ -83,7 +84,7 @@ class LocalBackend(ScalerBackend):
         log_dir: str | Path | None = None,
         worker_backend: str = "sim",
         slots: int = defaults.SIM_WORKER_SLOTS,
-        vram_mib: int | None = None,
+        vram_mib: int | Mapping[str, int] | None = None,
         worker_options: Mapping[str, str] | None = None,
         heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S,
         log_level: str = "INFO",
@@ -105,8 +106,7 @@ class LocalBackend(ScalerBackend):
         self.template = (python, "-m", "inferq", "--log-level", log_level, *WORKER_COMMAND[1:])
         args = ["--backend", worker_backend, "--slots", str(slots)]
         args += ["--heartbeat-interval", repr(heartbeat_interval_s)]
-        if vram_mib is not None:
-            args += ["--vram-mib", str(vram_mib)]
+        self.vram_mib = vram_mib
         for key, value in (worker_options or {}).items():
             args += ["-o", f"{key}={value}"]
         self.extra_args = (*args, *extra_args)
@@ -118,7 +118,9 @@ class LocalBackend(ScalerBackend):
 
     def command(self, model: str, worker_id: str) -> builtins.list[str]:
         """The argv that :meth:`launch` runs."""
-        return worker_command(model, worker_id, self.template, self.extra_args)
+        vram = self.vram_mib.get(model) if isinstance(self.vram_mib, Mapping) else self.vram_mib
+        card = ("--vram-mib", str(vram)) if vram is not None else ()
+        return worker_command(model, worker_id, self.template, (*card, *self.extra_args))
 
     def log_path(self, worker_id: str) -> Path:
         """Where the worker's output goes."""
