@@ -29,7 +29,8 @@ from inferq.sim.policies import POLICIES
 from inferq.sim.report import markdown, plot, summarize, tables, write_json
 from inferq.sim.workload import SimRequest, TraceSource, assemble, scale_requests
 
-console = Console()
+#: Wide enough for the tables when the output is a pipe or a file (rich assumes 80).
+console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True)
 
 

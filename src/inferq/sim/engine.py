@@ -98,6 +98,15 @@ def fixed_latency(seconds: float, ttft_s: float = 0.0) -> LatencyFn:
     return latency
 
 
+def default_fleet() -> dict[str, int]:
+    """``defaults.SIM_FLEET`` (``"model:count,..."``) as a mapping."""
+    fleet: dict[str, int] = {}
+    for part in defaults.SIM_FLEET.split(","):
+        name, _, count = part.partition(":")
+        fleet[name.strip()] = int(count or 1)
+    return fleet
+
+
 def scaling_for_fleet(
     fleet: Mapping[str, int], max_workers: int = defaults.SCALE_MAX_WORKERS
 ) -> ScalingConfig:
@@ -133,7 +142,7 @@ class SimConfig:
     """
 
     settings: Settings = field(default_factory=Settings)
-    fleet: Mapping[str, int] = field(default_factory=lambda: {"llama-3.1-8b": 4})
+    fleet: Mapping[str, int] = field(default_factory=default_fleet)
     vram_mib: int = defaults.SIM_VRAM_MIB
     slots: int = defaults.SIM_WORKER_SLOTS
     scaling: ScalingConfig | None = None

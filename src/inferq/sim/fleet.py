@@ -47,6 +47,7 @@ class SimWorker:
         stopped_at: when it left the fleet, or None while live.
         busy_s / slot_s / ready_s: seconds with work running, running x seconds,
             seconds not starting (integrated up to ``accounted_at``).
+        accounted_at: the time the integrals above are exact up to.
         served: requests it finished (or timed out).
         peak_slots / peak_mib: the most it ever held at once.
     """
