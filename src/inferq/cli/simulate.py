@@ -91,7 +91,7 @@ def _settings(config_path: str | None) -> Settings:
     type=int,
     default=defaults.SCALE_MAX_WORKERS,
     show_default=True,
-    help="Scaler bound per model.",
+    help="Scaler bound per model (unless the settings have [scaling.pools]).",
 )
 @click.option("--model", help="Route of trace rows that name no known model (default model).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write metrics here.")

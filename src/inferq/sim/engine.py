@@ -24,7 +24,8 @@ What happens at one instant ``t`` (all events due at ``t`` are taken together):
    expiries and unschedulable reports are recorded, class credits and active
    sets replaced, tenant floors set, then tenant charges added;
 4. every ``scaling.interval_s`` the scaler gets one
-   :class:`~inferq.policy.scaling.ModelLoad` per model and its state back;
+   :class:`~inferq.policy.scaling.ModelLoad` per managed model, built as the
+   scaler daemon builds it (:mod:`inferq.sim.loads`), and its state back;
    launches are ``starting`` for the model's ``cold_start_s``; drains take the
    named workers out of dispatch, and each stops once idle;
 5. while requests wait and a ready worker has a free slot, the loop wakes again
@@ -65,10 +66,12 @@ from inferq.models import WorkerState
 from inferq.policy.dispatch import DispatchPolicy
 from inferq.policy.estimate import estimate_key, update_moving_mean
 from inferq.policy.routing import route_models
-from inferq.policy.scaling import ModelLimits, ModelLoad, ScalerState, ScalingConfig
+from inferq.policy.scaling import ModelLimits, ScalerState, ScalingConfig
 from inferq.policy.snapshot import Decision, FairnessState, QueuedRequest, Snapshot
+from inferq.scaler.daemon import scaling_config as daemon_scaling_config
 from inferq.sim.capacity import peak_fleet
 from inferq.sim.fleet import Fleet, SimWorker
+from inferq.sim.loads import LoadTracker
 from inferq.sim.policies import POLICIES, SimPolicy
 from inferq.sim.workload import SimRequest, build_requests
 from inferq.traces import TraceRequest
@@ -108,14 +111,21 @@ def default_fleet() -> dict[str, int]:
 
 
 def scaling_for_fleet(
-    fleet: Mapping[str, int], max_workers: int = defaults.SCALE_MAX_WORKERS
+    settings: Settings, fleet: Mapping[str, int], max_workers: int = defaults.SCALE_MAX_WORKERS
 ) -> ScalingConfig:
-    """Scaling bounds for a simulated fleet: its models keep at least one worker.
+    """The scaler's knobs from ``settings.scaling``, with bounds for a simulated fleet.
 
-    Models of ``fleet`` get ``1 <= workers <= max(max_workers, initial)``; any
-    other model may scale from 0 to ``max_workers`` when requests need it.
+    Cooldowns, idle time, interval, trend and backlog constants and the GPU
+    budget come from the ``[scaling]`` table (:func:`inferq.scaler.daemon.scaling_config`,
+    as the daemon reads them). Bounds: the configured pools when any; else the
+    models of ``fleet`` keep ``1 <= workers <= max(max_workers, initial)`` and any
+    other model may go from 0 to ``max_workers``.
     """
-    return ScalingConfig(
+    base = daemon_scaling_config(settings.scaling)
+    if settings.scaling.pools:
+        return base
+    return replace(
+        base,
         limits={
             m: ModelLimits(min_workers=min(1, n), max_workers=max(max_workers, n, 1))
             for m, n in fleet.items()
@@ -134,6 +144,7 @@ class SimConfig:
         vram_mib: VRAM of every card, MiB (KV-cache room via ``ModelSpec.kv_cache_mib``).
         slots: concurrent requests per worker.
         scaling: scaler knobs and bounds; None = :func:`scaling_for_fleet` of ``fleet``.
+        rate_window_s: seconds of arrivals and finishes the scaler measures.
         max_workers: per-model bound used when ``scaling`` is None.
         queue_head: requests per ``(class, route)`` queue in a snapshot.
         tick_s: dispatcher tick while requests wait beside free slots, seconds.
@@ -147,6 +158,7 @@ class SimConfig:
     slots: int = defaults.SIM_WORKER_SLOTS
     scaling: ScalingConfig | None = None
     max_workers: int = defaults.SCALE_MAX_WORKERS
+    rate_window_s: float = defaults.SCALER_RATE_WINDOW_S
     queue_head: int = defaults.QUEUE_HEAD
     tick_s: float = defaults.DISPATCH_TICK_S
     latency: LatencyFn = service_time
@@ -154,7 +166,7 @@ class SimConfig:
 
     def scaling_config(self) -> ScalingConfig:
         """``scaling``, or the bounds of :func:`scaling_for_fleet`."""
-        return self.scaling or scaling_for_fleet(self.fleet, self.max_workers)
+        return self.scaling or scaling_for_fleet(self.settings, self.fleet, self.max_workers)
 
 
 @dataclass(slots=True)
@@ -414,8 +426,6 @@ class _Sim:
         self.backlogged: dict[str, frozenset[str]] = {c: frozenset() for c in self.classes}
         self.backlog_dirty: set[str] = set()
         self.deadlines: list[tuple[float, int]] = []
-        self.model_of_route: dict[str, str | None] = {}
-        self.model_queued: dict[tuple[str, str], int] = {}
         # fairness state, as Store.write_fairness keeps it
         self.credit: dict[str, float] = {}
         self.counters: dict[str, dict[str, float]] = {}
@@ -423,9 +433,6 @@ class _Sim:
         self.estimates: dict[tuple[str, str], float] = {}
         # scaler inputs and state
         self.scaler_state = ScalerState()
-        self.service_mean: dict[str, float] = {}
-        self.arrivals: dict[str, int] = {}
-        self.last_scale_at = 0.0
         # outputs
         self.assignments: list[AssignmentRecord] = []
         self.decision_log: list[DecisionRecord] = []
@@ -440,6 +447,20 @@ class _Sim:
                 raise ConfigError(f"fleet: unknown model {model!r} (registry: {known})")
             for _ in range(n):
                 self.fleet.launch(spec, 0.0, warm=True)
+        self.tracker = LoadTracker(settings, self._managed(), config.slots, config.rate_window_s)
+
+    def _managed(self) -> list[str]:
+        """The scaler's models: the configured pools, else the fleet's and the routed-to ones."""
+        if self.settings.scaling.pools:
+            return list(self.settings.scaling.pools)
+        models = set(self.initial)
+        for route in {r.route for r in self.requests}:
+            try:
+                names = route_models(self.routing, route, False)
+            except InvalidRequest:
+                continue
+            models.update(names[:1])
+        return sorted(models)
 
     # --- the loop ------------------------------------------------------------------
 
@@ -492,15 +513,6 @@ class _Sim:
 
     # --- queues --------------------------------------------------------------------
 
-    def _route_model(self, route: str) -> str | None:
-        if route not in self.model_of_route:
-            try:
-                models = route_models(self.routing, route, False)
-            except InvalidRequest:
-                models = ()
-            self.model_of_route[route] = models[0] if models else None
-        return self.model_of_route[route]
-
     def _arrive(self, o: RequestOutcome, index: int) -> None:
         r = o.request
         o.deadline = r.arrival_s + self.timeout[r.priority]
@@ -526,11 +538,7 @@ class _Sim:
         counts[r.tenant] = counts.get(r.tenant, 0) + 1
         if counts[r.tenant] == 1:
             self.backlog_dirty.add(r.priority)
-        model = self._route_model(r.route)
-        if model is not None:
-            mk = (model, r.priority)
-            self.model_queued[mk] = self.model_queued.get(mk, 0) + 1
-            self.arrivals[model] = self.arrivals.get(model, 0) + 1
+        self.tracker.arrived(self.now, r.route)
         heapq.heappush(self.deadlines, (o.deadline, index))
         self.last_activity = self.now
 
@@ -543,9 +551,6 @@ class _Sim:
         if not counts[r.tenant]:
             del counts[r.tenant]
             self.backlog_dirty.add(r.priority)
-        model = self._route_model(r.route)
-        if model is not None:
-            self.model_queued[(model, r.priority)] -= 1
 
     def _drop_stale_deadlines(self) -> None:
         heap = self.deadlines
@@ -699,9 +704,7 @@ class _Sim:
             self.estimates.get(key), o.request.output_tokens, alpha
         )
         started = o.dispatched_at if o.dispatched_at is not None else now
-        old = self.service_mean.get(model)
-        took = now - started
-        self.service_mean[model] = took if old is None else old + alpha * (took - old)
+        self.tracker.finished(now, model, now - started)
 
     def _write_fairness(self, d: Decision) -> None:
         """Carry the decision's fairness state forward exactly as ``Store.write_fairness``."""
@@ -731,59 +734,23 @@ class _Sim:
             return  # nothing left to serve: the run ends, so does the scaler
         scaler = self.policy.scaler
         if scaler is not None:
-            loads = [self._load(m) for m in self._scaled_models()]
+            loads = self.tracker.loads(self.now, self._depths(), self.fleet, self.estimates)
             self.stats.scale_calls += 1
             decisions, self.scaler_state = scaler(
                 loads, self.scaler_state, self.scaling, self.settings.classes, self.now
             )
             for d in decisions:
                 self._carry_out(d.model, d.action, d.current, d.desired, d.drain, d.reasons)
-        self.arrivals.clear()
-        self.last_scale_at = self.now
         self._sample()
         self._push(self.now + self.scaling.interval_s, _SCALE)
 
-    def _scaled_models(self) -> list[str]:
-        models = set(self.initial) | {w.model for w in self.fleet}
-        models |= {m for (m, _), n in self.model_queued.items() if n > 0}
-        return sorted(m for m in models if m in self.settings.model_by_name)
-
-    def _load(self, model: str) -> ModelLoad:
-        now = self.now
-        spec = self.settings.model_by_name[model]
-        workers = [w for w in self.fleet if w.model == model]
-        ready = [w for w in workers if w.state is WorkerState.READY]
-        queued: dict[str, int] = {}
-        oldest: dict[str, float] = {}
-        for cls in self.classes:
-            count = self.model_queued.get((model, cls), 0)
-            if count <= 0:
-                continue
-            queued[cls] = count
-            firsts = [
-                next(iter(self.queues[k].values())).submitted_at
-                for k in self.class_keys[cls]
-                if self.queues[k] and self._route_model(k[1]) == model
-            ]
-            if firsts:
-                oldest[cls] = now - min(firsts)
-        elapsed = now - self.last_scale_at
-        rate = self.arrivals.get(model, 0) / elapsed if elapsed > 0 else 0.0
-        prior = service_time(spec, 0, defaults.MAX_TOKENS).total_s
-        return ModelLoad(
-            model=model,
-            queued=queued,
-            oldest_wait_s=oldest,
-            arrival_rate=rate,
-            mean_service_s=max(1e-6, self.service_mean.get(model, prior)),
-            slots_per_worker=self.config.slots,
-            cold_start_s=spec.cold_start_s,
-            ready=len(ready),
-            starting=sum(1 for w in workers if w.state is WorkerState.STARTING),
-            draining=sum(1 for w in workers if w.state is WorkerState.DRAINING),
-            idle_workers={w.id: now - w.idle_since for w in ready if not w.running},
-            busy={w.id: len(w.running) for w in ready if w.running},
-        )
+    def _depths(self) -> list[tuple[str, str, int, float | None]]:
+        """``(class, route, queued, oldest wait)`` per non-empty queue (``Store.queue_depths``)."""
+        return [
+            (cls, route, len(q), self.now - next(iter(q.values())).submitted_at)
+            for (cls, route), q in self.queues.items()
+            if q
+        ]
 
     def _carry_out(
         self,

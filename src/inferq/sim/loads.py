@@ -1,0 +1,149 @@
+"""What the simulated scaler sees: one :class:`~inferq.policy.scaling.ModelLoad` per model.
+
+Built the way the scaler daemon builds it (:mod:`inferq.scaler.daemon`,
+:mod:`inferq.scaler.loads`), from the simulator's own facts instead of Redis:
+
+- managed models: the ``[scaling.pools]`` of the settings when any, else the
+  initial fleet's models plus every model a request is routed to;
+- backlog: :func:`inferq.scaler.loads.backlog` over ``(class, route, queued,
+  oldest wait)`` rows, so a route is charged to its first managed model;
+- arrival rate: requests routed to the model in the last ``window_s`` seconds
+  (``defaults.SCALER_RATE_WINDOW_S``), over ``window_s``;
+- service time: mean dispatch -> finish of the requests that finished in the
+  window; without any, the last such mean, else the latency model's time for
+  the model's mean output estimate (``Settings.default_max_tokens`` when none);
+- fleet: ready / starting / draining counts; idle seconds of the ready workers
+  with nothing running; in-flight counts of the busy ones.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+
+from inferq import defaults
+from inferq.config import Settings
+from inferq.latency import service_time
+from inferq.models import WorkerState
+from inferq.policy.scaling import ModelLoad
+from inferq.scaler.loads import QueueDepth, backlog, route_model
+from inferq.sim.fleet import SimWorker
+
+
+class LoadTracker:
+    """Arrivals and service times of the last window, and the loads built from them.
+
+    Args:
+        settings: the registry and ``default_max_tokens``.
+        managed: the models the scaler manages, in priority order.
+        slots: slots per worker.
+        window_s: seconds of arrivals and finishes measured.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        managed: Sequence[str],
+        slots: int,
+        window_s: float = defaults.SCALER_RATE_WINDOW_S,
+    ) -> None:
+        self.settings = settings
+        self.managed = tuple(managed)
+        self.slots = slots
+        self.window_s = window_s
+        self._routes: dict[str, str | None] = {}
+        self._arrivals: deque[tuple[float, str]] = deque()
+        self._finishes: deque[tuple[float, str, float]] = deque()
+        self._measured: dict[str, float] = {}
+
+    def model_of(self, route: str) -> str | None:
+        """The managed model a route's requests are charged to (cached)."""
+        if route not in self._routes:
+            self._routes[route] = route_model(route, self.settings.models, self.managed)
+        return self._routes[route]
+
+    def arrived(self, at: float, route: str) -> None:
+        """A request for ``route`` was submitted."""
+        model = self.model_of(route)
+        if model is not None:
+            self._arrivals.append((at, model))
+
+    def finished(self, at: float, model: str, service_s: float) -> None:
+        """A request finished on ``model`` after ``service_s`` seconds since dispatch."""
+        self._finishes.append((at, model, service_s))
+
+    def loads(
+        self,
+        now: float,
+        depths: Iterable[QueueDepth],
+        workers: Iterable[SimWorker],
+        estimates: Mapping[tuple[str, str], float],
+    ) -> list[ModelLoad]:
+        """One load per managed model, in ``managed`` order."""
+        start = now - self.window_s
+        while self._arrivals and self._arrivals[0][0] < start:
+            self._arrivals.popleft()
+        while self._finishes and self._finishes[0][0] < start:
+            self._finishes.popleft()
+        arrivals: dict[str, int] = {}
+        for _, model in self._arrivals:
+            arrivals[model] = arrivals.get(model, 0) + 1
+        sums: dict[str, tuple[float, int]] = {}
+        for _, model, took in self._finishes:
+            total, n = sums.get(model, (0.0, 0))
+            sums[model] = (total + took, n + 1)
+        self._measured.update({m: total / n for m, (total, n) in sums.items()})
+        queues = backlog(depths, self.settings.models, self.managed)
+        by_model: dict[str, list[SimWorker]] = {}
+        for w in workers:
+            by_model.setdefault(w.model, []).append(w)
+        out = []
+        for model in self.managed:
+            queued, waits = queues.get(model, ({}, {}))
+            mean = sums[model][0] / sums[model][1] if model in sums else None
+            out.append(
+                self._load(
+                    model,
+                    now,
+                    queued,
+                    waits,
+                    arrivals.get(model, 0) / self.window_s,
+                    mean or self._fallback(model, estimates),
+                    by_model.get(model, []),
+                )
+            )
+        return out
+
+    def _fallback(self, model: str, estimates: Mapping[tuple[str, str], float]) -> float:
+        if model in self._measured:
+            return self._measured[model]
+        seen = [v for (m, _), v in estimates.items() if m == model]
+        tokens = sum(seen) / len(seen) if seen else self.settings.default_max_tokens
+        spec = self.settings.model_by_name[model]
+        return max(1e-3, service_time(spec, 0, round(tokens)).total_s)
+
+    def _load(
+        self,
+        model: str,
+        now: float,
+        queued: Mapping[str, int],
+        waits: Mapping[str, float],
+        rate: float,
+        mean_service_s: float,
+        workers: Sequence[SimWorker],
+    ) -> ModelLoad:
+        ready = [w for w in workers if w.state is WorkerState.READY]
+        return ModelLoad(
+            model=model,
+            queued=dict(queued),
+            oldest_wait_s=dict(waits),
+            arrival_rate=rate,
+            mean_service_s=max(1e-6, mean_service_s),
+            slots_per_worker=self.slots,
+            cold_start_s=self.settings.model_by_name[model].cold_start_s,
+            ready=len(ready),
+            starting=sum(1 for w in workers if w.state is WorkerState.STARTING),
+            draining=sum(1 for w in workers if w.state is WorkerState.DRAINING),
+            idle_workers={w.id: max(0.0, now - w.idle_since) for w in ready if not w.running},
+            busy={w.id: len(w.running) for w in ready if w.running},
+        )
