@@ -132,11 +132,12 @@ def test_drain_and_dead_letter(run, store: Store, settings: Settings) -> None:  
     assert store.redis.exists(store.keys.drain("w1"))
     out = run("drain", "ghost")
     assert out.exit_code == 1 and "no live worker 'ghost'" in out.output
+    ready_worker(store, "w2")  # w1 takes nothing new once asked to drain
     rid = json.loads(run("submit", "x", "--priority", "realtime", "--json").output)["id"]
     for i in range(settings.max_attempts):
         qkey = store.keys.queue("realtime", "llama-3.1-8b")
-        [(_, attempt)] = store.assign("w1", f"b{i}", [(rid, qkey, 1)])
-        store.requeue([(rid, attempt, "w1", "boom")])
+        [(_, attempt)] = store.assign("w2", f"b{i}", [(rid, qkey, 1)])
+        store.requeue([(rid, attempt, "w2", "boom")])
     listed = json.loads(run("dead-letter", "list", "--json").output)
     assert [r["id"] for r in listed] == [rid] and "boom" in listed[0]["result"]["error"]
     assert "boom" in run("dead-letter", "list").output
