@@ -19,11 +19,12 @@ import logging
 import threading
 from collections.abc import Iterator
 
+import redis
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from inferq.store import CONNECTION_ERRORS, Store
+from inferq.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +140,7 @@ class EventObserver:
         while not self._stop.is_set():
             try:
                 reply = self.store.redis.xread({key: last}, count=1000, block=1000)
-            except (*CONNECTION_ERRORS, OSError, ValueError) as exc:
+            except (redis.RedisError, OSError, ValueError) as exc:
                 if self._stop.is_set():
                     return
                 log.warning("metrics: events stream unavailable (%s)", exc)
