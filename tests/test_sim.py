@@ -6,6 +6,8 @@ import dataclasses
 import itertools
 import json
 import math
+import subprocess
+import sys
 from collections import Counter
 from functools import cache
 from pathlib import Path
@@ -358,3 +360,15 @@ def test_markdown_has_one_row_per_policy_and_class() -> None:
     result = replay(rows((0.0, "realtime", "a"), (0.0, "batch", "b")), "inferq")
     text = markdown([summarize(result, SETTINGS.classes)])
     assert text.count("| inferq | realtime |") == 1 and text.count("| inferq | batch |") == 1
+
+
+def test_bench_sim_script_writes_its_figures(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    script = Path(__file__).parent.parent / "scripts" / "bench_sim.py"
+    args = [sys.executable, str(script), "--duration", "30", "--policy", "inferq", "--mix"]
+    done = subprocess.run([*args, "--json", str(out)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["workload"], r["policy"]) for r in rows] == [("conv", "inferq"), ("mix", "inferq")]
+    assert all(r["requests"] > 0 and r["decisions"] > 0 for r in rows)
+    assert rows[0]["within_budget"] is None  # only judged on the full trace
