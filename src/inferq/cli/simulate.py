@@ -22,11 +22,12 @@ from inferq import defaults
 from inferq.config import Settings
 from inferq.errors import InferqError
 from inferq.sim.capacity import offered_rate, sustainable_rate
-from inferq.sim.engine import SimConfig, SimResult
+from inferq.sim.deployment import SimConfig
 from inferq.sim.engine import simulate as run_simulation
 from inferq.sim.fleet import parse_fleet
 from inferq.sim.policies import POLICIES
 from inferq.sim.report import markdown, plot, summarize, tables, write_json
+from inferq.sim.result import SimResult
 from inferq.sim.workload import SimRequest, TraceSource, assemble, scale_requests
 
 #: Wide enough for the tables when the output is a pipe or a file (rich assumes 80).

@@ -53,288 +53,61 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from itertools import islice
-from typing import Literal
 
 from inferq import defaults
-from inferq.config import ModelSpec, Settings
 from inferq.errors import ConfigError, InvalidRequest
-from inferq.latency import ServiceTime, service_time
 from inferq.models import WorkerState
 from inferq.policy.dispatch import DispatchPolicy
 from inferq.policy.estimate import estimate_key, update_moving_mean
 from inferq.policy.routing import route_models
-from inferq.policy.scaling import ModelLimits, ScalerState, ScalingConfig
+from inferq.policy.scaling import ScalerState
 from inferq.policy.snapshot import Decision, FairnessState, QueuedRequest, Snapshot
-from inferq.scaler.daemon import scaling_config as daemon_scaling_config
-from inferq.sim.capacity import peak_fleet
-from inferq.sim.fleet import Fleet, SimWorker
+from inferq.sim.deployment import (
+    LatencyFn,
+    SimConfig,
+    default_fleet,
+    fixed_latency,
+    initial_fleet,
+    scaling_for_fleet,
+)
+from inferq.sim.fleet import Fleet
 from inferq.sim.loads import LoadTracker
 from inferq.sim.policies import POLICIES, SimPolicy
+from inferq.sim.result import (
+    AssignmentRecord,
+    DecisionRecord,
+    RequestOutcome,
+    RunStats,
+    Sample,
+    ScaleEvent,
+    SimResult,
+    Status,
+)
 from inferq.sim.workload import SimRequest, build_requests
 from inferq.traces import TraceRequest
 
-#: ``(spec, prompt_tokens, output_tokens, concurrency) -> ServiceTime`` of a request:
-#: :func:`inferq.latency.service_time` by default (the sim backend's model).
-LatencyFn = Callable[[ModelSpec, int, int, int], ServiceTime]
-Status = Literal["queued", "running", "succeeded", "expired"]
+__all__ = [
+    "AssignmentRecord",
+    "DecisionRecord",
+    "LatencyFn",
+    "RequestOutcome",
+    "RunStats",
+    "Sample",
+    "ScaleEvent",
+    "SimConfig",
+    "SimResult",
+    "default_fleet",
+    "fixed_latency",
+    "initial_fleet",
+    "replay",
+    "scaling_for_fleet",
+    "simulate",
+]
 
 _COMPLETE, _TIMEOUT, _READY, _WAKE, _SCALE = 0, 1, 2, 3, 4
-
-
-def fixed_latency(seconds: float, ttft_s: float = 0.0) -> LatencyFn:
-    """A latency function ignoring the request: every request runs ``seconds`` in all.
-
-    Args:
-        seconds: total service time (>= ``ttft_s``).
-        ttft_s: time to the first token within it.
-    """
-    fixed = ServiceTime(ttft_s=ttft_s, decode_s=max(0.0, seconds - ttft_s))
-
-    def latency(
-        spec: ModelSpec, prompt_tokens: int, output_tokens: int, concurrency: int
-    ) -> ServiceTime:
-        return fixed
-
-    return latency
-
-
-def default_fleet() -> dict[str, int]:
-    """``defaults.SIM_FLEET`` (``"model:count,..."``) as a mapping."""
-    fleet: dict[str, int] = {}
-    for part in defaults.SIM_FLEET.split(","):
-        name, _, count = part.partition(":")
-        fleet[name.strip()] = int(count or 1)
-    return fleet
-
-
-def scaling_for_fleet(
-    settings: Settings, fleet: Mapping[str, int], max_workers: int = defaults.SCALE_MAX_WORKERS
-) -> ScalingConfig:
-    """The scaler's knobs from ``settings.scaling``, with bounds for a simulated fleet.
-
-    Cooldowns, idle time, interval, trend and backlog constants and the GPU
-    budget come from the ``[scaling]`` table (:func:`inferq.scaler.daemon.scaling_config`,
-    as the daemon reads them). Bounds: the configured pools when any; else the
-    models of ``fleet`` keep ``1 <= workers <= max(max_workers, initial)`` and any
-    other model may go from 0 to ``max_workers``.
-    """
-    base = daemon_scaling_config(settings.scaling)
-    if settings.scaling.pools:
-        return base
-    return replace(
-        base,
-        limits={
-            m: ModelLimits(min_workers=min(1, n), max_workers=max(max_workers, n, 1))
-            for m, n in fleet.items()
-        },
-        default_limits=ModelLimits(min_workers=0, max_workers=max(1, max_workers)),
-    )
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    """The simulated deployment.
-
-    Attributes:
-        settings: classes (SLAs, timeouts, weights) and the model registry.
-        fleet: model -> warm workers at time 0 (ignored by peak-provisioned policies).
-        vram_mib: VRAM of every card, MiB (KV-cache room via ``ModelSpec.kv_cache_mib``).
-        slots: concurrent requests per worker.
-        scaling: scaler knobs and bounds; None = :func:`scaling_for_fleet` of ``fleet``.
-        rate_window_s: seconds of arrivals and finishes the scaler measures.
-        max_workers: per-model bound used when ``scaling`` is None.
-        queue_head: requests per ``(class, route)`` queue in a snapshot.
-        tick_s: dispatcher tick while requests wait beside free slots, seconds.
-        latency: service time of a request; default the latency model.
-        check: verify slots and VRAM limits after every decision (AssertionError).
-    """
-
-    settings: Settings = field(default_factory=Settings)
-    fleet: Mapping[str, int] = field(default_factory=default_fleet)
-    vram_mib: int = defaults.SIM_VRAM_MIB
-    slots: int = defaults.SIM_WORKER_SLOTS
-    scaling: ScalingConfig | None = None
-    max_workers: int = defaults.SCALE_MAX_WORKERS
-    rate_window_s: float = defaults.SCALER_RATE_WINDOW_S
-    queue_head: int = defaults.QUEUE_HEAD
-    tick_s: float = defaults.DISPATCH_TICK_S
-    latency: LatencyFn = service_time
-    check: bool = False
-
-    def scaling_config(self) -> ScalingConfig:
-        """``scaling``, or the bounds of :func:`scaling_for_fleet`."""
-        return self.scaling or scaling_for_fleet(self.settings, self.fleet, self.max_workers)
-
-
-@dataclass(slots=True)
-class RequestOutcome:
-    """What happened to one request (times are virtual seconds).
-
-    Attributes:
-        request: the request.
-        status: ``succeeded`` or ``expired`` at the end (``queued``/``running`` before).
-        deadline: submit + the class's ``timeout_s``.
-        dispatched_at / first_token_at / finished_at: None when never reached.
-        worker / model: where it ran.
-        concurrency: the worker's running requests when it started (itself included).
-        reason: why it expired.
-        unschedulable: the first unschedulable report, if any.
-    """
-
-    request: SimRequest
-    deadline: float = math.inf
-    status: Status = "queued"
-    dispatched_at: float | None = None
-    first_token_at: float | None = None
-    finished_at: float | None = None
-    worker: str | None = None
-    model: str | None = None
-    concurrency: int = 0
-    reason: str | None = None
-    unschedulable: str | None = None
-
-    @property
-    def queue_wait_s(self) -> float | None:
-        """Submit -> dispatch, seconds (None if never dispatched)."""
-        if self.dispatched_at is None:
-            return None
-        return self.dispatched_at - self.request.arrival_s
-
-    @property
-    def ttft_s(self) -> float | None:
-        """Submit -> first output token, seconds (the class SLA's measure)."""
-        if self.first_token_at is None:
-            return None
-        return self.first_token_at - self.request.arrival_s
-
-    @property
-    def e2e_s(self) -> float | None:
-        """Submit -> final result, seconds (None while not final)."""
-        if self.finished_at is None:
-            return None
-        return self.finished_at - self.request.arrival_s
-
-
-@dataclass(frozen=True, slots=True)
-class AssignmentRecord:
-    """One dispatch, in order: which request went to which worker (and model) when."""
-
-    seq: int
-    at: float
-    decision: int
-    request_id: str
-    priority: str
-    worker_id: str
-    model: str
-
-
-@dataclass(frozen=True, slots=True)
-class DecisionRecord:
-    """A decision that dispatched something: its index, when, how many, and the queues after it.
-
-    ``index`` matches :attr:`AssignmentRecord.decision`; ``queued_after`` is per
-    class, in :attr:`SimResult.classes` order.
-    """
-
-    index: int
-    at: float
-    dispatched: int
-    queued_after: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ScaleEvent:
-    """A scale action carried out: workers launched (up) or drained (down)."""
-
-    at: float
-    model: str
-    action: Literal["up", "down"]
-    before: int
-    after: int
-    workers: tuple[str, ...]
-    reasons: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """Fleet and queues at one scaler tick."""
-
-    at: float
-    starting: int
-    ready: int
-    draining: int
-    running: int
-    queued: tuple[int, ...]
-
-
-@dataclass(slots=True)
-class RunStats:
-    """Cost of the run itself (wall-clock seconds)."""
-
-    decisions: int = 0
-    decide_s: float = 0.0
-    scale_calls: int = 0
-    events: int = 0
-    wall_s: float = 0.0
-
-
-@dataclass
-class SimResult:
-    """Everything one run produced.
-
-    Attributes:
-        policy: the policy's name.
-        config: the deployment simulated.
-        classes: class names, highest first (the order of ``queued`` tuples).
-        initial_fleet: model -> warm workers at time 0.
-        outcomes: per request, in arrival order.
-        assignments: every dispatch in order (the faithfulness log).
-        decisions: decisions that dispatched, with the queue lengths after.
-        scale_events: scale actions in order.
-        samples: fleet and queues at each scaler tick.
-        workers: every worker that ever ran, in launch order.
-        end_s: time of the last arrival or final result.
-        stats: wall-clock cost of the run.
-    """
-
-    policy: str
-    config: SimConfig
-    classes: tuple[str, ...]
-    initial_fleet: dict[str, int]
-    outcomes: list[RequestOutcome]
-    assignments: list[AssignmentRecord]
-    decisions: list[DecisionRecord]
-    scale_events: list[ScaleEvent]
-    samples: list[Sample]
-    workers: list[SimWorker]
-    end_s: float
-    stats: RunStats
-
-    def gpu_seconds(self, worker: SimWorker) -> float:
-        """Seconds ``worker`` held its GPU: launch (cold start included) to stop or end."""
-        stop = worker.stopped_at if worker.stopped_at is not None else self.end_s
-        return max(0.0, stop - worker.launched_at)
-
-
-def initial_fleet(
-    policy: SimPolicy, requests: Sequence[SimRequest], config: SimConfig
-) -> dict[str, int]:
-    """The warm fleet at time 0: ``config.fleet``, or the peak fleet for ``peak_fleet`` policies.
-
-    The peak fleet is :func:`~inferq.sim.capacity.peak_fleet` of the trace's own
-    requests (``source != "synthetic"``: a bulk job is not the load a deployment
-    is provisioned for), with at least one worker for every model of ``config.fleet``.
-    """
-    if not policy.peak_fleet:
-        return dict(config.fleet)
-    real = [r for r in requests if r.source != "synthetic"] or list(requests)
-    peak = peak_fleet(real, config.settings, config.slots)
-    for model in config.fleet:
-        peak.setdefault(model, 1)
-    return peak
 
 
 def simulate(requests: Sequence[SimRequest], policy: SimPolicy, config: SimConfig) -> SimResult:

@@ -35,7 +35,7 @@ from rich.table import Table
 
 from inferq.config import PriorityClass
 from inferq.reporting import Outcome, class_summary, jain_index, percentile
-from inferq.sim.engine import RequestOutcome, SimResult
+from inferq.sim.result import RequestOutcome, SimResult
 
 Report = dict[str, Any]
 
