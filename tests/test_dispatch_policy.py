@@ -574,8 +574,9 @@ def test_class_credit_returned_for_every_class() -> None:
     assert decision.class_credit == {"realtime": 0.0, "standard": 0.0, "batch": 0.0}
 
 
-def test_aging_serves_the_most_overdue_first() -> None:
-    # standard is 4 s past its 5 s bound, batch 10 s past its 30 s bound
+def test_aging_serves_the_highest_overdue_class_first() -> None:
+    # standard is 4 s past its 5 s bound, batch 10 s past its 30 s bound: standard first,
+    # so a flood of overdue batch work cannot hold a higher class back.
     std = request("std", "standard", waited=9.0)
     bat = request("bat", "batch", waited=40.0)
     rt = request("rt", "realtime")
@@ -584,7 +585,16 @@ def test_aging_serves_the_most_overdue_first() -> None:
         queued={"realtime": [rt], "standard": [std], "batch": [bat]},
         workers=[worker("w", slots=2)],
     )
-    assert [a.request_id for a in decide(snap, policy()).batches[0].items] == ["bat", "std"]
+    assert [a.request_id for a in decide(snap, policy()).batches[0].items] == ["std", "bat"]
+
+
+def test_overdue_batch_flood_does_not_starve_overdue_realtime() -> None:
+    flood = [request(f"b{i}", "batch", waited=100.0 + i) for i in range(50)]
+    rt = request("rt", "realtime", waited=1.5)  # past its 1 s bound
+    snap = Snapshot(
+        now=NOW, queued={"realtime": [rt], "batch": flood}, workers=[worker("w", slots=1)]
+    )
+    assert [a.request_id for a in decide(snap, policy()).batches[0].items] == ["rt"]
 
 
 def test_excluded_worker_used_only_when_alone() -> None:

@@ -559,6 +559,9 @@ def test_a_constant_load_settles_to_a_constant_count(
     tail = counts[-120:]  # the last 600 s
     assert len(set(tail)) == 1 and set(actions[-120:]) == {"hold"}, (counts[::12], actions[-120:])
     needed = math.ceil(rate * service_s / slots - 1e-9)
-    if needed <= max_workers:  # enough capacity: the backlog is gone, and no worker is wasted
+    # Enough capacity (with 10% headroom: at 99.7% of max_workers' throughput a backlog
+    # built during the cold start drains too slowly to be gone within the run):
+    # the backlog is gone, and no worker is wasted.
+    if rate * service_s / slots <= 0.9 * max_workers:
         assert fleet.backlog < 1e-6 * max(1.0, rate)
         assert tail[0] <= max(1, needed + 1, math.ceil(needed * 1.1))

@@ -32,6 +32,11 @@ class ServiceTime:
         return self.ttft_s + self.decode_s
 
 
+def decode_slowdown(batch_efficiency: float, concurrency: float) -> float:
+    """How much slower each sequence decodes with ``concurrency`` running than alone (>= 1)."""
+    return 1.0 + (1.0 - batch_efficiency) * (max(1.0, concurrency) - 1.0)
+
+
 def service_time(
     spec: ModelSpec, prompt_tokens: int, output_tokens: int, concurrency: int = 1
 ) -> ServiceTime:
@@ -43,8 +48,7 @@ def service_time(
         output_tokens: generated tokens (>= 0).
         concurrency: sequences decoding at once on the worker (>= 1).
     """
-    n = max(1, concurrency)
-    rate = spec.decode_tps / (1.0 + (1.0 - spec.batch_efficiency) * (n - 1))
+    rate = spec.decode_tps / decode_slowdown(spec.batch_efficiency, concurrency)
     return ServiceTime(
         ttft_s=max(0, prompt_tokens) / spec.prefill_tps,
         decode_s=max(0, output_tokens) / rate,

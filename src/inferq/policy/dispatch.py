@@ -12,7 +12,8 @@ dispatcher and the simulator both call it and carry out the
 2. Unschedulable: a request no live worker could ever hold is reported with the
    reason (:func:`~inferq.policy.routing.unschedulable_reason`) and left queued.
 3. Picks, one request at a time, while some worker has room:
-   a. aging: the most overdue dispatchable request past its class's aging bound;
+   a. aging: the oldest dispatchable request past its class's aging bound, of the
+      highest class that has one (a lower-class flood cannot starve a higher class);
    b. otherwise the class chosen by smooth weighted round-robin over the
       classes with dispatchable work (weight-0 classes only when no weighted
       class has any), and in it the tenant with the lowest virtual token
@@ -338,18 +339,19 @@ class _Run:
             fillable[model] -= 1
 
     def _aged_pick(self) -> tuple[_Item, OpenBatch] | None:
-        """The most overdue dispatchable request past its class's aging bound."""
-        best: tuple[_Item, OpenBatch] | None = None
-        best_over = 0.0
+        """The oldest dispatchable request past its class's aging bound, highest class first.
+
+        Ranking overdue requests by class first (not by seconds overdue) keeps a
+        flood of a lower class from starving a higher one: once every request of a
+        batch burst is past batch's bound, realtime still waits at most its own
+        aging bound (1 s by default, half its SLA) before it is served first.
+        """
         for cls in list(self.aging):
             found = self._oldest_aged(cls)
-            if found is None:
-                self.aging.remove(cls)  # nothing aged left: capacity only shrinks
-                continue
-            over = found[0].waited_s - (cls.aging_s or 0.0)
-            if best is None or over > best_over:
-                best, best_over = found, over
-        return best
+            if found is not None:
+                return found
+            self.aging.remove(cls)  # nothing aged left: capacity only shrinks
+        return None
 
     def _oldest_aged(self, cls: PriorityClass) -> tuple[_Item, OpenBatch] | None:
         items, i = self.by_age[cls.name], self.age_pos[cls.name]

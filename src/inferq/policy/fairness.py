@@ -18,7 +18,10 @@ Across classes: smooth weighted round-robin
 Aging
     ``PriorityClass.aging_s`` bounds waiting: a dispatchable request that has
     waited at least its class's ``aging_s`` is served before any round pick,
-    the most overdue (seconds past its own bound) first, higher class on ties.
+    the highest class with such a request first, its oldest request first.
+    Ranking by class (not by seconds overdue) matters under a flood: once a
+    burst of batch work is all past batch's bound, a realtime request still
+    waits no longer than realtime's own bound (1 s, half its SLA).
     Aging picks leave the credits alone, so they neither earn nor cost a class
     its round share; they do charge the tenant's counter.
 

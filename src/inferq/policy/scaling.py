@@ -47,6 +47,7 @@ from typing import Literal
 from inferq import defaults
 from inferq.config import PriorityClass
 from inferq.errors import ConfigError, CorruptRecord
+from inferq.latency import decode_slowdown
 
 Action = Literal["up", "down", "hold"]
 
@@ -185,6 +186,9 @@ class ModelLoad:
         idle_workers: ready worker id -> seconds since it last had work in flight
             (only workers with nothing in flight).
         busy: ready worker id -> requests in flight (only workers with some).
+        batch_efficiency: the model's decode efficiency per extra sequence
+            (:mod:`inferq.latency`); 1.0 assumes service time does not grow with
+            concurrency.
 
     Raises:
         ValueError: a count or time is negative, or ``slots_per_worker`` /
@@ -203,6 +207,7 @@ class ModelLoad:
     draining: int = 0
     idle_workers: Mapping[str, float] = field(default_factory=dict)
     busy: Mapping[str, int] = field(default_factory=dict)
+    batch_efficiency: float = 1.0
 
     def __post_init__(self) -> None:
         if self.slots_per_worker < 1:
@@ -226,9 +231,24 @@ class ModelLoad:
         return sum(self.queued.values())
 
     @property
+    def saturated_service_s(self) -> float:
+        """Service time with every slot busy, seconds.
+
+        ``mean_service_s`` was measured at the concurrency the workers ran at (the
+        mean in flight of the busy ones); decode slows as sequences are added
+        (:func:`inferq.latency.decode_slowdown`), so a lightly loaded fleet
+        measures a service time its saturated workers will not keep. Sizing on the
+        measured figure shrinks the fleet, the service time then grows, a queue
+        forms and the scaler adds workers back: it oscillates.
+        """
+        observed = sum(self.busy.values()) / len(self.busy) if self.busy else 1.0
+        slow = decode_slowdown(self.batch_efficiency, self.slots_per_worker)
+        return self.mean_service_s * slow / decode_slowdown(self.batch_efficiency, observed)
+
+    @property
     def worker_rate(self) -> float:
-        """Requests/s one worker completes: ``slots / mean_service_s`` (Little's law)."""
-        return self.slots_per_worker / self.mean_service_s
+        """Requests/s one saturated worker completes: ``slots / saturated_service_s`` (Little)."""
+        return self.slots_per_worker / self.saturated_service_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,7 +417,7 @@ def _need(
     backlog = _weighted_backlog(load, config, sla)
     need = (rate + backlog / config.backlog_drain_s) / mu
     reasons = [
-        f"need {need:.2f}: arrivals {rate:.2f} req/s x {load.mean_service_s:.2f} s "
+        f"need {need:.2f}: arrivals {rate:.2f} req/s x {load.saturated_service_s:.2f} s "
         f"/ {load.slots_per_worker} slots"
     ]
     if predicted > load.arrival_rate + _EPS:

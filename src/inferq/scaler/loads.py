@@ -302,6 +302,7 @@ def build_loads(
                 mean_service_s=inputs.service_s.get(model) or inputs.fallback_service_s[model],
                 slots_per_worker=max((w.slots for w in mine), default=inputs.default_slots),
                 cold_start_s=spec.cold_start_s,
+                batch_efficiency=spec.batch_efficiency,
                 ready=len(ready),
                 starting=sum(1 for w in mine if w.state is WorkerState.STARTING)
                 + inputs.fleet.starting.get(model, 0),

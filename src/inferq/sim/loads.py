@@ -141,6 +141,7 @@ class LoadTracker:
             mean_service_s=max(1e-6, mean_service_s),
             slots_per_worker=self.slots,
             cold_start_s=self.settings.model_by_name[model].cold_start_s,
+            batch_efficiency=self.settings.model_by_name[model].batch_efficiency,
             ready=len(ready),
             starting=sum(1 for w in workers if w.state is WorkerState.STARTING),
             draining=sum(1 for w in workers if w.state is WorkerState.DRAINING),
