@@ -186,6 +186,14 @@ class Bench:
         self.submitted += done
         return done
 
+    def free_slots(self, slots: int) -> int:
+        """Slots of the fleet not reserved by assigned work (one pipelined round trip)."""
+        ids = self.store.redis.zrange(self.store.keys.workers, 0, -1)
+        pipe = self.store.redis.pipeline(transaction=False)
+        for wid in ids:
+            pipe.hget(self.store.keys.load(wid), "slots")
+        return sum(max(0, slots - int(used or 0)) for used in pipe.execute())
+
     def step(self) -> tuple[StepReport, dict[str, float]]:
         """One timed dispatcher step and its pieces, seconds."""
         self.sw.reset()
@@ -219,6 +227,8 @@ class Scenario:
             "steps_with_batches": len(working),
             "batches": batches,
             "requests_dispatched": sum(sizes),
+            "workers_lost": sum(r.workers_lost for r, _ in self.steps),
+            "requeued": sum(r.requeued for r, _ in self.steps),
             "batches_per_s": batches / total_s if total_s else 0.0,
             "requests_per_s": sum(sizes) / total_s if total_s else 0.0,
             "step_ms_p50": _bench.percentile(step_ms, 50),
@@ -258,11 +268,20 @@ def run(bench: Bench, name: str, steps: int, free_workers: int | None) -> Scenar
     return scenario
 
 
-def fill(bench: Bench) -> None:
-    """Step until the fleet is full (a step dispatches nothing), then top the backlog up."""
+def fill(bench: Bench, slots: int) -> None:
+    """Step until no slot is free, then top the backlog up (untimed).
+
+    A step may dispatch nothing while slots are free: a class holds requests back
+    up to its batching delay (batch: 0.5 s) to fill a batch; so step on until the
+    fleet's reservations add up to every slot.
+    """
     dispatched = 0
-    while n := bench.dispatcher.step().dispatched:
+    deadline = time.monotonic() + 30
+    while bench.free_slots(slots) and time.monotonic() < deadline:
+        n = bench.dispatcher.step().dispatched
         dispatched += n
+        if not n:
+            time.sleep(0.05)
     submit(bench.client, dispatched, bench.submitted)
     bench.submitted += dispatched
 
@@ -315,14 +334,14 @@ def measure(
         if profile:
             profile.disable()
         bench.free(None)
-        fill(bench)
+        fill(bench, args.slots)
         if profile:
             profile.enable()
         busy = run(bench, "busy", args.busy_steps, args.free_workers)
         if profile:
             profile.disable()
         bench.free(None)
-        fill(bench)
+        fill(bench, args.slots)
         full = run(bench, "full", args.full_steps, 0)
         baseline += rq_enqueue_s(args.redis_url, ns, args.baseline_jobs, "b")
         return [idle, busy, full], baseline

@@ -13,13 +13,18 @@ it (whole milliseconds).
    submitted_ms`` (submit -> the worker starts it), split into submit -> claimed
    by the dispatcher and claimed -> started (the RQ hand-off). Goals: p50 <= 2
    ms, p99 <= 10 ms.
-2. Throughput: with the dispatcher stopped, ``--requests`` are queued; then the
-   dispatcher starts and the fleet drains them; requests/s = requests / (last
+2. Throughput: with the dispatcher paused (SIGSTOP), ``--requests`` are queued;
+   then it resumes and the fleet drains them; requests/s = requests / (last
    ``finished_ms`` - first ``dispatched_ms``).
-3. The RQ baseline: ``--rq-jobs`` no-op jobs (JSON serializer) queued first, then
-   as many RQ ``SimpleWorker`` processes as inferq workers drain them in burst
-   mode; jobs/s = jobs / (last ``ended_at`` - first ``started_at``).
-   Goal: inferq >= 20x RQ's per-job throughput::
+3. The RQ baseline: as many RQ ``SimpleWorker`` processes as inferq workers are
+   started, then ``--rq-jobs`` no-op jobs (JSON serializer) are queued; jobs/s =
+   jobs / (last ``ended_at`` - first ``started_at``). Goal: inferq >= 20x RQ's
+   per-job throughput.
+
+For both throughput runs the CPU time each process used (``/proc``) and the
+Redis server's (INFO cpu: the whole server, so other clients' work shows too)
+is reported per 1,000 items: on a small machine the total is what bounds the
+rate::
 
     python scripts/bench_e2e.py --json e2e.json
 """
@@ -38,8 +43,10 @@ from pathlib import Path
 from typing import IO, Any
 
 import _bench
-from rq import Queue
+import redis
+from rq import Queue, Worker
 from rq.job import Job
+from rq.registry import FinishedJobRegistry
 from rq.serializers import JSONSerializer
 
 from inferq.client import Client
@@ -69,10 +76,18 @@ class Procs:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         self.procs[name] = (proc, log)
 
+    def signal(self, name: str, signum: int) -> None:
+        self.procs[name][0].send_signal(signum)
+
+    def cpu_s(self, names: list[str]) -> float:
+        """CPU seconds (user + system) the named children have used so far."""
+        return sum(cpu_seconds(self.procs[n][0].pid) for n in names)
+
     def stop(self, name: str, timeout_s: float = 30.0) -> None:
         """SIGTERM (drain), then SIGKILL past ``timeout_s``."""
         proc, log = self.procs.pop(name)
         if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout=timeout_s)
@@ -94,6 +109,42 @@ class Procs:
             self.stop(name)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process (Linux /proc; 0.0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def redis_cpu_s(client: redis.Redis) -> float:
+    """CPU seconds the Redis server has used (all of it: other clients' work too)."""
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+class CpuMeter:
+    """CPU seconds of some children and of Redis between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, procs: Procs, groups: dict[str, list[str]], client: redis.Redis) -> None:
+        self.procs, self.groups, self.client = procs, groups, client
+        self.used: dict[str, float] = {}
+
+    def _now(self) -> dict[str, float]:
+        now = {name: self.procs.cpu_s(members) for name, members in self.groups.items()}
+        now["redis-server"] = redis_cpu_s(self.client)
+        return now
+
+    def start(self) -> None:
+        self.used = self._now()
+
+    def stop(self) -> dict[str, float]:
+        end = self._now()
+        self.used = {name: end[name] - self.used[name] for name in end}
+        return self.used
+
+
 def wait_until(what: str, done: Callable[[], bool], procs: Procs) -> None:
     """Poll ``done`` every 20 ms until true (raises after PHASE_TIMEOUT_S or a child's exit)."""
     deadline = time.monotonic() + PHASE_TIMEOUT_S
@@ -108,19 +159,18 @@ class Stack:
     """The inferq side: a dispatcher and workers as processes, a client in this one."""
 
     def __init__(self, url: str, ns: str, workers: int, slots: int) -> None:
-        self.url, self.ns = url, ns
         self.settings = Settings.load(redis_url=url, namespace=ns)
         self.client = Client(settings=self.settings)
         self.store: Store = self.client.store
         self.procs = Procs()
-        self.base = [sys.executable, "-m", "inferq", "--redis-url", url, "--namespace", ns]
+        base = [sys.executable, "-m", "inferq", "--redis-url", url, "--namespace", ns]
         self.worker_ids = [f"e2e-w{i}" for i in range(workers)]
         try:
             for wid in self.worker_ids:
                 self.procs.start(
                     wid,
                     [
-                        *self.base,
+                        *base,
                         "worker",
                         "--model",
                         MODEL,
@@ -134,7 +184,9 @@ class Stack:
                         "time_scale=0",
                     ],
                 )
+            self.procs.start("dispatcher", [*base, "dispatcher"])
             wait_until("workers ready", self._ready, self.procs)
+            time.sleep(1.0)  # the dispatcher is up and waiting for work
         except BaseException:
             self.close()
             raise
@@ -144,12 +196,6 @@ class Stack:
             self.store.redis.hget(self.store.keys.worker(w), "state") for w in self.worker_ids
         ]
         return all(s == "ready" for s in states)
-
-    def start_dispatcher(self) -> None:
-        self.procs.start("dispatcher", [*self.base, "dispatcher"])
-
-    def stop_dispatcher(self) -> None:
-        self.procs.stop("dispatcher")
 
     def wait_finished(self, total: int) -> None:
         wait_until(
@@ -164,6 +210,13 @@ class Stack:
         for rid in ids:
             pipe.hmget(self.store.keys.req(rid), fields)
         return [[int(v) for v in row] for row in pipe.execute()]
+
+    def batches(self, ids: list[str]) -> set[str]:
+        """The batch ids the requests ran in."""
+        pipe = self.store.redis.pipeline(transaction=False)
+        for rid in ids:
+            pipe.hget(self.store.keys.req(rid), "batch")
+        return set(pipe.execute())
 
     def close(self) -> None:
         self.procs.close()
@@ -181,8 +234,6 @@ def item(i: int) -> dict[str, Any]:
 
 def latency(stack: Stack, n: int, rate: float, priority: str) -> dict[str, Any]:
     """Submit ``n`` requests one by one at ``rate``/s to an idle fleet; ms percentiles."""
-    stack.start_dispatcher()
-    time.sleep(1.0)  # the dispatcher has started and is waiting for work
     before = stack.store.stats().get("succeeded", 0)
     ids = []
     t0 = time.perf_counter()
@@ -192,7 +243,6 @@ def latency(stack: Stack, n: int, rate: float, priority: str) -> dict[str, Any]:
             time.sleep(pause)
         ids.append(stack.client.submit(**{**item(i), "priority": priority}).id)
     stack.wait_finished(before + n)
-    stack.stop_dispatcher()
     rows = stack.times(ids, ("submitted_ms", "dispatched_ms", "started_ms"))
     added = [float(s - sub) for sub, _, s in rows]
     dispatch = [float(d - sub) for sub, d, _ in rows]
@@ -208,46 +258,50 @@ def latency(stack: Stack, n: int, rate: float, priority: str) -> dict[str, Any]:
 
 
 def throughput(stack: Stack, n: int) -> dict[str, Any]:
-    """Queue ``n`` requests, start the dispatcher, time the drain (Redis ms)."""
+    """Queue ``n`` requests with the dispatcher paused (SIGSTOP), resume it, time the drain."""
     before = stack.store.stats().get("succeeded", 0)
+    stack.procs.signal("dispatcher", signal.SIGSTOP)
     ids: list[str] = []
     for start in range(0, n, 500):
         batch = [item(i) for i in range(start, min(n, start + 500))]
         ids += [h.id for h in stack.client.submit_many(batch)]
-    stack.start_dispatcher()
+    groups = {"dispatcher": ["dispatcher"], "workers": stack.worker_ids}
+    meter = CpuMeter(stack.procs, groups, stack.store.redis)
+    meter.start()
+    stack.procs.signal("dispatcher", signal.SIGCONT)
     stack.wait_finished(before + n)
-    stack.stop_dispatcher()
+    cpu = meter.stop()
     rows = stack.times(ids, ("dispatched_ms", "finished_ms"))
     span_ms = max(f for _, f in rows) - min(d for d, _ in rows)
-    return {"requests": n, "span_s": span_ms / 1000, "requests_per_s": n / span_ms * 1000}
+    batches = len(stack.batches(ids))
+    return {
+        "requests": n,
+        "span_s": span_ms / 1000,
+        "requests_per_s": n / span_ms * 1000,
+        "batches": batches,
+        "batch_size_mean": n / batches,
+        "cpu_ms_per_1000": {k: v * 1e6 / n for k, v in cpu.items()},
+    }
 
 
 def rq_baseline(url: str, ns: str, jobs: int, workers: int) -> dict[str, Any]:
-    """Queue ``jobs`` no-op jobs, drain them with ``workers`` SimpleWorker processes."""
+    """``workers`` SimpleWorker processes, started first, run ``jobs`` no-op jobs."""
     rq = rq_connection(url)
     queue = Queue(f"{ns}-noop", connection=rq, serializer=JSONSerializer)
-    ids = [f"{ns}-j{i}" for i in range(jobs)]
-    for start in range(0, jobs, 500):
-        queue.enqueue_many(
-            [
-                Queue.prepare_data("_bench.noop", job_id=jid, result_ttl=600)
-                for jid in ids[start : start + 500]
-            ]
-        )
+    names = [f"{ns}-rq{i}" for i in range(workers)]
     procs = Procs()
     env = {**os.environ, "PYTHONPATH": str(SCRIPTS)}
     rq_cli = [sys.executable, "-c", "from rq.cli import main; main()"]
-    for i in range(workers):
+    for name in names:
         procs.start(
-            f"rq{i}",
+            name,
             [
                 *rq_cli,
                 "worker",
-                "--burst",
                 "--url",
                 url,
                 "--name",
-                f"{ns}-rq{i}",
+                name,
                 "-w",
                 "rq.worker.SimpleWorker",
                 "-S",
@@ -257,21 +311,34 @@ def rq_baseline(url: str, ns: str, jobs: int, workers: int) -> dict[str, Any]:
             ],
             env=env,
         )
+    ids = [f"{ns}-j{i}" for i in range(jobs)]
     try:
-        for name in list(procs.procs):
-            proc, _ = procs.procs[name]
-            if proc.wait(timeout=PHASE_TIMEOUT_S) != 0:
-                procs.check()
+        wait_until("RQ workers up", lambda: len(Worker.all(queue=queue)) == workers, procs)
+        meter = CpuMeter(procs, {"workers": names}, rq)
+        meter.start()
+        for start in range(0, jobs, 500):
+            queue.enqueue_many(
+                [
+                    Queue.prepare_data("_bench.noop", job_id=jid, result_ttl=600)
+                    for jid in ids[start : start + 500]
+                ]
+            )
+        registry = FinishedJobRegistry(queue=queue)
+        wait_until(f"{jobs} RQ jobs finished", lambda: registry.count >= jobs, procs)
+        cpu = meter.stop()
     finally:
         procs.close()
     done = [j for j in Job.fetch_many(ids, connection=rq, serializer=JSONSerializer) if j]
-    if len(done) != jobs or any(j.ended_at is None or j.started_at is None for j in done):
-        raise RuntimeError(f"RQ baseline: {len(done)} of {jobs} jobs found finished")
     first = min(j.started_at for j in done if j.started_at)
     last = max(j.ended_at for j in done if j.ended_at)
     span_s = (last - first).total_seconds()
     rq.close()
-    return {"jobs": jobs, "span_s": span_s, "jobs_per_s": jobs / span_s}
+    return {
+        "jobs": jobs,
+        "span_s": span_s,
+        "jobs_per_s": jobs / span_s,
+        "cpu_ms_per_1000": {k: v * 1e6 / jobs for k, v in cpu.items()},
+    }
 
 
 def main() -> None:
@@ -306,7 +373,8 @@ def report(
         ["system", "items", "span s", "per s", f"ratio (goal >= {GOAL_THROUGHPUT_RATIO:g}x)"],
         [
             [
-                f"inferq (dispatcher + workers, {args.slots} slots)",
+                f"inferq (dispatcher + workers, {args.slots} slots; "
+                f"batches of {thr['batch_size_mean']:.1f} on average)",
                 f"{thr['requests']:,}",
                 _bench.fmt(thr["span_s"], 3),
                 _bench.fmt(thr["requests_per_s"]),
@@ -345,6 +413,23 @@ def report(
         f"({lat['requests']} requests; Redis ms timestamps, +-1 ms)",
         ["interval", "p50 ms", "p99 ms", "max ms", "goal"],
         rows,
+    )
+    cpu_rows = []
+    for label, figures in (("inferq, per 1,000 requests", thr), ("RQ, per 1,000 jobs", rq)):
+        cpu = figures["cpu_ms_per_1000"]
+        cpu_rows.append(
+            [
+                label,
+                _bench.fmt(cpu.get("dispatcher"), 0) if "dispatcher" in cpu else "-",
+                _bench.fmt(cpu["workers"], 0),
+                _bench.fmt(cpu["redis-server"], 0),
+                _bench.fmt(sum(cpu.values()), 0),
+            ]
+        )
+    _bench.table(
+        "CPU ms used during the throughput runs",
+        ["", "dispatcher", "workers", "redis-server", "total"],
+        cpu_rows,
     )
     verdicts = (
         f"throughput goal >= {GOAL_THROUGHPUT_RATIO:g}x RQ: {'met' if goal_met else 'MISSED'}; "
