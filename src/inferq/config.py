@@ -169,6 +169,7 @@ class ScalingSettings(BaseModel):
     backlog_drain_s: float = Field(default=defaults.SCALE_BACKLOG_DRAIN_S, gt=0)
     trend_level_s: float = Field(default=defaults.SCALE_TREND_LEVEL_S, gt=0)
     trend_slope_s: float = Field(default=defaults.SCALE_TREND_SLOPE_S, gt=0)
+    service_smoothing_s: float = Field(default=defaults.SCALE_SERVICE_SMOOTHING_S, gt=0)
 
 
 def _default_classes() -> list[PriorityClass]:

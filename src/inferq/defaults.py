@@ -145,6 +145,9 @@ SCALE_AGE_FACTOR_MAX = 2.0
 #: is extrapolated to ~90% of its true slope within a minute).
 SCALE_TREND_LEVEL_S = 15.0
 SCALE_TREND_SLOPE_S = 30.0
+#: Time constant of the smoothed service time, seconds: a minute of finishes (dozens
+#: of requests even on the light Azure code trace), so one long prompt cannot double it.
+SCALE_SERVICE_SMOOTHING_S = 60.0
 
 # --- baseline scaling policies the simulator compares (issue #7) ---
 #: ``seed``: the seed text's rule: scale up when more than 20 requests are pending

@@ -109,6 +109,7 @@ class ScalingConfig:
         age_factor_max: a class's backlog counts up to this many times more as its
             oldest request ages to its SLA.
         trend_level_s / trend_slope_s: time constants of the rate's level and slope, s.
+        service_smoothing_s: time constant of the smoothed service time, s.
         interval_s: seconds between two decisions (the daemon's loop period); a
             worker launched at the next decision is ready ``interval_s`` later.
 
@@ -132,6 +133,7 @@ class ScalingConfig:
     age_factor_max: float = defaults.SCALE_AGE_FACTOR_MAX
     trend_level_s: float = defaults.SCALE_TREND_LEVEL_S
     trend_slope_s: float = defaults.SCALE_TREND_SLOPE_S
+    service_smoothing_s: float = defaults.SCALE_SERVICE_SMOOTHING_S
     interval_s: float = defaults.SCALER_INTERVAL_S
 
     def __post_init__(self) -> None:
@@ -140,7 +142,7 @@ class ScalingConfig:
         for name in ("up_cooldown_s", "down_cooldown_s", "idle_s", "interval_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0 seconds, got {getattr(self, name)}")
-        for name in ("backlog_drain_s", "trend_level_s", "trend_slope_s"):
+        for name in ("backlog_drain_s", "trend_level_s", "trend_slope_s", "service_smoothing_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
         if not 0 <= self.tolerance < 1:
@@ -264,6 +266,7 @@ class ModelScaleState:
         checked_at: time of the last evaluation (the baselines poll on it), s.
         surplus_since: since when the model has had more workers than it needs,
             without a break, s (None while it has not).
+        service_s: smoothed service time, s (None before the first observation).
     """
 
     last_up_at: float | None = None
@@ -274,6 +277,7 @@ class ModelScaleState:
     observed_at: float | None = None
     checked_at: float | None = None
     surplus_since: float | None = None
+    service_s: float | None = None
 
     @property
     def last_action_at(self) -> float | None:
@@ -376,7 +380,9 @@ def decide_scale(
     plans: list[ScaleDecision] = []
     for load in loads:
         ms = _update_trend(state.model(load.model), load.arrival_rate, now, config)
-        plan, ms = _plan(load, ms, config, sla, now)
+        ms = _smooth_service(ms, load.mean_service_s, now, config)
+        assert ms.service_s is not None
+        plan, ms = _plan(replace(load, mean_service_s=ms.service_s), ms, config, sla, now)
         models[load.model] = ms
         plans.append(plan)
     decisions = _grant_budget(plans, loads, config)
@@ -623,6 +629,22 @@ def _update_trend(
     level = a * rate + (1.0 - a) * (ms.level + ms.slope * dt)
     slope = b * (level - ms.level) / dt + (1.0 - b) * ms.slope
     return replace(ms, level=max(0.0, level), slope=slope, observed_at=now)
+
+
+def _smooth_service(
+    ms: ModelScaleState, measured_s: float, now: float, config: ScalingConfig
+) -> ModelScaleState:
+    """Exponential smoothing of the measured service time (time constant ``service_smoothing_s``).
+
+    A 10 s window of finishes holds a handful of requests on a light or bursty
+    trace; one 7,000-token prompt then doubles the mean, and sizing on it launches
+    workers for a load that is not there (seen on the Azure code trace).
+    """
+    if ms.service_s is None or ms.observed_at is None:
+        return replace(ms, service_s=measured_s)
+    dt = max(0.0, now - (ms.checked_at or ms.observed_at))
+    a = 1.0 - math.exp(-dt / config.service_smoothing_s) if dt > 0 else 0.0
+    return replace(ms, service_s=a * measured_s + (1.0 - a) * ms.service_s)
 
 
 def _record(

@@ -27,7 +27,8 @@ HPA; a hold keeps the last published count so the external scaler sees a
 steady target, not one that flips back while it acts).
 
 Redis outages are retried with backoff; a corrupt record is quarantined and the
-decision goes on without it.
+decision goes on without it; a decision that fails on malformed data anyway is
+logged and skipped (malformed queue names are quarantined), never fatal.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ from inferq.scaler.loads import (
     service_times,
     worker_activity,
 )
+from inferq.scheduler.dispatcher import quarantine_bad_queue_names
 from inferq.store import CONNECTION_ERRORS, Store
 
 log = logging.getLogger(__name__)
@@ -127,6 +129,7 @@ def scaling_config(scaling: ScalingSettings) -> ScalingConfig:
         backlog_drain_s=scaling.backlog_drain_s,
         trend_level_s=scaling.trend_level_s,
         trend_slope_s=scaling.trend_slope_s,
+        service_smoothing_s=scaling.service_smoothing_s,
     )
 
 
@@ -238,12 +241,23 @@ class Scaler:
                     continue
                 except (ScalerBackendError, redis.ResponseError) as exc:
                     log.warning("scaler step failed: %s", exc)
-                except ValueError:  # malformed data the store let through: skip this decision
+                except Exception:  # malformed data the store let through: skip this decision
                     log.exception("scaler step failed on malformed data")
+                    self._repair()
                 self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
         finally:
             self.close()
         log.info("scaler %s stopped", self.replica_id)
+
+    def _repair(self) -> None:
+        """After a failed decision: quarantine malformed queue names (``queue_depths`` needs
+        ``<class>|<route>``), unless in dry-run mode, which writes nothing."""
+        if self.mode is Mode.DRY_RUN:
+            return
+        try:
+            quarantine_bad_queue_names(self.store)
+        except Exception:  # the repair must not end the loop either
+            log.exception("could not look for malformed queue names")
 
     def stop(self) -> None:
         """Ask :meth:`run` to return after the current decision."""
