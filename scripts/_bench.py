@@ -41,8 +41,14 @@ console = Console(width=None if sys.stdout.isatty() else 160)
 STAMP = [0.0]
 
 
+#: The function of the RQ no-op jobs that workers run: a stdlib call with no effect, so
+#: no worker imports anything for it (RQ's forking Worker would import this module,
+#: rich and inferq in every child, a cost plain RQ jobs do not have).
+NOOP_FUNC = "os.getpid"
+
+
 def noop(*args: Any, **kwargs: Any) -> None:
-    """The RQ baseline's job: does nothing (importable as ``_bench.noop``)."""
+    """The function of RQ jobs that are only enqueued, never run (``_bench.noop``)."""
 
 
 def stamp(*args: Any, **kwargs: Any) -> None:

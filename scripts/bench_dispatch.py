@@ -292,7 +292,7 @@ def rq_enqueue_s(url: str, ns: str, n: int, tag: str) -> list[float]:
     out = []
     for i in range(n):
         t0 = time.perf_counter()
-        queue.enqueue_call("_bench.noop", job_id=f"{ns}-{tag}{i}")
+        queue.enqueue_call(_bench.NOOP_FUNC, job_id=f"{ns}-{tag}{i}")
         out.append(time.perf_counter() - t0)
     queue.connection.close()
     return out

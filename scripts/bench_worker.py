@@ -141,7 +141,7 @@ def rq_burst(rq: redis.Redis, ns: str, jobs: int, run: int) -> float:
         queue.enqueue_many(
             [
                 Queue.prepare_data(
-                    "_bench.stamp" if i == jobs - 1 else "_bench.noop",
+                    "_bench.stamp" if i == jobs - 1 else _bench.NOOP_FUNC,
                     job_id=f"{ns}-r{run}-{i}",
                     result_ttl=60,
                     failure_ttl=3600,

@@ -104,13 +104,15 @@ def test_bench_e2e(tmp_path: Path) -> None:
         "bench_e2e.py",
         tmp_path,
         *("--workers", "1", "--requests", "40", "--rq-jobs", "10"),
-        *("--latency-requests", "5", "--rate", "100"),
+        *("--latency-requests", "5", "--rate", "100", "--rq-workers", "SimpleWorker"),
     )
     assert "End-to-end throughput" in stdout and "Added latency" in stdout
     assert doc["throughput"]["requests"] == 40 and doc["throughput"]["requests_per_s"] > 0
-    assert doc["rq_baseline"]["jobs"] == 10
+    assert 1 <= doc["throughput"]["batch_size_mean"] <= 40
+    assert set(doc["throughput"]["cpu_ms_per_1000"]) == {"dispatcher", "workers", "redis-server"}
+    assert doc["rq_baselines"]["SimpleWorker"]["jobs"] == 10
     assert doc["latency"]["added_ms_p50"] >= 0
-    assert isinstance(doc["throughput_goal_met"], bool)
+    assert isinstance(doc["throughput_goal_met"]["SimpleWorker"], bool)
 
 
 @pytest.mark.usefixtures("no_leftovers")
