@@ -14,6 +14,10 @@ restarted at any time. Each step:
 5. write the fairness state forward.
 
 It wakes on a submission or a freed slot (BLPOP on the wake list) or every tick.
+A step that fails on something other than a connection error (a key of the wrong
+type planted where a request hash belongs, a malformed queue name) is logged, the
+offending records are quarantined, and the loop goes on: the daemon never dies of
+bad data.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ log = logging.getLogger(__name__)
 #: RQ's own job timeout for a batch, seconds: a backstop far above any deadline;
 #: inferq's per-request timeouts end requests long before.
 BATCH_JOB_TIMEOUT_S = 3600
+#: Seconds between two checks of the ``queues`` set for malformed names (one SMEMBERS):
+#: the dispatcher skips them, but the scaler, metrics and the CLI read every name.
+QUEUE_NAMES_CHECK_S = 1.0
 
 
 @dataclass
@@ -83,6 +90,7 @@ class Dispatcher:
         self.classes = [c.name for c in self.policy.classes]
         self.heartbeat_ttl_s = self.settings.heartbeat_interval_s * defaults.HEARTBEAT_TTL_INTERVALS
         self._stop = threading.Event()
+        self._names_checked_at = 0.0
 
     def stop(self) -> None:
         """Ask :meth:`run` to return after the current step."""
@@ -102,6 +110,11 @@ class Dispatcher:
                 log.warning("redis unavailable (%s); retrying in %.1f s", exc, backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
+            except Exception:  # bad data must not kill the daemon: repair, back off, go on
+                log.exception("dispatcher step failed; looking for corrupt records")
+                self._repair()
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
         log.info("dispatcher stopped")
 
     def _wait(self) -> None:
@@ -111,6 +124,9 @@ class Dispatcher:
         """One expire / recover / decide / claim round. Returns what it did."""
         t0 = time.perf_counter()
         report = StepReport()
+        if time.monotonic() - self._names_checked_at >= QUEUE_NAMES_CHECK_S:
+            report.quarantined += quarantine_bad_queue_names(self.store)
+            self._names_checked_at = time.monotonic()
         report.expired = len(self.store.expire_due())
         self._recover(report)
         view = self.store.dispatch_view(self.classes, self.queue_head, self.heartbeat_ttl_s)
@@ -186,3 +202,63 @@ class Dispatcher:
         for key, reason, members in view.corrupt:
             self.store.quarantine(key, reason, members)
             report.quarantined += 1
+
+    def _repair(self) -> int:
+        """After a failed step: quarantine what breaks the scripts and reads; returns how many."""
+        try:
+            return quarantine_bad_queue_names(self.store) + quarantine_non_hash_requests(
+                self.store, self.classes, self.queue_head
+            )
+        except Exception:  # the repair itself must not kill the loop either
+            log.exception("could not look for corrupt records")
+            return 0
+
+
+def quarantine_bad_queue_names(store: Store) -> int:
+    """Quarantine members of the ``queues`` set that are not ``<class>|<route>``.
+
+    The member is recorded in the quarantine hash as ``<queues key>:<member>``, then
+    removed from the set. Returns how many were found.
+    """
+    k = store.keys
+    bad = [n for n in store.redis.smembers(k.queues) if not all(n.partition("|")[::2])]
+    for name in bad:
+        store.quarantine(f"{k.queues}:{name}", f"queue name {name!r} is not <class>|<route>")
+        store.redis.srem(k.queues, name)
+    return len(bad)
+
+
+def quarantine_non_hash_requests(store: Store, classes: list[str], head: int) -> int:
+    """Quarantine request keys holding another type than a hash (every script fails on them).
+
+    Looks where the dispatcher's step meets request ids: the heads of the queues of
+    ``classes`` (``head`` each), the due deadlines and the lapsed leases. Returns how
+    many were found.
+    """
+    k = store.keys
+    now_ms = round(store.now() * 1000)
+    names = [n.split("|", 1) for n in store.redis.smembers(k.queues) if "|" in n]
+    pipe = store.redis.pipeline(transaction=False)
+    queue_keys = [k.queue(c, r) for c, r in names if c in classes]
+    for qk in queue_keys:
+        pipe.zrange(qk, 0, head - 1)
+    pipe.zrangebyscore(k.deadlines, "-inf", now_ms, start=0, num=head)
+    pipe.zrangebyscore(k.leases, "-inf", now_ms, start=0, num=head)
+    *heads, due, lapsed = pipe.execute()
+    found: dict[str, set[str]] = {}
+    for qk, ids in zip(queue_keys, heads, strict=True):
+        for rid in ids:
+            found.setdefault(rid, set()).add(qk)
+    for rid in [*due, *lapsed]:
+        found.setdefault(rid, set())
+    ids = list(found)
+    pipe = store.redis.pipeline(transaction=False)
+    for rid in ids:
+        pipe.type(k.req(rid))
+    types = pipe.execute()
+    bad = [(rid, t) for rid, t in zip(ids, types, strict=True) if t not in ("hash", "none")]
+    for rid, kind in bad:
+        members = [(qk, rid) for qk in sorted(found[rid])]
+        members += [(k.deadlines, rid), (k.leases, rid)]
+        store.quarantine(k.req(rid), f"request record is a {kind}, not a hash", members)
+    return len(bad)
