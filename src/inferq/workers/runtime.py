@@ -11,7 +11,12 @@ flight goes in the next one.
 
 A background heartbeat thread publishes the worker's state every
 ``heartbeat_interval_s`` with a TTL of three intervals and extends the leases
-of its in-flight requests.
+of its in-flight requests. Because the beat extends every lease the worker holds
+in Redis, the engine keeps the set of requests it actually holds (accepted and
+not yet written back); each beat, requests Redis says it holds but the engine
+never received for longer than one lease (a dispatcher killed between its claim
+and the RQ enqueue, a reply lost to a dropped connection, a truncated RQ job)
+are handed back to their queue (:meth:`Engine.recover_orphans`).
 """
 
 from __future__ import annotations
@@ -23,10 +28,12 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
+
+import redis
 
 from inferq import defaults
 from inferq.config import ModelSpec
@@ -36,6 +43,10 @@ from inferq.workers.backends import Backend, BackendError, BackendRequest
 from inferq.workers.gpu import GpuInfo
 
 log = logging.getLogger(__name__)
+
+#: Error of a request handed back because its batch never reached this worker.
+ORPHAN_ERROR = "its batch job never reached the worker (lost or unreadable RQ job)"
+
 
 @dataclass
 class WorkerConfig:
@@ -84,6 +95,10 @@ class Engine:
         self._idle = threading.Condition()
         self._beat_stop = threading.Event()
         self._beat_thread: threading.Thread | None = None
+        # Requests this engine holds: accepted (from before start.lua) until their
+        # result is written or they are handed back. Guarded by _held_lock.
+        self._held: set[str] = set()
+        self._held_lock = threading.Lock()
         self.on_drain_requested: Callable[[], None] = lambda: os.kill(os.getpid(), signal.SIGTERM)
         self.finished = 0
         self.failed = 0
@@ -134,6 +149,7 @@ class Engine:
                 [(rid, attempt, self.config.worker_id, reason) for rid, attempt in items],
                 penalize=False,
             )
+        self._unhold(rid for rid, _ in items)
         return len(items)
 
     def stop(self, reason: str = "drained") -> None:
@@ -199,6 +215,91 @@ class Engine:
     def _beat_forever(self) -> None:
         while not self._beat_stop.wait(self.config.heartbeat_interval_s):
             self._safe_beat()
+            try:
+                self.recover_orphans()
+            except CONNECTION_ERRORS as exc:
+                log.warning("orphan check failed: %s", exc)
+            except Exception:  # never let bad data stop the heartbeat
+                log.exception("orphan check failed")
+
+    # --- orphans: held in Redis, never received ----------------------------------------
+
+    def recover_orphans(self) -> int:
+        """Hand back requests Redis says this worker holds but the engine never received.
+
+        A claimed batch whose RQ job never arrives, or arrives unreadable, would
+        otherwise stay assigned here forever (every beat extends its leases). A
+        request in ``inflight:<id>``, not held by the engine, assigned or started more
+        than one lease ago, is requeued (not counted as a failed attempt; fenced by its
+        attempt, so a job arriving late finds it stale), and a broken RQ job of its batch
+        is quarantined. Returns how many were requeued.
+        """
+        k, wid = self.store.keys, self.config.worker_id
+        inflight = set(self.store.redis.smembers(k.inflight(wid)))
+        with self._held_lock:
+            unheld = sorted(inflight - self._held)
+        if not unheld:
+            return 0
+        pipe = self.store.redis.pipeline(transaction=False)
+        pipe.time()
+        for rid in unheld:
+            pipe.hmget(k.req(rid), "state", "worker", "attempts", "dispatched_ms", "started_ms")
+            pipe.hget(k.req(rid), "batch")
+        (sec, usec), *rows = pipe.execute(raise_on_error=False)
+        oldest = int(sec) * 1000 + int(usec) // 1000 - round(self.store.settings.lease_s * 1000)
+        requeued = 0
+        for i, rid in enumerate(unheld):
+            row, batch = rows[2 * i], rows[2 * i + 1]
+            attempt = _orphan_attempt(row, wid, oldest)
+            if attempt is None:
+                continue
+            if self._requeue_orphan(rid, attempt):
+                requeued += 1
+                self._quarantine_job(str(batch or ""))
+        if requeued:
+            log.warning("handed back %d requests whose batch never arrived", requeued)
+        return requeued
+
+    def _requeue_orphan(self, rid: str, attempt: int) -> bool:
+        # Under the lock, so accept() cannot start it between the check and the requeue.
+        with self._held_lock:
+            if rid in self._held:
+                return False  # its batch arrived meanwhile
+            try:
+                [verdict] = self.store.requeue(
+                    [(rid, attempt, self.config.worker_id, ORPHAN_ERROR)], penalize=False
+                )
+            except redis.ResponseError as exc:  # a record the script cannot read
+                log.warning("could not hand back %s: %s", rid, exc)
+                return False
+        return verdict != "stale"
+
+    def _quarantine_job(self, batch: str) -> None:
+        """Quarantine the RQ job of ``batch`` when it exists and is broken (no data, failed)."""
+        if not batch:
+            return
+        from inferq.jobs import job_id
+
+        key = f"rq:job:{job_id(self.store.keys, batch)}"
+        fields = set(self.store.redis.hkeys(key))
+        if not fields:
+            return  # never enqueued, or gone: nothing to keep
+        status = self.store.redis.hget(key, "status")
+        if "data" not in fields:
+            reason = "RQ job without a data field"
+        elif status == "failed":
+            reason = "RQ job failed before accepting its batch (unreadable data?)"
+        else:
+            return
+        self.store.quarantine(key, f"{reason} (batch {batch}, worker {self.config.worker_id})")
+
+    def _hold(self, ids: list[str]) -> None:
+        with self._held_lock:
+            self._held.update(ids)
+
+    def _unhold(self, ids: Iterable[str]) -> None:
+        with self._held_lock:
+            self._held.difference_update(ids)
 
     # --- accepting work (called from the RQ job, main thread) ---------------------
 
@@ -207,11 +308,18 @@ class Engine:
 
         Returns counts of ``run``, ``stale`` and ``expired`` verdicts.
         """
-        verdicts = self.store.start(self.config.worker_id, items)
+        self._hold([rid for rid, _ in items])
+        try:
+            verdicts = self.store.start(self.config.worker_id, items)
+        except BaseException:
+            self._unhold(rid for rid, _ in items)  # recover_orphans hands them back
+            raise
+        self._unhold(rid for (rid, _), v in zip(items, verdicts, strict=True) if v != "run")
         runnable = [item for item, v in zip(items, verdicts, strict=True) if v == "run"]
         records = self.store.records(rid for rid, _ in runnable)
-        for (_, attempt), record in zip(runnable, records, strict=True):
+        for (rid, attempt), record in zip(runnable, records, strict=True):
             if record is None:
+                self._unhold([rid])
                 continue  # vanished (purged) between start and read: nothing to deliver
             self._loop.call_soon_threadsafe(self._launch, record, attempt)
         counts = {"run": 0, "stale": 0, "expired": 0}
@@ -286,9 +394,12 @@ class Engine:
         if not exc.retryable:
             self._queue(Outcome(rid, attempt, "failed", error=str(exc)))
             return
-        await asyncio.to_thread(
-            self.store.requeue, [(rid, attempt, self.config.worker_id, str(exc))]
-        )
+        try:
+            await asyncio.to_thread(
+                self.store.requeue, [(rid, attempt, self.config.worker_id, str(exc))]
+            )
+        finally:  # requeue failed (Redis down): recover_orphans hands it back later
+            self._unhold([rid])
 
     def _queue(self, outcome: Outcome, task_type: str | None = None) -> None:
         self._pending.append((outcome, task_type))
@@ -314,6 +425,7 @@ class Engine:
 
     def _write(self, batch: list[tuple[Outcome, str | None]]) -> None:
         verdicts = self.store.complete(self.config.worker_id, [o for o, _ in batch])
+        self._unhold(o.request_id for o, _ in batch)
         observed = []
         for (outcome, task), verdict in zip(batch, verdicts, strict=True):
             if verdict == "ok" and outcome.status == "succeeded":
@@ -339,3 +451,20 @@ class Engine:
     def _call(self, coro: Any) -> Any:
         future: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self._loop)
         return future.result()
+
+
+def _orphan_attempt(row: Any, worker_id: str, oldest_ms: int) -> int | None:
+    """The attempt to hand back when an ``hmget`` row (state, worker, attempts,
+    dispatched_ms, started_ms) is this worker's and assigned/started before
+    ``oldest_ms``; None otherwise (not ours, too recent, or unreadable)."""
+    if isinstance(row, Exception):
+        return None
+    state, worker, attempts, dispatched, started = row
+    if worker != worker_id or state not in ("assigned", "running"):
+        return None
+    try:
+        since = max(int(dispatched or 0), int(started or 0))
+        attempt = int(attempts)
+    except (TypeError, ValueError):
+        return None
+    return attempt if since < oldest_ms else None
