@@ -37,6 +37,7 @@ import redis
 
 from inferq import defaults
 from inferq.config import ModelSpec
+from inferq.errors import CorruptRecord, RequestNotFound
 from inferq.models import RequestRecord, WorkerInfo, WorkerState
 from inferq.store import CONNECTION_ERRORS, Outcome, Store
 from inferq.workers.backends import Backend, BackendError, BackendRequest
@@ -306,7 +307,8 @@ class Engine:
     def accept(self, batch_id: str, items: list[tuple[str, int]]) -> dict[str, int]:
         """Start a batch's requests: only those still held by this worker under this attempt.
 
-        Returns counts of ``run``, ``stale`` and ``expired`` verdicts.
+        Returns counts of ``run``, ``stale`` and ``expired`` verdicts. A request whose
+        record does not parse is failed with the reason and its record quarantined.
         """
         self._hold([rid for rid, _ in items])
         try:
@@ -318,15 +320,34 @@ class Engine:
         runnable = [item for item, v in zip(items, verdicts, strict=True) if v == "run"]
         records = self.store.records(rid for rid, _ in runnable)
         for (rid, attempt), record in zip(runnable, records, strict=True):
-            if record is None:
-                self._unhold([rid])
-                continue  # vanished (purged) between start and read: nothing to deliver
-            self._loop.call_soon_threadsafe(self._launch, record, attempt)
+            record = record or self._reread(rid, attempt)
+            if record is not None:
+                self._loop.call_soon_threadsafe(self._launch, record, attempt)
         counts = {"run": 0, "stale": 0, "expired": 0}
         for v in verdicts:
             counts[v] = counts.get(v, 0) + 1
         log.debug("batch %s: %s", batch_id, counts)
         return counts
+
+    def _reread(self, rid: str, attempt: int) -> RequestRecord | None:
+        """A started request :meth:`Store.records` could not read: its record, or None when
+        it vanished (purged) or does not parse (failed with the reason, record quarantined)."""
+        try:
+            return self.store.record(rid)
+        except RequestNotFound:
+            self._unhold([rid])
+            return None
+        except CorruptRecord as exc:
+            reason = exc.reason
+        try:
+            self.store.complete(
+                self.config.worker_id,
+                [Outcome(rid, attempt, "failed", error=f"corrupt request record: {reason}")],
+            )
+        finally:
+            self._unhold([rid])
+        self.store.quarantine(self.store.keys.req(rid), f"request record: {reason}")
+        return None
 
     # --- inside the loop ------------------------------------------------------------
 
@@ -422,6 +443,20 @@ class Engine:
                 log.warning("could not write %d results (%s); retrying", len(batch), exc)
                 self._pending[:0] = batch
                 await asyncio.sleep(0.5)
+            except Exception:  # one unwritable result must not stop every later one
+                log.exception("could not write %d results; writing them one by one", len(batch))
+                self._pending[:0] = [(o, t) for o, t in batch if self._write_alone(o, t)]
+
+    def _write_alone(self, outcome: Outcome, task_type: str | None) -> bool:
+        """Write one result; True to retry it (Redis unavailable), False when done or dropped."""
+        try:
+            self._write([(outcome, task_type)])
+        except CONNECTION_ERRORS:
+            return True
+        except Exception:
+            log.exception("dropped the result of %s", outcome.request_id)
+            self._unhold([outcome.request_id])
+        return False
 
     def _write(self, batch: list[tuple[Outcome, str | None]]) -> None:
         verdicts = self.store.complete(self.config.worker_id, [o for o, _ in batch])
