@@ -21,9 +21,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import redis
-import redis.asyncio as aioredis
 
 from inferq.config import Settings
+from inferq.connection import open_async_redis
 from inferq.errors import QueueFull, RedisUnavailable, RequestNotFound, ResultTimeout
 from inferq.intake import build_request
 from inferq.keys import Keys
@@ -32,7 +32,6 @@ from inferq.store import (
     Store,
     Submitted,
     connect,
-    connection_kwargs,
     parse_record,
     parse_submit,
     script_source,
@@ -226,7 +225,7 @@ class AsyncClient:
             settings = settings.model_copy(update=overrides)
         self.settings = settings
         self.keys = Keys(settings.namespace)
-        self.redis: Any = aioredis.Redis.from_url(settings.redis_url, **connection_kwargs())
+        self.redis: Any = open_async_redis(settings.redis_url)
         self._submit = self.redis.register_script(script_source("submit"))
         self._cancel = self.redis.register_script(script_source("cancel"))
         self._expire = self.redis.register_script(script_source("expire"))
@@ -333,6 +332,8 @@ def _build_many(
 ) -> list[tuple[InferenceRequest, bool]]:
     from inferq.errors import InvalidRequest
 
+    if isinstance(items, Mapping | str | bytes) or not isinstance(items, Iterable):
+        raise InvalidRequest("items", f"must be a list of mappings, got {type(items).__name__}")
     out: list[tuple[InferenceRequest, bool]] = []
     for i, item in enumerate(items):
         if not isinstance(item, Mapping):

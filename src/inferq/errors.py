@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit, urlunsplit
 
 
@@ -75,7 +76,7 @@ class RedisUnavailable(InferqError, ConnectionError):
 
     def __init__(self, url: str, cause: BaseException) -> None:
         self.url = redact_url(url)
-        super().__init__(f"cannot reach Redis at {self.url}: {cause}")
+        super().__init__(f"cannot reach Redis at {self.url}: {redact_text(str(cause))}")
 
 
 class CorruptRecord(InferqError):
@@ -87,20 +88,37 @@ class CorruptRecord(InferqError):
         super().__init__(f"corrupt record {key}: {reason}")
 
 
-def redact_url(url: str) -> str:
-    """Return ``url`` with any password replaced by ``***``.
+#: ``scheme://user:password@``: the password runs to the last ``@`` before a ``/`` or space.
+URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:/@\s]*):[^/\s]*@")
+#: Secret options of a connection URL's query string (redis-py and Sentinel ones).
+SECRET_QUERY = re.compile(r"(?i)(?<![A-Za-z0-9_])((?:sentinel_|ssl_)?password=)[^&#\s]*")
 
-    ``redis://user:secret@host:6379/0`` -> ``redis://user:***@host:6379/0``.
+
+def redact_url(url: str) -> str:
+    """Return ``url`` with every password replaced by ``***``.
+
+    ``redis://user:secret@host:6379/0`` -> ``redis://user:***@host:6379/0``; also the
+    multi-host Sentinel form (``redis+sentinel://:secret@h1,h2/mymaster``) and
+    ``password=`` / ``sentinel_password=`` / ``ssl_password=`` query options.
     """
+    if not isinstance(url, str):
+        return f"<{type(url).__name__}, not a URL>"
+    if "://" not in url:
+        return "<redacted: not a URL>" if "@" in url else url
     try:
         parts = urlsplit(url)
     except ValueError:
         return "<unparseable url>"
-    if parts.password is None:
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    netloc = parts.netloc
+    if at and ":" in userinfo:
+        netloc = f"{userinfo.partition(':')[0]}:***@{hosts}"
+    query = SECRET_QUERY.sub(r"\1***", parts.query)
+    if netloc == parts.netloc and query == parts.query:
         return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    netloc = f"{user}:***@{host}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def redact_text(text: str) -> str:
+    """Replace the password of every URL in free ``text`` (a log line, an error) with ``***``."""
+    return SECRET_QUERY.sub(r"\1***", URL_USERINFO.sub(r"\g<scheme>\g<user>:***@", text))

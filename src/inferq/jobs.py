@@ -25,8 +25,8 @@ from rq.job import Job
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
+from inferq.connection import open_redis
 from inferq.keys import Keys
-from inferq.store import connection_kwargs
 
 #: The only function a :class:`BatchJob` may run.
 BATCH_FUNC = "inferq.workers.batch.run_batch"
@@ -44,7 +44,16 @@ class ForbiddenJob(Exception):
 
 
 class BatchJob(Job):
-    """An RQ job that can only run :data:`BATCH_FUNC`, with no callbacks."""
+    """An RQ job that can only run :data:`BATCH_FUNC`, with no callbacks.
+
+    Its serializer is always JSON, whatever the caller passes: RQ's default is
+    pickle, and unpickling a job planted in Redis would run arbitrary code.
+    """
+
+    def __init__(
+        self, id: str | None = None, connection: redis.Redis | None = None, serializer: Any = None
+    ) -> None:
+        super().__init__(id, connection=connection, serializer=JSONSerializer)
 
     @property
     def func(self) -> Any:
@@ -70,11 +79,15 @@ class BatchJob(Job):
 
 
 def rq_connection(url: str) -> redis.Redis:
-    """A connection for RQ: RQ needs bytes replies (``decode_responses=False``)."""
-    kwargs = connection_kwargs()
-    kwargs["decode_responses"] = False
-    client: redis.Redis = redis.Redis.from_url(url, **kwargs)
-    return client
+    """A connection for RQ: RQ needs bytes replies (``decode_responses=False``).
+
+    Any URL form of :mod:`inferq.connection` (TLS options, Sentinel), with the
+    same retries as :func:`inferq.store.connect`; no round trip is made.
+
+    Raises:
+        ConfigError: the URL is malformed (password redacted).
+    """
+    return open_redis(url, decode_responses=False)
 
 
 def worker_queue(connection: redis.Redis, keys: Keys, worker_id: str) -> Queue:

@@ -17,9 +17,8 @@ from importlib import resources
 from typing import Any, Literal
 
 import redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
 
+from inferq import connection
 from inferq.config import Settings
 from inferq.errors import CorruptRecord, QueueFull, RedisUnavailable, RequestNotFound
 from inferq.keys import Keys
@@ -72,30 +71,29 @@ def script_source(name: str) -> str:
 
 
 def connection_kwargs() -> dict[str, Any]:
-    """Options every inferq connection uses: text replies, retries with backoff, health checks."""
-    return {
-        "decode_responses": True,
-        "retry": Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=6),
-        "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
-        "health_check_interval": 15,
-        "socket_keepalive": True,
-    }
+    """Options every inferq connection uses (see :func:`inferq.connection.connection_kwargs`)."""
+    return connection.connection_kwargs()
 
 
 def connect(url: str, *, check: bool = True) -> redis.Redis:
-    """Open a connection pool to ``url`` (``redis://``, ``rediss://`` or ``unix://``).
+    """Open a connection pool to ``url`` (text replies).
+
+    Any URL form of :mod:`inferq.connection`: ``redis://``, ``rediss://`` (TLS
+    options in the query), ``unix://``, ``redis+sentinel://`` (the primary a
+    sentinel names, followed across failovers).
 
     Raises:
+        ConfigError: the URL is malformed (password redacted).
         RedisUnavailable: ``check`` is true and the server does not answer PING
             (the message carries the URL with its password redacted).
     """
-    client: redis.Redis = redis.Redis.from_url(url, **connection_kwargs())
+    client = connection.open_redis(url)
     if check:
         try:
             client.ping()
         except (redis.RedisError, OSError) as exc:
             client.close()
-            raise RedisUnavailable(url, exc) from None
+            raise RedisUnavailable(url, connection.explain(url, exc)) from None
     return client
 
 
@@ -139,7 +137,9 @@ def submit_call(
 ) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of the submit script for one validated request."""
     cls = settings.class_by_name[request.priority]
-    idem = keys.idem(request.tenant, request.idempotency_key) if request.idempotency_key else ""
+    # No idempotency key: no third key at all (an ACL user confined to inferq:* may not
+    # name the empty key).
+    idem = [keys.idem(request.tenant, request.idempotency_key)] if request.idempotency_key else []
     fields = request.to_fields()
     for derived in ("submitted_ms", "deadline_ms", "attempts"):
         fields.pop(derived)
@@ -158,7 +158,7 @@ def submit_call(
     ]
     for name, value in fields.items():
         argv += [name, value]
-    return [keys.req(request.id), keys.queue(request.priority, request.model), idem], argv
+    return [keys.req(request.id), keys.queue(request.priority, request.model), *idem], argv
 
 
 def fields_deadline(request: InferenceRequest) -> int:

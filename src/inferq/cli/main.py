@@ -13,15 +13,16 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 import redis
 from rich.console import Console
+from rich.markup import escape
 
 from inferq.cli import views
 from inferq.config import Settings
-from inferq.errors import InferqError, RedisUnavailable, redact_url
+from inferq.errors import InferqError, RedisUnavailable, redact_text, redact_url
 from inferq.logs import setup_logging
 from inferq.store import Store, connect
 
@@ -53,22 +54,29 @@ def handle_errors(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except InferqError as exc:
-            err_console.print(f"[red]error:[/red] {exc}", highlight=False, markup=True)
-            sys.exit(1)
+            fail(str(exc))
         except redis.ConnectionError as exc:
             ctx = click.get_current_context().find_object(Context)
             url = ctx.settings.redis_url if ctx else "?"
-            err_console.print(f"[red]error:[/red] {RedisUnavailable(url, exc)}", highlight=False)
-            sys.exit(1)
+            fail(str(RedisUnavailable(url, exc)))
         except redis.RedisError as exc:
-            err_console.print(f"[red]error:[/red] redis: {exc}", highlight=False)
-            sys.exit(1)
+            fail(f"redis: {redact_text(str(exc))}")
 
     return wrapper  # type: ignore[return-value]
 
 
+def fail(message: str) -> NoReturn:
+    """Print ``error: <message>`` as one line on stderr (no markup, no wrapping), exit 1."""
+    err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    sys.exit(1)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--redis-url", envvar="INFERQ_REDIS_URL", help="Redis URL (redis://, rediss://).")
+@click.option(
+    "--redis-url",
+    envvar="INFERQ_REDIS_URL",
+    help="Redis URL (redis://, rediss://, unix://, redis+sentinel://).",
+)
 @click.option("--namespace", envvar="INFERQ_NAMESPACE", help="Key namespace of the deployment.")
 @click.option(
     "--config", "config_path", envvar="INFERQ_CONFIG", type=click.Path(), help="TOML settings file."
@@ -100,8 +108,7 @@ def cli(
     try:
         settings = Settings.load(config_path, **overrides)
     except InferqError as exc:
-        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
-        sys.exit(1)
+        fail(str(exc))
     ctx.obj = Context(settings)
 
 

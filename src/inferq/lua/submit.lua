@@ -1,5 +1,6 @@
 -- submit: accept one validated request, or refuse it, in one round trip.
--- KEYS[1] req:<id>   KEYS[2] q:<class>:<route>   KEYS[3] idem:<tenant>:<key> (or '')
+-- KEYS[1] req:<id>   KEYS[2] q:<class>:<route>   KEYS[3] idem:<tenant>:<key> (absent = none:
+-- never an empty key name, which an ACL user confined to inferq:* may not name)
 -- ARGV: 1 prefix, 2 id, 3 class, 4 route, 5 tenant, 6 class_limit, 7 tenant_limit,
 --       8 timeout_ms, 9 deadline_ms ('' = now + timeout), 10 idem_ttl_s, 11 events maxlen,
 --       12.. field/value pairs of the submission
@@ -8,8 +9,9 @@
 -- and counts:t:<class>:<tenant> equal the queued requests they name; an idempotency key
 -- maps to at most one request; a refused submission writes nothing.
 local p, id, class, route, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-if KEYS[3] ~= '' then
-  local existing = redis.call('GET', KEYS[3])
+local idem = KEYS[3]
+if idem then
+  local existing = redis.call('GET', idem)
   if existing then return {'dup', existing} end
 end
 local class_n = tonumber(redis.call('HGET', p .. 'counts', 'c:' .. class) or '0')
@@ -29,7 +31,7 @@ redis.call('ZADD', KEYS[2], now, id)
 redis.call('SADD', p .. 'queues', class .. '|' .. route)
 redis.call('ZADD', p .. 'deadlines', deadline, id)
 count_queued(p, class, tenant, 1)
-if KEYS[3] ~= '' then redis.call('SET', KEYS[3], id, 'EX', ARGV[10]) end
+if idem then redis.call('SET', idem, id, 'EX', ARGV[10]) end
 stat(p, 'submitted')
 emit(p, ARGV[11], 'submit', 'id', id, 'class', class, 'route', route, 'tenant', tenant)
 redis.call('LPUSH', p .. 'wake', '1')

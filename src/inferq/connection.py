@@ -1,0 +1,295 @@
+"""Redis connections: the URL forms inferq accepts, TLS options, Sentinel, retries.
+
+Every inferq process opens Redis here, through :func:`inferq.store.connect`
+(text replies) and :func:`inferq.jobs.rq_connection` (bytes, for RQ), so one
+URL configures the client, the dispatcher, the workers and the scaler alike.
+
+URL forms (``INFERQ_REDIS_URL``, ``--redis-url``):
+
+- ``redis://[[user]:password@]host[:port][/db][?option=value&...]``
+- ``rediss://...``: TLS. Options are redis-py's, e.g.
+  ``?ssl_ca_certs=/etc/inferq/ca.pem&ssl_cert_reqs=required`` (a private CA),
+  ``ssl_certfile`` / ``ssl_keyfile`` (a client certificate),
+  ``ssl_check_hostname=false``.
+- ``unix:///path/to/redis.sock[?db=N]``
+- ``redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service[/db][?...]``:
+  Redis Sentinel. The hosts are sentinels (default port 26379); ``service``
+  is the monitored primary's name (``sentinel monitor <service> ...``). The
+  user and password authenticate to the primary; ``sentinel_username`` and
+  ``sentinel_password`` options authenticate to the sentinels when they
+  require it. Every connection asks a sentinel where the primary is and
+  reconnects to the new one after a failover (redis-py's
+  ``Sentinel.master_for``). ``rediss+sentinel://`` does the same over TLS, to
+  the sentinels and the data nodes, with the same ``ssl_*`` options.
+
+Every connection retries a failed command with exponential backoff
+(:func:`connection_kwargs`), which is also what carries the daemons across a
+failover.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.connection import URL_QUERY_ARGUMENT_PARSERS
+from redis.retry import Retry
+from redis.sentinel import MasterNotFoundError, Sentinel
+
+from inferq.errors import ConfigError, redact_url
+
+#: URL schemes :func:`open_redis` accepts (the ``+sentinel`` ones name sentinels).
+SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
+#: Port of a sentinel address given without one (Redis Sentinel's default).
+SENTINEL_PORT = 26379
+#: Command retries after a connection error, and the backoff between them, seconds:
+#: 0.05 doubling to a 2 s cap, ~3 s in all, which covers a Sentinel failover's
+#: usual 1-3 s once the primary is marked down; a longer outage surfaces to the
+#: daemons' own reconnect loops.
+RETRIES = 6
+BACKOFF_BASE_S = 0.05
+BACKOFF_CAP_S = 2.0
+#: Socket timeouts of the connections to the sentinels, seconds (unless the URL sets
+#: ``socket_timeout`` / ``socket_connect_timeout``): a sentinel answers a discovery
+#: query at once, and a silent one should not hold up the next in the list.
+SENTINEL_TIMEOUT_S = 2.0
+#: Seconds between PINGs on an idle pooled connection before reusing it.
+HEALTH_CHECK_INTERVAL_S = 15
+#: redis-py's Sentinel managers (untyped in redis-py, so held as Any).
+_SENTINEL: Any = Sentinel
+_ASYNC_SENTINEL: Any = AsyncSentinel
+#: Query options that go to the sentinels rather than the data nodes.
+_SENTINEL_AUTH = ("sentinel_username", "sentinel_password")
+#: Query options shared by the sentinel connections (sockets and TLS).
+_SHARED_PREFIXES = ("socket_", "ssl_")
+
+
+@dataclass(frozen=True, slots=True)
+class SentinelURL:
+    """A parsed ``redis+sentinel://`` URL.
+
+    Attributes:
+        sentinels: (host, port) of each sentinel, in the URL's order.
+        service: the primary's name as the sentinels monitor it.
+        db: database number on the primary.
+        username / password: credentials of the primary (None = none).
+        tls: true for ``rediss+sentinel://`` (TLS to sentinels and data nodes).
+        options: redis-py connection options from the query, typed.
+        sentinel_auth: ``username`` / ``password`` for the sentinels themselves.
+    """
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    tls: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+    sentinel_auth: dict[str, str] = field(default_factory=dict)
+
+
+def connection_kwargs(*, asyncio: bool = False) -> dict[str, Any]:
+    """Options every inferq connection uses: text replies, retries with backoff, health checks.
+
+    Args:
+        asyncio: build the retry policy for ``redis.asyncio`` clients.
+    """
+    backoff = ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S)
+    retry: Retry | AsyncRetry = (
+        AsyncRetry(backoff, retries=RETRIES) if asyncio else Retry(backoff, retries=RETRIES)
+    )
+    return {
+        "decode_responses": True,
+        "retry": retry,
+        "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
+        "health_check_interval": HEALTH_CHECK_INTERVAL_S,
+        "socket_keepalive": True,
+    }
+
+
+def scheme_of(url: str) -> str:
+    """The URL's scheme, lower-case.
+
+    Raises:
+        ConfigError: not a string, or a scheme inferq does not accept (password redacted).
+    """
+    if not isinstance(url, str):
+        raise ConfigError(f"redis_url: must be a string, got {type(url).__name__}")
+    scheme = url.partition("://")[0].lower() if "://" in url else ""
+    if scheme not in SCHEMES:
+        accepted = ", ".join(f"{s}://" for s in SCHEMES)
+        raise ConfigError(f"redis_url: {redact_url(url)!r} must start with one of {accepted}")
+    return scheme
+
+
+def is_sentinel_url(url: str) -> bool:
+    """True for ``redis+sentinel://`` and ``rediss+sentinel://`` URLs."""
+    return isinstance(url, str) and url.lower().split("://", 1)[0].endswith("+sentinel")
+
+
+def parse_sentinel_url(url: str) -> SentinelURL:
+    """Parse ``redis+sentinel://[user:pass@]host[:port][,host[:port]...]/service[/db][?opts]``.
+
+    Raises:
+        ConfigError: a malformed URL; the message names the part and redacts the password.
+    """
+    scheme = scheme_of(url)
+    if not scheme.endswith("+sentinel"):
+        raise ConfigError(f"redis_url: {redact_url(url)!r} is not a redis+sentinel:// URL")
+    parts = urlsplit(url)
+    userinfo, _, hostlist = parts.netloc.rpartition("@")
+    username, _, password = userinfo.partition(":")
+    service, db = _service_and_db(url, parts.path)
+    options, sentinel_auth = _query_options(url, parts.query)
+    query_db = options.pop("db", 0)
+    return SentinelURL(
+        sentinels=tuple(_host_port(url, item) for item in hostlist.split(",")),
+        service=service,
+        db=query_db if db is None else db,
+        username=unquote(username) or None,
+        password=unquote(password) or None,
+        tls=scheme.startswith("rediss"),
+        options=options,
+        sentinel_auth=sentinel_auth,
+    )
+
+
+def open_redis(url: str, *, decode_responses: bool = True) -> redis.Redis:
+    """A redis-py client for any URL form above (no round trip is made).
+
+    Args:
+        url: the Redis URL.
+        decode_responses: text replies (inferq) or bytes (RQ).
+
+    Raises:
+        ConfigError: the URL is malformed (the message redacts the password).
+    """
+    kwargs = connection_kwargs()
+    kwargs["decode_responses"] = decode_responses
+    if scheme_of(url).endswith("+sentinel"):
+        target = parse_sentinel_url(url)
+        sentinel: Any = _SENTINEL(list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(target))
+        client: redis.Redis = sentinel.master_for(target.service, **_primary_kwargs(target, kwargs))
+        return client
+    try:
+        return redis.Redis.from_url(url, **kwargs)
+    except ValueError as exc:
+        raise ConfigError(f"redis_url: {redact_url(url)!r}: {exc}") from None
+
+
+def open_async_redis(url: str) -> aioredis.Redis:
+    """The ``redis.asyncio`` twin of :func:`open_redis` (text replies).
+
+    Raises:
+        ConfigError: the URL is malformed (the message redacts the password).
+    """
+    kwargs = connection_kwargs(asyncio=True)
+    if scheme_of(url).endswith("+sentinel"):
+        target = parse_sentinel_url(url)
+        sentinel: Any = _ASYNC_SENTINEL(
+            list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(target, asyncio=True)
+        )
+        client: aioredis.Redis = sentinel.master_for(
+            target.service, **_primary_kwargs(target, kwargs)
+        )
+        return client
+    try:
+        return aioredis.Redis.from_url(url, **kwargs)
+    except ValueError as exc:
+        raise ConfigError(f"redis_url: {redact_url(url)!r}: {exc}") from None
+
+
+def explain(url: str, exc: BaseException) -> BaseException:
+    """A one-line cause for an error report (the others are returned unchanged).
+
+    redis-py's ``MasterNotFoundError`` text holds the repr of every sentinel
+    client; it is summarised as the sentinels asked and the service name.
+    """
+    if isinstance(exc, MasterNotFoundError) and is_sentinel_url(url):
+        target = parse_sentinel_url(url)
+        hosts = ", ".join(f"{host}:{port}" for host, port in target.sentinels)
+        return MasterNotFoundError(
+            f"no sentinel ({hosts}) answered with a primary named {target.service!r}"
+        )
+    return exc
+
+
+def _primary_kwargs(target: SentinelURL, base: dict[str, Any]) -> dict[str, Any]:
+    kwargs = {**base, **target.options, "db": target.db}
+    if target.username:
+        kwargs["username"] = target.username
+    if target.password:
+        kwargs["password"] = target.password
+    if target.tls:
+        kwargs["ssl"] = True  # the pool picks the TLS flavour of its sentinel-managed connection
+    return kwargs
+
+
+def _sentinel_kwargs(target: SentinelURL, *, asyncio: bool = False) -> dict[str, Any]:
+    """Options of the connections to the sentinels.
+
+    One attempt per sentinel and per discovery, no retry of their own: discovery
+    already moves on to the next sentinel, and the data connection's retries
+    repeat the discovery (redis-py's default would back off for seconds per sentinel).
+    """
+    shared = {k: v for k, v in target.options.items() if k.startswith(_SHARED_PREFIXES)}
+    shared.setdefault("socket_timeout", SENTINEL_TIMEOUT_S)
+    shared.setdefault("socket_connect_timeout", SENTINEL_TIMEOUT_S)
+    shared["retry"] = AsyncRetry(NoBackoff(), 0) if asyncio else Retry(NoBackoff(), 0)
+    if target.tls:
+        shared["ssl"] = True
+    return {**shared, **target.sentinel_auth}
+
+
+def _service_and_db(url: str, path: str) -> tuple[str, int | None]:
+    segments = [unquote(s) for s in path.split("/") if s]
+    if not segments or len(segments) > 2:
+        raise ConfigError(
+            f"redis_url: {redact_url(url)!r} must end in /<service name>[/<db>] "
+            "(the primary's name in `sentinel monitor`)"
+        )
+    if len(segments) == 1:
+        return segments[0], None
+    if not segments[1].isascii() or not segments[1].isdigit():
+        raise ConfigError(f"redis_url: db {segments[1]!r} in {redact_url(url)!r} is not a number")
+    return segments[0], int(segments[1])
+
+
+def _host_port(url: str, item: str) -> tuple[str, int]:
+    host, port = item, ""
+    if item.startswith("["):  # [IPv6]:port
+        host, _, rest = item[1:].partition("]")
+        port = rest.removeprefix(":")
+    elif ":" in item:
+        host, _, port = item.rpartition(":")
+    if not host:
+        raise ConfigError(f"redis_url: a sentinel address in {redact_url(url)!r} has no host")
+    if not port:
+        return unquote(host), SENTINEL_PORT
+    if not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"redis_url: sentinel port {port!r} in {redact_url(url)!r} is invalid")
+    return unquote(host), int(port)
+
+
+def _query_options(url: str, query: str) -> tuple[dict[str, Any], dict[str, str]]:
+    options: dict[str, Any] = {}
+    auth: dict[str, str] = {}
+    for name, values in parse_qs(query).items():
+        value = values[0]
+        if name in _SENTINEL_AUTH:
+            auth[name.removeprefix("sentinel_")] = value
+            continue
+        parser: Any = URL_QUERY_ARGUMENT_PARSERS.get(name)
+        try:
+            options[name] = parser(value) if parser else value
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"redis_url: option {name}={value!r} in {redact_url(url)!r} is invalid"
+            ) from None
+    return options, auth

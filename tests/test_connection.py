@@ -1,0 +1,256 @@
+"""Connection URLs: Sentinel parsing, TLS options passed through, and TLS + ACL end to end.
+
+The end-to-end test starts its own redis-server with TLS only (a throwaway CA made with
+the openssl CLI) and an ACL user limited to the ``inferq:*`` and ``rq:*`` keys, the
+``rq:*`` channels and the commands inferq and RQ use, and runs submit -> dispatcher ->
+worker subprocess -> result through it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.connection import SSLConnection
+from redis.sentinel import SentinelConnectionPool, SentinelManagedSSLConnection
+
+from inferq import connection
+from inferq.client import AsyncClient, Client
+from inferq.config import Settings
+from inferq.connection import (
+    SENTINEL_PORT,
+    connection_kwargs,
+    is_sentinel_url,
+    open_async_redis,
+    open_redis,
+    parse_sentinel_url,
+)
+from inferq.errors import ConfigError, RedisUnavailable
+from inferq.jobs import rq_connection
+from inferq.scheduler.dispatcher import Dispatcher
+from inferq.store import Store, connect
+
+from .servers import (
+    OPENSSL,
+    Server,
+    free_port,
+    make_tls,
+    needs_redis_server,
+    sim_worker,
+    start_server,
+    stop_process,
+    wait_ready,
+)
+
+SECRET = "pa55-w0rd"
+
+# --- URL parsing ---------------------------------------------------------------------
+
+
+def test_sentinel_url_full_form() -> None:
+    url = (
+        f"redis+sentinel://app:{SECRET}@s1.example:26380,[::1]:26381,s3/mymaster/2"
+        "?sentinel_password=spw&socket_timeout=1.5&ssl_ca_certs=/ca.pem"
+    )
+    target = parse_sentinel_url(url)
+    assert target.sentinels == (("s1.example", 26380), ("::1", 26381), ("s3", SENTINEL_PORT))
+    assert (target.service, target.db) == ("mymaster", 2)
+    assert (target.username, target.password) == ("app", SECRET)
+    assert target.sentinel_auth == {"password": "spw"}
+    assert target.options == {"socket_timeout": 1.5, "ssl_ca_certs": "/ca.pem"}
+    assert not target.tls and is_sentinel_url(url)
+
+
+def test_sentinel_url_defaults_and_tls() -> None:
+    target = parse_sentinel_url("rediss+sentinel://10.0.0.1/cache?db=3")
+    assert target.sentinels == (("10.0.0.1", SENTINEL_PORT),)
+    assert (target.service, target.db, target.tls) == ("cache", 3, True)
+    assert target.username is None and target.password is None
+    assert not is_sentinel_url("redis://h:6379/0")
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        (f"redis+sentinel://:{SECRET}@h:26379", "/<service name>"),
+        (f"redis+sentinel://:{SECRET}@h:26379/a/b/c", "/<service name>"),
+        (f"redis+sentinel://:{SECRET}@h:99999/m", "sentinel port '99999'"),
+        (f"redis+sentinel://:{SECRET}@h:x1/m", "sentinel port 'x1'"),
+        (f"redis+sentinel://:{SECRET}@h1,:26379/m", "has no host"),
+        (f"redis+sentinel://:{SECRET}@h/m/zero", "db 'zero'"),
+        (f"redis+sentinel://:{SECRET}@h/m?socket_timeout=soon", "option socket_timeout"),
+    ],
+)
+def test_malformed_sentinel_urls_name_the_part_and_hide_the_password(url: str, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        open_redis(url)
+    assert words in str(info.value) and SECRET not in str(info.value)
+    assert str(info.value).startswith("redis_url: ")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"http://user:{SECRET}@host:6379/0",
+        f"redis:/user:{SECRET}@host",  # a missing slash: no scheme separator at all
+        f"redis://user:{SECRET}@host:port/0",
+        "",
+    ],
+)
+def test_unusable_urls_are_a_config_error_without_the_password(url: str) -> None:
+    for opener in (open_redis, rq_connection, connect):
+        with pytest.raises(ConfigError) as info:
+            opener(url)
+        assert SECRET not in str(info.value)
+
+
+def test_tls_options_reach_both_connections() -> None:
+    url = f"rediss://u:{SECRET}@127.0.0.1:6390/1?ssl_cert_reqs=required&ssl_ca_certs=/ca.pem"
+    for client, decode in ((open_redis(url), True), (rq_connection(url), False)):
+        kwargs = client.connection_pool.connection_kwargs
+        assert client.connection_pool.connection_class is SSLConnection
+        assert kwargs["ssl_ca_certs"] == "/ca.pem" and kwargs["ssl_cert_reqs"] == "required"
+        assert (kwargs["username"], kwargs["password"], kwargs["db"]) == ("u", SECRET, 1)
+        assert kwargs["decode_responses"] is decode
+        assert kwargs["retry"]._retries > 0  # the shared retry policy is kept
+
+
+def test_sentinel_urls_give_sentinel_managed_pools_everywhere() -> None:
+    url = f"rediss+sentinel://app:{SECRET}@127.0.0.1:26999/mymaster/4?ssl_ca_certs=/ca.pem"
+    for client, decode in ((open_redis(url), True), (rq_connection(url), False)):
+        pool = client.connection_pool
+        assert isinstance(pool, SentinelConnectionPool) and pool.service_name == "mymaster"
+        assert pool.connection_class is SentinelManagedSSLConnection
+        kwargs = pool.connection_kwargs
+        assert (kwargs["password"], kwargs["db"], kwargs["decode_responses"]) == (SECRET, 4, decode)
+        sentinel = pool.sentinel_manager.sentinels[0].connection_pool.connection_kwargs
+        assert sentinel["ssl_ca_certs"] == "/ca.pem" and sentinel["password"] is None
+    aclient = open_async_redis(url)
+    assert aclient.connection_pool.service_name == "mymaster"
+    assert isinstance(connection_kwargs(asyncio=True)["retry"], AsyncRetry)
+
+
+@pytest.fixture
+def no_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unreachable servers fail at once (these tests check the report, not the backoff)."""
+    monkeypatch.setattr(connection, "RETRIES", 0)
+
+
+@pytest.mark.usefixtures("no_retries")
+def test_no_sentinel_answering_is_redis_unavailable_without_the_password() -> None:
+    with pytest.raises(RedisUnavailable) as info:
+        connect(f"redis+sentinel://:{SECRET}@127.0.0.1:1,127.0.0.1:2/mymaster")
+    assert str(info.value) == (
+        "cannot reach Redis at redis+sentinel://:***@127.0.0.1:1,127.0.0.1:2/mymaster: "
+        "no sentinel (127.0.0.1:1, 127.0.0.1:2) answered with a primary named 'mymaster'"
+    )
+
+
+# --- TLS + ACL end to end ------------------------------------------------------------
+
+#: What the restricted user may run: the commands of inferq's Lua scripts and Store, and
+#: RQ's (measured with INFO commandstats over a full run), nothing else (no KEYS, FLUSH*,
+#: CONFIG, DEBUG, MONITOR ...). Commands inside scripts are checked against the ACL too.
+ACL_COMMANDS = [
+    *("ping", "hello", "info", "time", "client|setname", "client|getname", "client|list"),
+    *("evalsha", "eval", "script|load", "script|exists"),
+    *("multi", "exec", "watch", "unwatch", "discard"),
+    *("get", "set", "del", "unlink", "exists", "expire", "pexpire", "persist", "rename"),
+    *("scan", "type", "ttl"),
+    *("hget", "hgetall", "hmget", "hset", "hsetnx", "hdel", "hincrby", "hincrbyfloat", "hlen"),
+    *("zadd", "zrem", "zrange", "zrangebyscore", "zremrangebyscore", "zcard", "zscore"),
+    *("sadd", "srem", "smembers", "scard", "sismember"),
+    *("lpush", "rpush", "lpop", "rpop", "lrange", "llen", "lrem", "ltrim", "blpop", "blmove"),
+    *("xadd", "xrange", "xrevrange", "xread", "xlen", "xtrim"),
+    *("subscribe", "unsubscribe", "publish"),
+]
+
+
+@pytest.fixture
+def tls_acl_server(tmp_path: Path) -> Iterator[tuple[Server, str]]:
+    if OPENSSL is None:
+        pytest.skip("openssl not on PATH")
+    tls = make_tls(tmp_path)
+    tls_port = free_port()
+    admin = {"ssl": True, "ssl_ca_certs": str(tls.ca), "username": "admin", "password": "adm"}
+    server = start_server(
+        tmp_path,
+        "tls",
+        [
+            f"tls-cert-file {tls.cert}",
+            f"tls-key-file {tls.key}",
+            f"tls-ca-cert-file {tls.ca}",
+            "tls-auth-clients no",
+            "user default off",
+            "user admin on >adm ~* &* +@all",
+            f"user inferq on >{SECRET} resetkeys ~inferq:* ~rq:* resetchannels &rq:* "
+            + " ".join(f"+{c}" for c in ACL_COMMANDS),
+        ],
+        port=0,
+        tls_port=tls_port,
+        admin=admin,
+    )
+    url = f"rediss://inferq:{SECRET}@127.0.0.1:{tls_port}/0?ssl_ca_certs={tls.ca}"
+    try:
+        yield server, url + "&ssl_cert_reqs=required"
+    finally:
+        server.kill()
+
+
+@needs_redis_server
+def test_acl_user_over_tls_runs_a_request_end_to_end(tls_acl_server: tuple[Server, str]) -> None:
+    server, url = tls_acl_server
+    namespace = f"t{uuid.uuid4().hex[:8]}"
+    settings = Settings.load(redis_url=url, namespace=namespace, heartbeat_interval_s=0.2)
+    admin = server.client()
+    restricted = connect(url)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        restricted.set("elsewhere", "1")  # the user is confined to inferq:* and rq:*
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        restricted.execute_command("FLUSHALL")
+    assert len(admin.acl_log()) == 2
+    admin.acl_log_reset()
+    worker = sim_worker(url, namespace, "w1")
+    dispatcher = Dispatcher(Store(connect(url), settings), tick_s=0.05)
+    thread = threading.Thread(target=dispatcher.run, daemon=True)
+    try:
+        wait_ready(admin, namespace, "w1", worker)
+        thread.start()
+        with Client(settings=settings) as client:
+            result = client.submit("over TLS", max_tokens=8).result(timeout=30)
+        assert result.status == "succeeded", result
+        assert asyncio.run(_async_round_trip(settings)) == "succeeded"
+    finally:
+        dispatcher.stop()
+        thread.join(timeout=5)
+        output = stop_process(worker)
+    assert "NOPERM" not in output and "Traceback" not in output, output
+    keys = {k.decode() for k in admin.scan_iter(count=1000)}
+    assert keys and all(k.startswith(("inferq:", "rq:")) for k in keys), keys
+    assert not admin.acl_log(), admin.acl_log()  # no command was ever refused
+
+
+async def _async_round_trip(settings: Settings) -> str:
+    async with AsyncClient(settings=settings) as client:
+        handle = await client.submit("async over TLS", max_tokens=8)
+        result = await handle.result(timeout=30)
+    return result.status
+
+
+@needs_redis_server
+@pytest.mark.usefixtures("no_retries")
+def test_plaintext_and_wrong_password_are_refused(tls_acl_server: tuple[Server, str]) -> None:
+    _, url = tls_acl_server
+    plain = url.replace("rediss://", "redis://").split("?")[0]
+    with pytest.raises(RedisUnavailable) as info:
+        connect(plain)
+    assert SECRET not in str(info.value)
+    with pytest.raises(RedisUnavailable) as info:
+        connect(url.replace(SECRET, "guess"))
+    assert "guess" not in str(info.value)
