@@ -18,13 +18,37 @@ from typing import Any
 from pydantic import ValidationError
 
 from inferq.config import PriorityClass, Settings
-from inferq.errors import InvalidRequest
+from inferq.errors import InvalidRequest, UnknownPriorityClass
 from inferq.models import ChatMessage, InferenceRequest, Payload
 from inferq.policy.estimate import estimate_messages_tokens, estimate_prompt_tokens
 from inferq.routes import check_known, parse_route
 
 #: Largest JSON encoding of generation parameters, bytes.
 MAX_PARAMS_BYTES = 16 * 1024
+#: Deepest nesting of generation parameters (OpenAI-style params nest 2-3 levels:
+#: ``{"response_format": {"json_schema": {...}}}``); deeper input is refused before
+#: encoding, so no recursion limit is ever hit.
+MAX_PARAMS_DEPTH = 32
+#: Longest timeout, and farthest deadline, seconds (7 days).
+MAX_TIMEOUT_S = 7 * 24 * 3600
+#: Shortest timeout, seconds: deadlines are kept in integer milliseconds.
+MIN_TIMEOUT_S = 0.001
+#: Longest route, class name, tenant or key echoed back in a refusal, characters.
+_SHOW_CHARS = 80
+#: The arguments a submission may carry (``Client.submit`` passes them through).
+FIELDS = (
+    "prompt",
+    "messages",
+    "model",
+    "priority",
+    "tenant",
+    "task_type",
+    "max_tokens",
+    "timeout",
+    "deadline",
+    "idempotency_key",
+    "params",
+)
 
 
 def new_id() -> str:
@@ -59,6 +83,7 @@ def build_request(
     idempotency_key: str | None = None,
     params: Mapping[str, Any] | None = None,
     now: float | None = None,
+    **unknown: Any,
 ) -> InferenceRequest:
     """Validate a submission and build the request (nothing is written anywhere).
 
@@ -77,13 +102,20 @@ def build_request(
         now: epoch seconds (default: the local clock).
 
     Raises:
-        InvalidRequest: (or a subclass) naming the field and the limit.
+        InvalidRequest: (or a subclass) naming the field and the limit; also for
+            a field this function does not know, a value of the wrong type and
+            text that is not valid Unicode (a lone surrogate) or holds NUL.
     """
-    now = time.time() if now is None else now
+    if unknown:
+        name = sorted(unknown)[0]
+        raise InvalidRequest(_show_name(name), f"unknown field (known: {', '.join(FIELDS)})")
+    now = _now(now)
     default_priority, default_route = classify(settings, _task_type(task_type))
-    cls = settings.priority_class(default_priority if priority is None else priority)
-    route = parse_route(default_route if model is None else model)
+    cls = _priority(settings, default_priority if priority is None else priority)
+    route = parse_route(_model(default_route if model is None else model))
     specs = check_known(route, settings.models)
+    _check_str("tenant", tenant)
+    _check_str("idempotency_key", idempotency_key, optional=True)
     payload = _payload(settings, prompt, messages, params)
     prompt_tokens = _prompt_tokens(settings, payload)
     max_context = max(s.max_context for s in specs)
@@ -108,6 +140,49 @@ def build_request(
         )
     except ValidationError as exc:
         raise _invalid(exc) from None
+
+
+def _now(now: Any) -> float:
+    if now is None:
+        return time.time()
+    if isinstance(now, bool) or not isinstance(now, int | float) or not _finite(now) or now <= 0:
+        raise InvalidRequest("now", f"must be positive epoch seconds, got {_show(now)}")
+    return float(now)
+
+
+def _priority(settings: Settings, value: Any) -> PriorityClass:
+    """Resolve a class name or level; every refusal is an UnknownPriorityClass."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise UnknownPriorityClass(
+            "priority", f"must be a class name or a level, got {type(value).__name__}"
+        )
+    if isinstance(value, int) and not 0 <= value < len(settings.classes):
+        raise UnknownPriorityClass(
+            "priority", f"level {_show(value)} is outside 0..{len(settings.classes) - 1}"
+        )
+    level_text = isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 9
+    if isinstance(value, str) and value not in settings.class_by_name and not level_text:
+        known = ", ".join(settings.class_by_name)
+        raise UnknownPriorityClass("priority", f"unknown class {_show(value)} (known: {known})")
+    return settings.priority_class(value)
+
+
+def _model(model: Any) -> Any:
+    """Refuse route text no model name or size could be, before it is echoed or parsed."""
+    if isinstance(model, str) and (len(model) > 2 * _SHOW_CHARS or not model.isascii()):
+        raise InvalidRequest(
+            "model",
+            f"{_show(model)} is neither a model name (ASCII letters, digits, '.', '_', '-', "
+            "at most 64) nor a size requirement like '>=13b'",
+        )
+    return model
+
+
+def _check_str(field: str, value: Any, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str):
+        raise InvalidRequest(field, f"must be a string, got {type(value).__name__}")
 
 
 def _task_type(task_type: str | None) -> str | None:
@@ -143,9 +218,32 @@ def _payload(
             f"{size} bytes exceeds the limit of {settings.max_prompt_bytes} bytes "
             "(max_prompt_bytes)",
         )
-    if "\x00" in payload.text():
-        raise InvalidRequest("prompt", "must not contain NUL characters")
+    _check_texts(payload)
     return payload
+
+
+def _check_texts(payload: Payload) -> None:
+    """Each text must encode as UTF-8 (no lone surrogate) and hold no NUL."""
+    if payload.prompt is not None:
+        _check_text("prompt", payload.prompt)
+        return
+    assert payload.messages is not None
+    for i, message in enumerate(payload.messages):
+        _check_text(f"messages.{i}.content", message.content)
+    if not any(m.content.strip() for m in payload.messages):
+        raise InvalidRequest("messages", "every message's content is empty")
+
+
+def _check_text(field: str, text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(
+            field, f"is not valid Unicode: lone surrogate {text[exc.start]!r} at index {exc.start}"
+        ) from None
+    nul = text.find("\x00")
+    if nul >= 0:
+        raise InvalidRequest(field, f"must not contain NUL characters (one at index {nul})")
 
 
 def _params_json(params: Mapping[str, Any] | None) -> str:
@@ -153,15 +251,40 @@ def _params_json(params: Mapping[str, Any] | None) -> str:
         return "{}"
     if not isinstance(params, Mapping):
         raise InvalidRequest("params", f"must be a mapping, got {type(params).__name__}")
+    _check_shape(params)
     try:
-        text = json.dumps(dict(params), allow_nan=False)
+        text = json.dumps(dict(params), allow_nan=False, ensure_ascii=False)
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest("params", f"is not valid Unicode: {exc.reason}") from None
     except (TypeError, ValueError) as exc:
         raise InvalidRequest("params", f"must be JSON-serializable: {exc}") from None
-    if len(text) > MAX_PARAMS_BYTES:
+    if size > MAX_PARAMS_BYTES:
         raise InvalidRequest(
-            "params", f"{len(text)} bytes of JSON exceeds the limit of {MAX_PARAMS_BYTES}"
+            "params", f"{size} bytes of JSON exceeds the limit of {MAX_PARAMS_BYTES}"
         )
     return text
+
+
+def _check_shape(params: Mapping[str, Any]) -> None:
+    """Bound nesting and size before encoding: deep or self-referencing params never recurse."""
+    stack: list[tuple[Any, int]] = [(params, 1)]
+    nodes = 0
+    while stack:
+        value, depth = stack.pop()
+        nodes += 1
+        if depth > MAX_PARAMS_DEPTH:
+            raise InvalidRequest(
+                "params", f"nested deeper than the limit of {MAX_PARAMS_DEPTH} levels"
+            )
+        if nodes > MAX_PARAMS_BYTES:  # every value costs at least one byte of JSON
+            raise InvalidRequest(
+                "params", f"more than {MAX_PARAMS_BYTES} values exceeds the JSON size limit"
+            )
+        if isinstance(value, Mapping):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list | tuple):
+            stack.extend((v, depth + 1) for v in value)
 
 
 def _prompt_tokens(settings: Settings, payload: Payload) -> int:
@@ -173,10 +296,11 @@ def _prompt_tokens(settings: Settings, payload: Payload) -> int:
 
 def _check_max_tokens(max_tokens: Any, prompt_tokens: int, max_context: int, route: str) -> None:
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
-        raise InvalidRequest("max_tokens", f"must be an integer, got {max_tokens!r}")
+        raise InvalidRequest("max_tokens", f"must be an integer, got {_show(max_tokens)}")
     if not 1 <= max_tokens <= max_context:
         raise InvalidRequest(
-            "max_tokens", f"{max_tokens} is outside 1..{max_context} (max context of {route})"
+            "max_tokens",
+            f"{_show(max_tokens)} is outside 1..{max_context} (max context of {route})",
         )
     if prompt_tokens + max_tokens > max_context:
         raise InvalidRequest(
@@ -191,19 +315,55 @@ def _deadline(cls: PriorityClass, timeout: Any, deadline: Any, now: float) -> tu
         raise InvalidRequest("timeout", "give timeout or deadline, not both")
     if deadline is not None:
         if isinstance(deadline, bool) or not isinstance(deadline, int | float):
-            raise InvalidRequest("deadline", f"must be epoch seconds, got {deadline!r}")
-        if not math.isfinite(deadline) or deadline <= now:
-            raise InvalidRequest("deadline", f"{deadline!r} is not in the future (now {now:.3f})")
+            raise InvalidRequest("deadline", f"must be epoch seconds, got {_show(deadline)}")
+        if not _finite(deadline) or deadline <= now:
+            raise InvalidRequest(
+                "deadline", f"{_show(deadline)} is not in the future (now {now:.3f})"
+            )
+        if deadline - now > MAX_TIMEOUT_S:
+            raise InvalidRequest(
+                "deadline",
+                f"{_show(deadline)} is more than {MAX_TIMEOUT_S} s (7 days) after now ({now:.3f})",
+            )
         return deadline - now, float(deadline)
     if timeout is None:
         timeout = cls.timeout_s
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        raise InvalidRequest("timeout", f"must be a number of seconds, got {timeout!r}")
-    if not math.isfinite(timeout) or timeout <= 0:
-        raise InvalidRequest("timeout", f"must be a positive number of seconds, got {timeout!r}")
-    if timeout > 7 * 24 * 3600:
-        raise InvalidRequest("timeout", f"{timeout} s exceeds the limit of 604800 s (7 days)")
+        raise InvalidRequest("timeout", f"must be a number of seconds, got {_show(timeout)}")
+    if not _finite(timeout) or timeout <= 0:
+        raise InvalidRequest(
+            "timeout", f"must be a positive number of seconds, got {_show(timeout)}"
+        )
+    if timeout < MIN_TIMEOUT_S:
+        raise InvalidRequest(
+            "timeout", f"{_show(timeout)} s is below {MIN_TIMEOUT_S} s (deadlines are in ms)"
+        )
+    if timeout > MAX_TIMEOUT_S:
+        raise InvalidRequest(
+            "timeout", f"{_show(timeout)} s exceeds the limit of {MAX_TIMEOUT_S} s (7 days)"
+        )
     return float(timeout), now + float(timeout)
+
+
+def _finite(value: int | float) -> bool:
+    """math.isfinite without the OverflowError of an int too large for a float."""
+    return isinstance(value, int) or math.isfinite(value)
+
+
+def _show(value: Any) -> str:
+    """A short, one-line repr of a caller's value for an error message."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**18:
+        return f"an integer of {value.bit_length()} bits"
+    if isinstance(value, str | bytes) and len(value) > _SHOW_CHARS:
+        return f"{value[:_SHOW_CHARS]!r}... ({len(value)} characters)"
+    text = repr(value) if isinstance(value, str | bytes | int | float) else type(value).__name__
+    return text if len(text) <= _SHOW_CHARS else f"{text[:_SHOW_CHARS]}..."
+
+
+def _show_name(name: str) -> str:
+    """A field name as given, made safe to print on one line."""
+    shown = _show(name)
+    return shown[1:-1] if shown.startswith("'") and shown.endswith("'") else shown
 
 
 def _invalid(exc: ValidationError, prefix: str | None = None) -> InvalidRequest:
@@ -215,5 +375,5 @@ def _invalid(exc: ValidationError, prefix: str | None = None) -> InvalidRequest:
     msg = err["msg"]
     if err["type"] == "string_pattern_mismatch":
         pattern = err.get("ctx", {}).get("pattern", "")
-        msg = f"{err.get('input')!r} does not match the pattern {pattern}"
+        msg = f"{_show(err.get('input'))} does not match the pattern {pattern}"
     return InvalidRequest(field, msg)
