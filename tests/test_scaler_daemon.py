@@ -325,13 +325,25 @@ def test_rates_and_service_times_come_from_the_events() -> None:
             id="4-0",
             type="finish",
             at=4.0,
-            fields={"worker": "w1", "e2e_ms": "900", "queue_ms": "100"},
+            fields={
+                "worker": "w1",
+                "e2e_ms": "900",
+                "queue_ms": "100",
+                "ptokens": "100",
+                "tokens": "10",
+            },
         ),
         Event(
             id="5-0",
             type="finish",
             at=5.0,
-            fields={"worker": "w1", "e2e_ms": "1500", "queue_ms": "300"},
+            fields={
+                "worker": "w1",
+                "e2e_ms": "1500",
+                "queue_ms": "300",
+                "ptokens": "300",
+                "tokens": "30",
+            },
         ),
         Event(id="6-0", type="finish", at=6.0, fields={"worker": "w1", "e2e_ms": "oops"}),
         Event(
@@ -345,7 +357,10 @@ def test_rates_and_service_times_come_from_the_events() -> None:
         MODEL: 0.5,
         "llama-3.1-70b": 0.25,
     }
-    assert service_times(events, {"w1": MODEL}) == pytest.approx({MODEL: 1.0})
+    [stats] = service_times(events, {"w1": MODEL}).values()
+    assert (stats.service_s, stats.prompt_tokens, stats.output_tokens) == pytest.approx(
+        (1.0, 200.0, 20.0)
+    )
 
 
 def test_reconcile_counts_listed_unregistered_workers_as_starting_until_timeouts() -> None:

@@ -37,6 +37,25 @@ def decode_slowdown(batch_efficiency: float, concurrency: float) -> float:
     return 1.0 + (1.0 - batch_efficiency) * (max(1.0, concurrency) - 1.0)
 
 
+def saturation_factor(
+    spec: ModelSpec,
+    prompt_tokens: float,
+    output_tokens: float,
+    observed_concurrency: float,
+    slots: int,
+) -> float:
+    """Service time with all ``slots`` busy over the one measured at ``observed_concurrency``.
+
+    Only decode slows with concurrency, so a prefill-heavy mix (long prompts, short
+    answers, as in the Azure code trace) barely changes while a chat mix roughly
+    doubles at 8 slots. Used by the scaler to size on what a saturated worker does.
+    """
+    p, o = round(prompt_tokens), round(output_tokens)
+    seen = service_time(spec, p, o, max(1, round(observed_concurrency))).total_s
+    full = service_time(spec, p, o, slots).total_s
+    return max(1.0, full / seen) if seen > 0 else 1.0
+
+
 def service_time(
     spec: ModelSpec, prompt_tokens: int, output_tokens: int, concurrency: int = 1
 ) -> ServiceTime:

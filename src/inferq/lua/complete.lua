@@ -3,7 +3,7 @@
 --       then 8-tuples: id, attempt, status ('succeeded'|'failed'|'expired'), output,
 --       prompt_tokens, completion_tokens, first_token_ms ('' if unknown), error
 -- Events: finish/fail/expire with class, tenant, queue_ms, e2e_ms, ttft_ms (finish time
--- when the backend reports no first token) and output tokens, so
+-- when the backend reports no first token), output and prompt tokens, so
 -- metrics and reports need not read the request hashes.
 -- Returns one verdict per tuple: 'ok' or 'stale' (not the attempt that holds the request:
 -- ignored, so a late result from a re-dispatched attempt never overwrites the real one).
@@ -30,7 +30,8 @@ for i = 5, #ARGV, 8 do
     local submitted = tonumber(r[6])
     emit(p, maxlen, etype, 'id', id, 'worker', w, 'attempt', attempt, 'class', r[5],
       'tenant', r[8], 'queue_ms', tonumber(r[7]) - submitted, 'e2e_ms', now - submitted,
-      'ttft_ms', (tonumber(ARGV[i + 6]) or now) - submitted, 'tokens', ARGV[i + 5])
+      'ttft_ms', (tonumber(ARGV[i + 6]) or now) - submitted, 'tokens', ARGV[i + 5],
+      'ptokens', ARGV[i + 4])
     out[#out + 1] = 'ok'
   end
 end

@@ -47,7 +47,6 @@ from typing import Literal
 from inferq import defaults
 from inferq.config import PriorityClass
 from inferq.errors import ConfigError, CorruptRecord
-from inferq.latency import decode_slowdown
 
 Action = Literal["up", "down", "hold"]
 
@@ -188,9 +187,8 @@ class ModelLoad:
         idle_workers: ready worker id -> seconds since it last had work in flight
             (only workers with nothing in flight).
         busy: ready worker id -> requests in flight (only workers with some).
-        batch_efficiency: the model's decode efficiency per extra sequence
-            (:mod:`inferq.latency`); 1.0 assumes service time does not grow with
-            concurrency.
+        saturation: service time with every slot busy over ``mean_service_s``, as
+            measured (:func:`inferq.latency.saturation_factor`); 1.0 = no change.
 
     Raises:
         ValueError: a count or time is negative, or ``slots_per_worker`` /
@@ -209,11 +207,13 @@ class ModelLoad:
     draining: int = 0
     idle_workers: Mapping[str, float] = field(default_factory=dict)
     busy: Mapping[str, int] = field(default_factory=dict)
-    batch_efficiency: float = 1.0
+    saturation: float = 1.0
 
     def __post_init__(self) -> None:
         if self.slots_per_worker < 1:
             raise ValueError(f"{self.model}: slots_per_worker must be >= 1")
+        if self.saturation < 1:
+            raise ValueError(f"{self.model}: saturation must be >= 1, got {self.saturation}")
         if self.mean_service_s <= 0:
             raise ValueError(f"{self.model}: mean_service_s must be > 0 seconds")
         for name in ("arrival_rate", "cold_start_s", "ready", "starting", "draining"):
@@ -234,18 +234,15 @@ class ModelLoad:
 
     @property
     def saturated_service_s(self) -> float:
-        """Service time with every slot busy, seconds.
+        """Service time with every slot busy, seconds: ``mean_service_s x saturation``.
 
-        ``mean_service_s`` was measured at the concurrency the workers ran at (the
-        mean in flight of the busy ones); decode slows as sequences are added
-        (:func:`inferq.latency.decode_slowdown`), so a lightly loaded fleet
-        measures a service time its saturated workers will not keep. Sizing on the
-        measured figure shrinks the fleet, the service time then grows, a queue
-        forms and the scaler adds workers back: it oscillates.
+        ``mean_service_s`` is measured at the concurrency the workers ran at; decode
+        slows as sequences are added, so a lightly loaded fleet measures a service
+        time its saturated workers will not keep. Sizing on the measured figure
+        shrinks the fleet, service time then grows, a queue forms and the scaler
+        adds workers back: it oscillates.
         """
-        observed = sum(self.busy.values()) / len(self.busy) if self.busy else 1.0
-        slow = decode_slowdown(self.batch_efficiency, self.slots_per_worker)
-        return self.mean_service_s * slow / decode_slowdown(self.batch_efficiency, observed)
+        return self.mean_service_s * self.saturation
 
     @property
     def worker_rate(self) -> float:

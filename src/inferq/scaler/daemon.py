@@ -384,13 +384,13 @@ class Scaler:
     ) -> LoadInputs:
         owner = {wid: t.model for wid, t in fleet.tracked.items()} | {w.id: w.model for w in live}
         measured = service_times(events, owner)
-        self._measured.update(measured)
+        self._measured.update({m: s.service_s for m, s in measured.items()})
         return LoadInputs(
             depths=self.store.queue_depths(),
             live=live,
             fleet=fleet,
             arrivals=arrival_rates(events, span, self.settings.models, self.models),
-            service_s=measured,
+            service=measured,
             fallback_service_s=self._fallback_service(),
             default_slots=self.default_slots,
         )

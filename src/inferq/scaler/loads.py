@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from inferq.config import ModelSpec
 from inferq.errors import CorruptRecord, InvalidRequest
+from inferq.latency import saturation_factor
 from inferq.models import Event, WorkerState
 from inferq.policy.scaling import ModelLoad
 from inferq.routes import candidates, parse_route
@@ -220,21 +221,37 @@ def arrival_rates(
     return {m: n / max(span_s, 1e-9) for m, n in counts.items()}
 
 
-def service_times(events: Iterable[Event], worker_model: Mapping[str, str]) -> dict[str, float]:
-    """Model -> mean seconds from dispatch to finish over its finish events (malformed: skipped)."""
-    sums: dict[str, tuple[float, int]] = {}
+@dataclass(frozen=True, slots=True)
+class ServiceStats:
+    """Means over a model's finish events: seconds from dispatch to finish, tokens."""
+
+    service_s: float
+    prompt_tokens: float
+    output_tokens: float
+
+
+def service_times(
+    events: Iterable[Event], worker_model: Mapping[str, str]
+) -> dict[str, ServiceStats]:
+    """Model -> means over its finish events (malformed ones skipped)."""
+    sums: dict[str, list[float]] = {}
     for e in events:
         model = worker_model.get(e.fields.get("worker", ""))
         if e.type != "finish" or model is None:
             continue
         try:
             service = (int(e.fields["e2e_ms"]) - int(e.fields["queue_ms"])) / 1000
+            prompt = int(e.fields.get("ptokens") or 0)
+            output = int(e.fields.get("tokens") or 0)
         except (KeyError, ValueError):
             continue
         if service > 0:
-            total, n = sums.get(model, (0.0, 0))
-            sums[model] = (total + service, n + 1)
-    return {m: total / n for m, (total, n) in sums.items()}
+            acc = sums.setdefault(model, [0.0, 0.0, 0.0, 0.0])
+            acc[0] += service
+            acc[1] += prompt
+            acc[2] += output
+            acc[3] += 1
+    return {m: ServiceStats(s / n, p / n, o / n) for m, (s, p, o, n) in sums.items()}
 
 
 def worker_activity(events: Iterable[Event]) -> dict[str, float]:
@@ -257,7 +274,7 @@ class LoadInputs:
         live: workers with a heartbeat.
         fleet: output of :func:`reconcile`.
         arrivals: model -> req/s (missing: 0).
-        service_s: model -> mean service seconds (missing: ``fallback_service_s``).
+        service: model -> measured means (missing: ``fallback_service_s``, no saturation).
         fallback_service_s: model -> seconds to assume without measurements.
         default_slots: slots of a worker when none of the model is live.
     """
@@ -266,9 +283,19 @@ class LoadInputs:
     live: Sequence[LiveWorker]
     fleet: Fleet
     arrivals: Mapping[str, float]
-    service_s: Mapping[str, float]
+    service: Mapping[str, ServiceStats]
     fallback_service_s: Mapping[str, float]
     default_slots: int
+
+
+def _saturation(
+    spec: ModelSpec, stats: ServiceStats | None, busy: Sequence[int], slots: int
+) -> float:
+    """Saturated over measured service time for the measured token mix and concurrency."""
+    if stats is None:
+        return 1.0
+    observed = sum(busy) / len(busy) if busy else 1.0
+    return saturation_factor(spec, stats.prompt_tokens, stats.output_tokens, observed, slots)
 
 
 def build_loads(
@@ -293,16 +320,19 @@ def build_loads(
         ready = [w for w in mine if w.state is WorkerState.READY and w.id not in asked]
         draining = [w for w in mine if w.state is WorkerState.DRAINING or w.id in asked]
         queued, waits = queues.get(model, ({}, {}))
+        stats = inputs.service.get(model)
+        slots = max((w.slots for w in mine), default=inputs.default_slots)
+        busy = [w.in_flight for w in ready if w.in_flight > 0]
         loads.append(
             ModelLoad(
                 model=model,
                 queued=queued,
                 oldest_wait_s=waits,
                 arrival_rate=inputs.arrivals.get(model, 0.0),
-                mean_service_s=inputs.service_s.get(model) or inputs.fallback_service_s[model],
-                slots_per_worker=max((w.slots for w in mine), default=inputs.default_slots),
+                mean_service_s=stats.service_s if stats else inputs.fallback_service_s[model],
+                saturation=_saturation(spec, stats, busy, slots),
+                slots_per_worker=slots,
                 cold_start_s=spec.cold_start_s,
-                batch_efficiency=spec.batch_efficiency,
                 ready=len(ready),
                 starting=sum(1 for w in mine if w.state is WorkerState.STARTING)
                 + inputs.fleet.starting.get(model, 0),

@@ -477,7 +477,10 @@ class _Sim:
             self.estimates.get(key), o.request.output_tokens, alpha
         )
         started = o.dispatched_at if o.dispatched_at is not None else now
-        self.tracker.finished(now, model, now - started)
+        r = o.request
+        self.tracker.finished(
+            now, model, now - started, r.prompt_tokens, r.output_tokens, o.concurrency or 1
+        )
 
     def _write_fairness(self, d: Decision) -> None:
         """Carry the decision's fairness state forward exactly as ``Store.write_fairness``."""

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from inferq import defaults
 from inferq.config import Settings
-from inferq.latency import service_time
+from inferq.latency import saturation_factor, service_time
 from inferq.models import WorkerState
 from inferq.policy.scaling import ModelLoad
 from inferq.scaler.loads import QueueDepth, backlog, route_model
@@ -53,7 +53,7 @@ class LoadTracker:
         self.window_s = window_s
         self._routes: dict[str, str | None] = {}
         self._arrivals: deque[tuple[float, str]] = deque()
-        self._finishes: deque[tuple[float, str, float]] = deque()
+        self._finishes: deque[tuple[float, str, float, int, int, int]] = deque()
         self._measured: dict[str, float] = {}
 
     def model_of(self, route: str) -> str | None:
@@ -68,9 +68,18 @@ class LoadTracker:
         if model is not None:
             self._arrivals.append((at, model))
 
-    def finished(self, at: float, model: str, service_s: float) -> None:
-        """A request finished on ``model`` after ``service_s`` seconds since dispatch."""
-        self._finishes.append((at, model, service_s))
+    def finished(
+        self,
+        at: float,
+        model: str,
+        service_s: float,
+        prompt_tokens: int = 0,
+        output_tokens: int = 0,
+        concurrency: int = 1,
+    ) -> None:
+        """A request finished on ``model`` after ``service_s`` seconds since dispatch,
+        having run with ``concurrency`` requests on its worker."""
+        self._finishes.append((at, model, service_s, prompt_tokens, output_tokens, concurrency))
 
     def loads(
         self,
@@ -88,11 +97,22 @@ class LoadTracker:
         arrivals: dict[str, int] = {}
         for _, model in self._arrivals:
             arrivals[model] = arrivals.get(model, 0) + 1
-        sums: dict[str, tuple[float, int]] = {}
-        for _, model, took in self._finishes:
-            total, n = sums.get(model, (0.0, 0))
-            sums[model] = (total + took, n + 1)
-        self._measured.update({m: total / n for m, (total, n) in sums.items()})
+        sums: dict[str, list[float]] = {}
+        for _, model, took, prompt, output, conc in self._finishes:
+            acc = sums.setdefault(model, [0.0, 0.0, 0.0, 0.0, 0.0])
+            for i, v in enumerate((took, prompt, output, conc, 1)):
+                acc[i] += v
+        self._measured.update({m: acc[0] / acc[4] for m, acc in sums.items()})
+        saturation = {
+            m: saturation_factor(
+                self.settings.model_by_name[m],
+                acc[1] / acc[4],
+                acc[2] / acc[4],
+                acc[3] / acc[4],
+                self.slots,
+            )
+            for m, acc in sums.items()
+        }
         queues = backlog(depths, self.settings.models, self.managed)
         by_model: dict[str, list[SimWorker]] = {}
         for w in workers:
@@ -100,7 +120,7 @@ class LoadTracker:
         out = []
         for model in self.managed:
             queued, waits = queues.get(model, ({}, {}))
-            mean = sums[model][0] / sums[model][1] if model in sums else None
+            mean = sums[model][0] / sums[model][4] if model in sums else None
             out.append(
                 self._load(
                     model,
@@ -109,6 +129,7 @@ class LoadTracker:
                     waits,
                     arrivals.get(model, 0) / self.window_s,
                     mean or self._fallback(model, estimates),
+                    saturation.get(model, 1.0),
                     by_model.get(model, []),
                 )
             )
@@ -130,6 +151,7 @@ class LoadTracker:
         waits: Mapping[str, float],
         rate: float,
         mean_service_s: float,
+        saturation: float,
         workers: Sequence[SimWorker],
     ) -> ModelLoad:
         ready = [w for w in workers if w.state is WorkerState.READY]
@@ -141,7 +163,7 @@ class LoadTracker:
             mean_service_s=max(1e-6, mean_service_s),
             slots_per_worker=self.slots,
             cold_start_s=self.settings.model_by_name[model].cold_start_s,
-            batch_efficiency=self.settings.model_by_name[model].batch_efficiency,
+            saturation=saturation,
             ready=len(ready),
             starting=sum(1 for w in workers if w.state is WorkerState.STARTING),
             draining=sum(1 for w in workers if w.state is WorkerState.DRAINING),
