@@ -91,6 +91,8 @@ class Dispatcher:
         self.heartbeat_ttl_s = self.settings.heartbeat_interval_s * defaults.HEARTBEAT_TTL_INTERVALS
         self._stop = threading.Event()
         self._names_checked_at = 0.0
+        self._last_ok: float | None = None  # monotonic end of the last successful step
+        self._reap_from = 0.0  # monotonic: no reaping before (grace after an outage)
 
     def stop(self) -> None:
         """Ask :meth:`run` to return after the current step."""
@@ -128,7 +130,8 @@ class Dispatcher:
             report.quarantined += quarantine_bad_queue_names(self.store)
             self._names_checked_at = time.monotonic()
         report.expired = len(self.store.expire_due())
-        self._recover(report)
+        if self._may_reap():
+            self._recover(report)
         view = self.store.dispatch_view(self.classes, self.queue_head, self.heartbeat_ttl_s)
         self._quarantine(view, report)
         t1 = time.perf_counter()
@@ -141,6 +144,7 @@ class Dispatcher:
             self._dispatch(batch, view, report)
         self.store.write_fairness(decision)
         report.step_s = time.perf_counter() - t0
+        self._last_ok = time.monotonic()
         if report.dispatched or report.expired or report.requeued:
             log.debug(
                 "step: dispatched %d in %d batches, expired %d, requeued %d (%.1f ms)",
@@ -173,6 +177,24 @@ class Dispatcher:
         report.batches += 1
         report.dispatched += len(claimed)
         report.batch_sizes.append(len(claimed))
+
+    def _may_reap(self) -> bool:
+        """False for one heartbeat TTL after a gap longer than a TTL since the last good step.
+
+        During a Redis outage (or a stall of this process) workers could not beat
+        either: reaping them, and lapsed leases, at once would requeue live work. The
+        grace lets live workers beat again first; a dead one is reaped one TTL later.
+        """
+        now = time.monotonic()
+        if self._last_ok is not None and now - self._last_ok > self.heartbeat_ttl_s:
+            self._reap_from = now + self.heartbeat_ttl_s
+            log.warning(
+                "no successful step for %.1f s; reaping resumes in %.1f s, once live "
+                "workers have beaten again",
+                now - self._last_ok,
+                self.heartbeat_ttl_s,
+            )
+        return now >= self._reap_from
 
     def _recover(self, report: StepReport) -> None:
         now = self.store.now()
