@@ -213,3 +213,14 @@ def test_bad_worker_options_exit_with_one_line(fast_settings: Settings) -> None:
     )
     assert out.returncode == 1
     assert "needs 39500 MiB of weights" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bad_worker_id_is_refused_with_one_line(fast_settings: Settings) -> None:
+    env = {**os.environ, "INFERQ_REDIS_URL": REDIS_URL, "INFERQ_NAMESPACE": fast_settings.namespace}
+    out = subprocess.run(
+        [sys.executable, "-m", "inferq", "worker", "--model", "llama-3.1-8b", "--vram-mib",
+         "24576", "--id", "has space"],
+        env=env, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert out.returncode == 1
+    assert "id: 'has space' is not a worker id" in out.stderr and "Traceback" not in out.stderr

@@ -20,6 +20,8 @@ from inferq.errors import CorruptRecord
 TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,63}$"
 KEY_PATTERN = r"^[\x21-\x7e]{1,128}$"  # printable ASCII, no spaces
 ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+#: Worker ids may be host names or pod names (``node-1.example.com-4242``).
+WORKER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 
 class RequestState(StrEnum):
@@ -347,7 +349,7 @@ class WorkerInfo(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    id: str = Field(pattern=ID_PATTERN)
+    id: str = Field(pattern=WORKER_ID_PATTERN)
     host: str = Field(default="localhost", max_length=255)
     model: str = Field(min_length=1, max_length=64)
     params_b: float = Field(gt=0)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import socket
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from inferq import defaults
 from inferq.config import Settings
 from inferq.errors import ConfigError
 from inferq.jobs import BatchJob, purge_worker_queue, rq_connection, worker_queue
+from inferq.models import WORKER_ID_PATTERN
 from inferq.store import Store, connect
 from inferq.workers import batch
 from inferq.workers.backends import make_backend
@@ -99,6 +101,11 @@ def build_engine(settings: Settings, opts: WorkerOptions, store: Store | None = 
     if gpu.total_mib <= 0:
         raise ConfigError("vram_mib: no GPU found; give the card's VRAM with --vram-mib")
     worker_id = opts.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+    if not re.match(WORKER_ID_PATTERN, worker_id):
+        raise ConfigError(
+            f"id: {worker_id!r} is not a worker id (letters, digits, '.', '_', '-'; "
+            "at most 128, starting with a letter or digit)"
+        )
     config = WorkerConfig(
         worker_id=worker_id,
         spec=spec,
