@@ -105,16 +105,8 @@ class Client:
         namespace: str | None = None,
         connection: redis.Redis | None = None,
     ) -> None:
-        settings = settings or Settings.load()
-        overrides: dict[str, Any] = {}
-        if redis_url is not None:
-            overrides["redis_url"] = redis_url
-        if namespace is not None:
-            overrides["namespace"] = namespace
-        if overrides:
-            settings = settings.model_copy(update=overrides)
-        self.settings = settings
-        self.store = Store(connection or connect(settings.redis_url), settings)
+        self.settings = _settings(settings, redis_url, namespace)
+        self.store = Store(connection or connect(self.settings.redis_url), self.settings)
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -215,17 +207,9 @@ class AsyncClient:
         settings: Settings | None = None,
         namespace: str | None = None,
     ) -> None:
-        settings = settings or Settings.load()
-        overrides: dict[str, Any] = {}
-        if redis_url is not None:
-            overrides["redis_url"] = redis_url
-        if namespace is not None:
-            overrides["namespace"] = namespace
-        if overrides:
-            settings = settings.model_copy(update=overrides)
-        self.settings = settings
-        self.keys = Keys(settings.namespace)
-        self.redis: Any = open_async_redis(settings.redis_url)
+        self.settings = _settings(settings, redis_url, namespace)
+        self.keys = Keys(self.settings.namespace)
+        self.redis: Any = open_async_redis(self.settings.redis_url)
         self._submit = self.redis.register_script(script_source("submit"))
         self._cancel = self.redis.register_script(script_source("cancel"))
         self._expire = self.redis.register_script(script_source("expire"))
@@ -325,6 +309,17 @@ class AsyncRequestHandle:
 
     def __repr__(self) -> str:
         return f"AsyncRequestHandle({self.id!r})"
+
+
+def _settings(settings: Settings | None, redis_url: str | None, namespace: str | None) -> Settings:
+    """``settings`` (default: :meth:`Settings.load`) with the URL and namespace overridden."""
+    overrides: dict[str, Any] = {}
+    if redis_url is not None:
+        overrides["redis_url"] = redis_url
+    if namespace is not None:
+        overrides["namespace"] = namespace
+    base = settings or Settings.load()
+    return base.model_copy(update=overrides) if overrides else base
 
 
 def _build_many(

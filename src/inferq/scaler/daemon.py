@@ -50,7 +50,6 @@ import redis
 from inferq import defaults
 from inferq.config import ScalingSettings, Settings
 from inferq.errors import ConfigError, CorruptRecord
-from inferq.latency import service_time
 from inferq.models import Event
 from inferq.policy.scaling import (
     ModelLimits,
@@ -67,6 +66,7 @@ from inferq.scaler.loads import (
     Tracked,
     arrival_rates,
     build_loads,
+    estimated_service_s,
     reconcile,
     service_times,
     worker_activity,
@@ -403,10 +403,8 @@ class Scaler:
             if model in self._measured:
                 out[model] = self._measured[model]
                 continue
-            seen = [v for (m, _), v in estimates.items() if m == model]
-            tokens = sum(seen) / len(seen) if seen else self.settings.default_max_tokens
             spec = self.settings.model_by_name[model]
-            out[model] = max(1e-3, service_time(spec, 0, round(tokens)).total_s)
+            out[model] = estimated_service_s(spec, estimates, self.settings.default_max_tokens)
         return out
 
     # --- acting ---------------------------------------------------------------------

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from inferq.config import ModelSpec
 from inferq.errors import CorruptRecord, InvalidRequest
-from inferq.latency import saturation_factor
+from inferq.latency import saturation_factor, service_time
 from inferq.models import Event, WorkerState
 from inferq.policy.scaling import ModelLoad
 from inferq.routes import candidates, parse_route
@@ -286,6 +286,16 @@ class LoadInputs:
     service: Mapping[str, ServiceStats]
     fallback_service_s: Mapping[str, float]
     default_slots: int
+
+
+def estimated_service_s(
+    spec: ModelSpec, estimates: Mapping[tuple[str, str], float], default_tokens: int
+) -> float:
+    """Service seconds to assume for a model never measured: the latency model at
+    concurrency 1 for the mean of its output-token estimates (``default_tokens`` if none)."""
+    seen = [v for (m, _), v in estimates.items() if m == spec.name]
+    tokens = sum(seen) / len(seen) if seen else default_tokens
+    return max(1e-3, service_time(spec, 0, round(tokens)).total_s)
 
 
 def _saturation(

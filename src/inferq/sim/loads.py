@@ -23,10 +23,10 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from inferq import defaults
 from inferq.config import Settings
-from inferq.latency import saturation_factor, service_time
+from inferq.latency import saturation_factor
 from inferq.models import WorkerState
 from inferq.policy.scaling import ModelLoad
-from inferq.scaler.loads import QueueDepth, backlog, route_model
+from inferq.scaler.loads import QueueDepth, backlog, estimated_service_s, route_model
 from inferq.sim.fleet import SimWorker
 
 
@@ -138,10 +138,8 @@ class LoadTracker:
     def _fallback(self, model: str, estimates: Mapping[tuple[str, str], float]) -> float:
         if model in self._measured:
             return self._measured[model]
-        seen = [v for (m, _), v in estimates.items() if m == model]
-        tokens = sum(seen) / len(seen) if seen else self.settings.default_max_tokens
         spec = self.settings.model_by_name[model]
-        return max(1e-3, service_time(spec, 0, round(tokens)).total_s)
+        return estimated_service_s(spec, estimates, self.settings.default_max_tokens)
 
     def _load(
         self,
