@@ -45,6 +45,10 @@ BATCH_JOB_TIMEOUT_S = 3600
 #: Seconds between two checks of the ``queues`` set for malformed names (one SMEMBERS):
 #: the dispatcher skips them, but the scaler, metrics and the CLI read every name.
 QUEUE_NAMES_CHECK_S = 1.0
+#: Shortest wait after a Redis outage before reaping, seconds: workers reconnect
+#: through the client's retry backoff (50 ms doubling to 1.6 s between attempts, see
+#: ``store.connection_kwargs``), so a live one may need ~2 s and a beat to show up.
+OUTAGE_GRACE_MIN_S = 3.0
 
 
 @dataclass
@@ -91,7 +95,7 @@ class Dispatcher:
         self.heartbeat_ttl_s = self.settings.heartbeat_interval_s * defaults.HEARTBEAT_TTL_INTERVALS
         self._stop = threading.Event()
         self._names_checked_at = 0.0
-        self._last_ok: float | None = None  # monotonic end of the last successful step
+        self._outage = False  # a connection error since the last step that could reap
         self._reap_from = 0.0  # monotonic: no reaping before (grace after an outage)
 
     def stop(self) -> None:
@@ -102,7 +106,12 @@ class Dispatcher:
         """Step until :meth:`stop`; survive Redis outages with backoff."""
         backoff = 0.1
         log.info("dispatcher started (namespace %s)", self.settings.namespace)
+        previous: float | None = None
         while not self._stop.is_set():
+            now = time.monotonic()
+            if previous is not None and now - previous > self.heartbeat_ttl_s + self.tick_s:
+                self._outage = True  # the last step or wait stalled: Redis was unreachable
+            previous = now
             try:
                 report = self.step()
                 backoff = 0.1
@@ -110,6 +119,7 @@ class Dispatcher:
                     self._wait()
             except CONNECTION_ERRORS as exc:
                 log.warning("redis unavailable (%s); retrying in %.1f s", exc, backoff)
+                self._outage = True
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
             except Exception:  # bad data must not kill the daemon: repair, back off, go on
@@ -125,12 +135,13 @@ class Dispatcher:
     def step(self) -> StepReport:
         """One expire / recover / decide / claim round. Returns what it did."""
         t0 = time.perf_counter()
+        started = time.monotonic()
         report = StepReport()
         if time.monotonic() - self._names_checked_at >= QUEUE_NAMES_CHECK_S:
             report.quarantined += quarantine_bad_queue_names(self.store)
             self._names_checked_at = time.monotonic()
         report.expired = len(self.store.expire_due())
-        if self._may_reap():
+        if self._may_reap(stalled_s=time.monotonic() - started):
             self._recover(report)
         view = self.store.dispatch_view(self.classes, self.queue_head, self.heartbeat_ttl_s)
         self._quarantine(view, report)
@@ -144,7 +155,6 @@ class Dispatcher:
             self._dispatch(batch, view, report)
         self.store.write_fairness(decision)
         report.step_s = time.perf_counter() - t0
-        self._last_ok = time.monotonic()
         if report.dispatched or report.expired or report.requeued:
             log.debug(
                 "step: dispatched %d in %d batches, expired %d, requeued %d (%.1f ms)",
@@ -178,21 +188,26 @@ class Dispatcher:
         report.dispatched += len(claimed)
         report.batch_sizes.append(len(claimed))
 
-    def _may_reap(self) -> bool:
-        """False for one heartbeat TTL after a gap longer than a TTL since the last good step.
+    def _may_reap(self, stalled_s: float) -> bool:
+        """False for one heartbeat TTL (at least ``OUTAGE_GRACE_MIN_S``) after Redis was
+        unavailable.
 
-        During a Redis outage (or a stall of this process) workers could not beat
-        either: reaping them, and lapsed leases, at once would requeue live work. The
-        grace lets live workers beat again first; a dead one is reaped one TTL later.
+        Unavailable = a connection error reached :meth:`run`, or a step or wait of
+        :meth:`run` stalled longer than a TTL (the client's retries absorbing an
+        outage), or this step's first call did.
+        Workers could not beat meanwhile either: reaping them, and lapsed leases, at
+        once would requeue live work. The grace lets live workers beat again first; a
+        dead one is reaped that much later.
         """
         now = time.monotonic()
-        if self._last_ok is not None and now - self._last_ok > self.heartbeat_ttl_s:
-            self._reap_from = now + self.heartbeat_ttl_s
+        if self._outage or stalled_s > self.heartbeat_ttl_s:
+            self._outage = False
+            grace = max(self.heartbeat_ttl_s, OUTAGE_GRACE_MIN_S)
+            self._reap_from = now + grace
             log.warning(
-                "no successful step for %.1f s; reaping resumes in %.1f s, once live "
-                "workers have beaten again",
-                now - self._last_ok,
-                self.heartbeat_ttl_s,
+                "redis was unavailable; reaping resumes in %.1f s, once live workers "
+                "have beaten again",
+                grace,
             )
         return now >= self._reap_from
 
