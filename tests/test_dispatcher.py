@@ -126,7 +126,8 @@ def test_expired_request_wakes_its_client_within_a_tick(store: Store, client: Cl
         thread.join()
     assert result.status == "expired"
     assert "deadline passed while queued (waited" in (result.error or "")
-    assert late < tick + 0.1, f"client told {late:.3f} s after the deadline"
+    # one tick, plus scheduling noise on a loaded 2-core machine
+    assert late < tick + 0.2, f"client told {late:.3f} s after the deadline"
 
 
 def test_unschedulable_request_is_reported_with_the_reason(store: Store, client: Client) -> None:
