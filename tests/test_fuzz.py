@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,6 +27,7 @@ from inferq.client import AsyncClient, BatchRefused, Client
 from inferq.config import Settings
 from inferq.errors import InvalidRequest, QueueFull
 from inferq.intake import build_request
+from inferq.keys import Keys
 
 from .conftest import REDIS_URL
 
@@ -205,14 +207,29 @@ def fuzz_settings(namespace: str) -> Settings:
 
 
 def assert_namespace_empty(client: redis.Redis, namespace: str) -> None:
-    leaked = list(client.scan_iter(match=f"inferq:{namespace}:*", count=1000))
-    leaked += list(client.scan_iter(match=f"rq:*{namespace}*", count=1000))
+    """Nothing written: none of the keys an accepted submission always creates exists.
+
+    (Cheap enough for every example on a shared Redis; the full SCAN of the namespace
+    runs once per test, in :func:`no_key_left`.)
+    """
+    keys = Keys(namespace)
+    written = [keys.stats, keys.events, keys.deadlines, keys.queues, keys.counts, keys.wake]
+    assert client.exists(*written) == 0, [k for k in written if client.exists(k)]
+
+
+@pytest.fixture
+def no_key_left(namespace: str, redis_client: redis.Redis) -> Iterator[None]:
+    """After each test (all its examples): the namespace holds no key at all."""
+    yield
+    leaked = list(redis_client.scan_iter(match=f"inferq:{namespace}:*", count=10_000))
+    leaked += list(redis_client.scan_iter(match=f"rq:*{namespace}*", count=10_000))
     assert leaked == [], leaked
 
 
 # --- the client ----------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("no_key_left")
 @FUZZ
 @given(case=submissions())
 def test_client_submit_refuses_every_malformed_submission(
@@ -228,6 +245,7 @@ def test_client_submit_refuses_every_malformed_submission(
     assert_namespace_empty(redis_client, fuzz_settings.namespace)
 
 
+@pytest.mark.usefixtures("no_key_left")
 @hsettings(FUZZ, max_examples=100)
 @given(
     cases=st.lists(submissions(), min_size=1, max_size=3),
@@ -250,6 +268,7 @@ def test_submit_many_refuses_the_batch_and_names_the_item(
     assert_namespace_empty(redis_client, fuzz_settings.namespace)
 
 
+@pytest.mark.usefixtures("no_key_left")
 @pytest.mark.parametrize(
     ("items", "field"),
     [
@@ -271,6 +290,48 @@ def test_submit_many_refuses_containers_of_the_wrong_shape(
     assert_namespace_empty(redis_client, fuzz_settings.namespace)
 
 
+def _self_referencing() -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    params["again"] = params
+    return params
+
+
+@pytest.mark.usefixtures("no_key_left")
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [  # values that once escaped as TypeError/ValueError/OverflowError/RecursionError
+        ({"deadline": 10**300}, "deadline"),
+        ({"timeout": 10**5000}, "timeout"),
+        ({"timeout": 3e-125}, "timeout"),
+        ({"max_tokens": 10**5000}, "max_tokens"),
+        ({"priority": "9" * 5000}, "priority"),
+        ({"priority": "\u00b2"}, "priority"),
+        ({"priority": 1.5}, "priority"),
+        ({"priority": [0]}, "priority"),
+        ({"prompt": "a\ud800b"}, "prompt"),
+        ({"messages": [{"role": "user", "content": "\x00"}]}, "messages.0.content"),
+        ({"params": {"stop": "\udfff"}}, "params"),
+        ({"params": _nested(5000)}, "params"),
+        ({"params": _self_referencing()}, "params"),
+        ({"tenant": b"acme"}, "tenant"),
+        ({"idempotency_key": b"k"}, "idempotency_key"),
+        ({"model": ">=\u0661\u0663b"}, "model"),
+        ({"temperature": 0.2}, "temperature"),
+    ],
+)
+def test_hostile_values_found_by_fuzzing(
+    fields: dict[str, Any], field: str, fuzz_settings: Settings, redis_client: redis.Redis
+) -> None:
+    client = Client(settings=fuzz_settings, connection=redis_client)
+    fields = dict(fields)
+    prompt = fields.pop("prompt", None if "messages" in fields else "hello")
+    with pytest.raises(InvalidRequest) as info:
+        client.submit(prompt, **fields)
+    assert info.value.field == field and len(str(info.value)) < 300, info.value
+    assert_namespace_empty(redis_client, fuzz_settings.namespace)
+
+
+@pytest.mark.usefixtures("no_key_left")
 @hsettings(FUZZ, max_examples=40)
 @given(case=submissions())
 def test_async_client_refuses_every_malformed_submission(
@@ -360,6 +421,7 @@ def _cli_bad(name: str, text: str) -> bool:
 ORACLE = Settings.load(max_prompt_bytes=MAX_PROMPT_BYTES)
 
 
+@pytest.mark.usefixtures("no_key_left")
 @hsettings(FUZZ, max_examples=120)
 @given(case=cli_submissions())
 def test_cli_submit_refuses_with_one_line_naming_the_field(
@@ -385,6 +447,7 @@ def test_cli_submit_refuses_with_one_line_naming_the_field(
     assert_namespace_empty(redis_client, namespace)
 
 
+@pytest.mark.usefixtures("no_key_left")
 def test_cli_refuses_a_bad_prompt_on_stdin(run_cli: Any, redis_client: redis.Redis) -> None:
     run, namespace = run_cli
     for text, reason in (("", "must not be empty"), ("a\x00b", "NUL"), ("é" * 3000, "bytes")):

@@ -320,7 +320,7 @@ def _deadline(cls: PriorityClass, timeout: Any, deadline: Any, now: float) -> tu
             raise InvalidRequest(
                 "deadline", f"{_show(deadline)} is not in the future (now {now:.3f})"
             )
-        if deadline - now > MAX_TIMEOUT_S:
+        if deadline > now + MAX_TIMEOUT_S:  # (no subtraction: an int may not fit a float)
             raise InvalidRequest(
                 "deadline",
                 f"{_show(deadline)} is more than {MAX_TIMEOUT_S} s (7 days) after now ({now:.3f})",
