@@ -1,0 +1,274 @@
+"""Beyond one Redis: a Sentinel failover mid-run, and the Redis operations a request costs.
+
+The failover test starts one primary, one replica and one sentinel (real redis-server
+processes on free ports, in a temp dir), runs a client, an ``inferq dispatcher`` and an
+``inferq worker`` against ``redis+sentinel://``, kills the primary with SIGKILL in the
+middle of a steady stream of submissions and checks that the daemons follow the
+promoted replica. What the asynchronous replication lost (submissions acknowledged by
+the old primary that never reached the replica) is measured and reported, not assumed.
+
+The sizing test counts Redis commands per request through dispatcher and worker on a
+server of its own (MONITOR tells commands sent by clients from those run inside Lua),
+the figure behind docs/architecture.md's "Beyond one Redis" arithmetic.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from inferq.client import Client
+from inferq.config import Settings
+from inferq.errors import InferqError, RequestNotFound
+from inferq.models import FINAL_STATES, RequestState
+from inferq.scheduler.dispatcher import Dispatcher
+from inferq.store import Store, connect
+
+from .servers import (
+    Server,
+    inferq_process,
+    needs_redis_server,
+    sim_worker,
+    start_server,
+    stop_process,
+    wait_for,
+    wait_ready,
+)
+
+pytestmark = needs_redis_server
+SERVICE = "mymaster"
+
+
+@dataclass
+class Trio:
+    primary: Server
+    replica: Server
+    sentinel: Server
+
+    @property
+    def url(self) -> str:
+        return f"redis+sentinel://127.0.0.1:{self.sentinel.port}/{SERVICE}"
+
+    def primary_port(self) -> int:
+        _, port = self.sentinel.client().sentinel_get_master_addr_by_name(SERVICE)
+        return int(port)
+
+
+@pytest.fixture
+def trio(tmp_path: Path) -> Iterator[Trio]:
+    primary = start_server(tmp_path, "primary")
+    replica = start_server(tmp_path, "replica", [f"replicaof 127.0.0.1 {primary.port}"])
+    sentinel = start_server(
+        tmp_path,
+        "sentinel",
+        [
+            f"sentinel monitor {SERVICE} 127.0.0.1 {primary.port} 1",
+            f"sentinel down-after-milliseconds {SERVICE} 1000",
+            f"sentinel failover-timeout {SERVICE} 5000",
+            f"sentinel parallel-syncs {SERVICE} 1",
+        ],
+        sentinel=True,
+    )
+    servers = Trio(primary, replica, sentinel)
+    try:
+        wait_for(
+            lambda: replica.client().info("replication")["master_link_status"] == "up",
+            what="replication link",
+        )
+        wait_for(
+            lambda: bool(sentinel.client().sentinel_slaves(SERVICE)),
+            what="the sentinel to see the replica",
+        )
+        yield servers
+    finally:
+        for server in (sentinel, replica, primary):
+            server.kill()
+
+
+@dataclass
+class Submitter:
+    """Submits one request every ``period_s`` from a thread, recording what was acknowledged."""
+
+    client: Client
+    period_s: float = 0.05
+    acked: list[tuple[str, float]] = field(default_factory=list)  # (id, monotonic time)
+    errors: list[str] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        i = 0
+        while not self.stop.wait(self.period_s):
+            try:
+                handle = self.client.submit(f"request {i}", max_tokens=8, tenant=f"t{i % 3}")
+                self.acked.append((handle.id, time.monotonic()))
+            except (InferqError, redis.RedisError) as exc:
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+            i += 1
+
+
+def final_states(client: Client, ids: list[str]) -> dict[str, str | None]:
+    """State of each id; None when the new primary has no such request."""
+    out: dict[str, str | None] = {}
+    for rid in ids:
+        try:
+            out[rid] = client.status(rid).state.value
+        except RequestNotFound:
+            out[rid] = None
+    return out
+
+
+def test_daemons_follow_the_new_primary_after_a_failover(
+    trio: Trio, record_property: Callable[[str, object], None]
+) -> None:
+    namespace = f"t{uuid.uuid4().hex[:8]}"
+    settings = Settings.load(redis_url=trio.url, namespace=namespace, heartbeat_interval_s=0.5)
+    env_args = ("--heartbeat-interval", "0.5")
+    worker = sim_worker(trio.url, namespace, "w1", *env_args, "-o", "time_scale=0.02")
+    dispatcher = inferq_process(trio.url, namespace, "dispatcher", "--tick", "0.05")
+    client = Client(settings=settings)
+    submitter = Submitter(client)
+    thread = threading.Thread(target=submitter.run, daemon=True)
+    outputs: list[str] = []
+    try:
+        wait_ready(client.store.redis, namespace, "w1", worker)
+        thread.start()
+        wait_for(lambda: len(submitter.acked) >= 40, what="40 submissions before the failover")
+        old_port = trio.primary.port
+        killed_at = time.monotonic()
+        trio.primary.kill()  # SIGKILL: whatever was not yet replicated is gone
+        wait_for(lambda: trio.primary_port() != old_port, timeout=30, what="a promotion")
+        promoted_after = time.monotonic() - killed_at
+        wait_for(
+            lambda: sum(t > killed_at + promoted_after for _, t in submitter.acked) >= 40,
+            timeout=30,
+            what="40 submissions on the new primary",
+        )
+        submitter.stop.set()
+        thread.join(timeout=30)
+        ids = [rid for rid, _ in submitter.acked]
+        wait_for(
+            lambda: all(s is None or s in FINAL_STATES for s in final_states(client, ids).values()),
+            timeout=30,
+            what="every surviving request to finish",
+        )
+        states = final_states(client, ids)
+        assert worker.poll() is None and dispatcher.poll() is None  # both rode it out
+    finally:
+        submitter.stop.set()
+        outputs = [stop_process(worker), stop_process(dispatcher)]
+        client.close()
+    lost = [rid for rid, s in states.items() if s is None]
+    after = [rid for rid, t in submitter.acked if t > killed_at + promoted_after]
+    counts = collections.Counter(states.values())
+    record_property("failover_promoted_after_s", round(promoted_after, 2))
+    record_property("failover_acknowledged", len(ids))
+    record_property("failover_lost_by_replication", len(lost))
+    record_property("failover_submit_errors", len(submitter.errors))
+    print(
+        f"\nfailover: promoted {promoted_after:.1f} s after SIGKILL; {len(ids)} acknowledged, "
+        f"{len(lost)} lost by asynchronous replication, {len(submitter.errors)} submit errors, "
+        f"final states {dict(counts)}"
+    )
+    # Daemons followed the new primary: everything submitted there ran to success.
+    assert all(states[rid] == RequestState.SUCCEEDED.value for rid in after), outputs
+    # Every request the new primary knows has exactly one final result; the only
+    # acceptable loss is the replication window just before the kill.
+    assert set(counts) <= {RequestState.SUCCEEDED.value, None}, (counts, outputs)
+    acked_at = dict(submitter.acked)
+    assert all(acked_at[rid] > killed_at - 1.0 for rid in lost), "lost more than the last second"
+    assert "Traceback" not in outputs[1], outputs[1]
+
+
+# --- sizing: Redis commands per request ------------------------------------------------
+
+
+@dataclass
+class Monitor:
+    """Counts commands through MONITOR: sent by clients, or run inside a Lua script."""
+
+    server: Server
+    top: collections.Counter[str] = field(default_factory=collections.Counter)
+    lua: collections.Counter[str] = field(default_factory=collections.Counter)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        try:
+            with self.server.client().monitor() as monitor:
+                for cmd in monitor.listen():
+                    name = str(cmd["command"]).split(" ", 1)[0].upper()
+                    (self.lua if cmd.get("client_type") == "lua" else self.top)[name] += 1
+                    if self._stop.is_set():
+                        return
+        except redis.ConnectionError:
+            return  # the server was stopped
+
+    def snapshot(self) -> tuple[int, int]:
+        return sum(self.top.values()), sum(self.lua.values())
+
+
+def test_redis_commands_per_request(
+    tmp_path: Path, record_property: Callable[[str, object], None]
+) -> None:
+    server = start_server(tmp_path, "sizing")
+    url = f"redis://127.0.0.1:{server.port}/0"
+    namespace = "sizing"
+    settings = Settings.load(redis_url=url, namespace=namespace)  # 1 s heartbeats
+    monitor = Monitor(server)
+    threading.Thread(target=monitor.run, daemon=True).start()
+    worker = sim_worker(url, namespace, "w1", "--slots", "32", "--heartbeat-interval", "1")
+    dispatcher = Dispatcher(Store(connect(url), settings))
+    thread = threading.Thread(target=dispatcher.run, daemon=True)
+    n = 200
+    figures: dict[str, Any] = {}
+    try:
+        wait_ready(server.client(), namespace, "w1", worker)
+        thread.start()
+        time.sleep(1.0)
+        idle_s, (t0, l0) = 3.0, monitor.snapshot()
+        time.sleep(idle_s)
+        t1, l1 = monitor.snapshot()
+        figures["idle_per_s"] = ((t1 - t0) / idle_s, (l1 - l0) / idle_s)
+        with Client(settings=settings) as client:
+            for mode in ("one by one", "submit_many"):
+                start, (a_top, a_lua) = time.monotonic(), monitor.snapshot()
+                before = monitor.top.copy()
+                if mode == "one by one":
+                    handles = [client.submit(f"hello {i}", max_tokens=16) for i in range(n)]
+                else:
+                    handles = client.submit_many({"prompt": f"hi {i}"} for i in range(n))
+                results = [h.result(timeout=60) for h in handles]
+                elapsed = time.monotonic() - start
+                b_top, b_lua = monitor.snapshot()
+                assert all(r.status == "succeeded" for r in results)
+                idle_top, idle_lua = figures["idle_per_s"]
+                figures[mode] = (
+                    (b_top - a_top - idle_top * elapsed) / n,
+                    (b_lua - a_lua - idle_lua * elapsed) / n,
+                )
+                top = (monitor.top - before).most_common(8)
+                print(f"\n{mode}: {elapsed:.1f} s; client commands {top}")
+    finally:
+        dispatcher.stop()
+        thread.join(timeout=5)
+        stop_process(worker)
+        monitor._stop.set()
+        server.kill()
+    for name, (top, lua) in figures.items():
+        unit = "per second, idle" if name == "idle_per_s" else "per request"
+        print(f"\n{name}: {top:.1f} client commands + {lua:.1f} inside scripts {unit}")
+        record_property(f"redis_commands_{name.replace(' ', '_')}", (round(top, 1), round(lua, 1)))
+    # Regression guard on the documented arithmetic (docs/architecture.md, "Beyond one Redis"):
+    # measured 12-24 client commands and ~45 inside scripts per request; the client share
+    # grows with the backlog each dispatcher step re-reads, hence the margin.
+    for mode in ("one by one", "submit_many"):
+        client_commands, in_scripts = figures[mode]
+        assert 0 < client_commands < 50 and 0 < in_scripts < 80, figures
