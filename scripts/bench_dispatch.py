@@ -15,8 +15,9 @@ slots and submits as many new ones, so the backlog stays at ``--queued``:
 - ``busy``: the fleet is full; between steps ``--free-workers`` workers finish
   what they hold, so each step hands out a few batches (the steady state of a
   saturated fleet, where the fixed cost of a step weighs on few batches);
-- ``full``: no slot is free; each step reads the snapshot and dispatches
-  nothing (what a wake-up by a submission costs when the fleet is full).
+- ``full``: the fleet is filled until no slot is free (or nothing more could be
+  placed for 2 s); each step reads the snapshot and dispatches nothing: what a
+  wake-up by a submission costs when the fleet is full.
 
 Decision time per batch = a step's wall time / the batches it dispatched. The
 step is split into its pieces (expiry, recovery, snapshot read, policy decision,
@@ -65,10 +66,25 @@ FLEET = (
     ("llama-2-13b", 13.0, 40_960, 0.3),
     ("llama-3.1-70b", 70.0, 81_920, 0.1),
 )
+#: A fleet counts as full once no step dispatched anything for this long, seconds:
+#: past every class's batching delay (0.5 s) and realtime's degrade delay (1 s).
+SETTLE_S = 2.0
+#: Seconds between two heartbeats of every worker (the issue's 500 heartbeating workers).
+BEAT_EVERY_S = 1.0
 PROMPT = "Classify the sentiment of this review and explain why in one line: great"
 #: Requests never expire during a run (the bench measures dispatching, not expiry).
 TIMEOUT_S = 3600.0
 PIECES = ("expire", "recover", "snapshot", "decide", "claim", "enqueue", "fairness", "other")
+
+
+def bench_settings(url: str, namespace: str) -> Settings:
+    """Settings whose heartbeat TTL (3 intervals) tolerates a starved heartbeat process.
+
+    The child beats every BEAT_EVERY_S; with the default 1 s interval a loaded 2-core
+    machine sometimes delays a round of 500 beats past the 3 s TTL, and workers would
+    drop out of the fleet and rejoin mid-run.
+    """
+    return Settings.load(redis_url=url, namespace=namespace, heartbeat_interval_s=2 * BEAT_EVERY_S)
 
 
 def fleet(settings: Settings, n: int, slots: int) -> list[WorkerInfo]:
@@ -97,8 +113,8 @@ def fleet(settings: Settings, n: int, slots: int) -> list[WorkerInfo]:
 
 
 def beat_forever(url: str, namespace: str, workers: int, slots: int) -> None:
-    """Heartbeat every worker once a second until SIGTERM (the child process's job)."""
-    settings = Settings.load(redis_url=url, namespace=namespace)
+    """Heartbeat every worker every BEAT_EVERY_S until SIGTERM (the child process's job)."""
+    settings = bench_settings(url, namespace)
     store = Store(connect(url), settings)
     infos = fleet(settings, workers, slots)
     ttl = settings.heartbeat_interval_s * defaults.HEARTBEAT_TTL_INTERVALS
@@ -107,7 +123,7 @@ def beat_forever(url: str, namespace: str, workers: int, slots: int) -> None:
         started = time.monotonic()
         for info in infos:
             store.heartbeat(info, ttl_s=ttl)
-        time.sleep(max(0.0, settings.heartbeat_interval_s - (time.monotonic() - started)))
+        time.sleep(max(0.0, BEAT_EVERY_S - (time.monotonic() - started)))
 
 
 def submissions(n: int, offset: int = 0) -> list[dict[str, Any]]:
@@ -214,6 +230,8 @@ class Scenario:
 
     name: str
     steps: list[tuple[StepReport, dict[str, float]]] = field(default_factory=list)
+    #: how the fleet was filled first (busy and full): seconds, slots left free.
+    fill: dict[str, float] = field(default_factory=dict)
     per_batch_dispatch_s: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
@@ -227,6 +245,7 @@ class Scenario:
             "steps_with_batches": len(working),
             "batches": batches,
             "requests_dispatched": sum(sizes),
+            "fill_before": self.fill,
             "workers_lost": sum(r.workers_lost for r, _ in self.steps),
             "requeued": sum(r.requeued for r, _ in self.steps),
             "batches_per_s": batches / total_s if total_s else 0.0,
@@ -268,22 +287,28 @@ def run(bench: Bench, name: str, steps: int, free_workers: int | None) -> Scenar
     return scenario
 
 
-def fill(bench: Bench, slots: int) -> None:
-    """Step until no slot is free, then top the backlog up (untimed).
+def fill(bench: Bench, slots: int) -> dict[str, float]:
+    """Step until the fleet is full, topping the backlog up after each step (untimed).
 
-    A step may dispatch nothing while slots are free: a class holds requests back
-    up to its batching delay (batch: 0.5 s) to fill a batch; so step on until the
-    fleet's reservations add up to every slot.
+    The backlog's mix drifts towards the busiest route (its requests leave slowest),
+    so the top-ups are what bring requests for the other models' free slots. A step
+    may also dispatch nothing while slots are free: a class holds requests back up to
+    its batching delay (batch: 0.5 s). So it steps until no slot is free, or until no
+    step dispatched anything for SETTLE_S.
+
+    Returns:
+        ``fill_s`` (seconds it took) and ``free_slots`` left (reservations vs slots).
     """
-    dispatched = 0
-    deadline = time.monotonic() + 30
-    while bench.free_slots(slots) and time.monotonic() < deadline:
+    started = last = time.monotonic()
+    while bench.free_slots(slots) and time.monotonic() - last < SETTLE_S:
         n = bench.dispatcher.step().dispatched
-        dispatched += n
-        if not n:
+        if n:
+            submit(bench.client, n, bench.submitted)
+            bench.submitted += n
+            last = time.monotonic()
+        else:
             time.sleep(0.05)
-    submit(bench.client, dispatched, bench.submitted)
-    bench.submitted += dispatched
+    return {"fill_s": time.monotonic() - started, "free_slots": bench.free_slots(slots)}
 
 
 def rq_enqueue_s(url: str, ns: str, n: int, tag: str) -> list[float]:
@@ -301,7 +326,7 @@ def rq_enqueue_s(url: str, ns: str, n: int, tag: str) -> list[float]:
 def measure(
     args: argparse.Namespace, ns: str, profile: cProfile.Profile | None
 ) -> tuple[list[Scenario], list[float]]:
-    settings = Settings.load(redis_url=args.redis_url, namespace=ns)
+    settings = bench_settings(args.redis_url, ns)
     client = Client(settings=settings)
     bench = Bench(settings, client)
     ttl = settings.heartbeat_interval_s * defaults.HEARTBEAT_TTL_INTERVALS
@@ -334,15 +359,16 @@ def measure(
         if profile:
             profile.disable()
         bench.free(None)
-        fill(bench, args.slots)
+        before_busy = fill(bench, args.slots)
         if profile:
             profile.enable()
         busy = run(bench, "busy", args.busy_steps, args.free_workers)
         if profile:
             profile.disable()
         bench.free(None)
-        fill(bench, args.slots)
+        before_full = fill(bench, args.slots)
         full = run(bench, "full", args.full_steps, 0)
+        busy.fill, full.fill = before_busy, before_full
         baseline += rq_enqueue_s(args.redis_url, ns, args.baseline_jobs, "b")
         return [idle, busy, full], baseline
     finally:
