@@ -195,13 +195,6 @@ def write_json(path: Path | None, url: str, figures: dict[str, Any]) -> None:
     note(f"figures written to {path}")
 
 
-def timed(func: Callable[[], Any]) -> float:
-    """Seconds ``func()`` takes (perf_counter)."""
-    t0 = time.perf_counter()
-    func()
-    return time.perf_counter() - t0
-
-
 class Stopwatch:
     """Wraps callables to add up the seconds spent in each, by name.
 
