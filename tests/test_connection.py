@@ -9,7 +9,9 @@ worker subprocess -> result through it.
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,13 +20,14 @@ import pytest
 import redis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.connection import SSLConnection
-from redis.sentinel import SentinelConnectionPool, SentinelManagedSSLConnection
+from redis.sentinel import SentinelConnectionPool
 
 from inferq import connection
 from inferq.client import AsyncClient, Client
 from inferq.config import Settings
 from inferq.connection import (
     SENTINEL_PORT,
+    SentinelSSLConnection,
     connection_kwargs,
     is_sentinel_url,
     open_async_redis,
@@ -126,7 +129,7 @@ def test_sentinel_urls_give_sentinel_managed_pools_everywhere() -> None:
     for client, decode in ((open_redis(url), True), (rq_connection(url), False)):
         pool = client.connection_pool
         assert isinstance(pool, SentinelConnectionPool) and pool.service_name == "mymaster"
-        assert pool.connection_class is SentinelManagedSSLConnection
+        assert pool.connection_class is SentinelSSLConnection
         kwargs = pool.connection_kwargs
         assert (kwargs["password"], kwargs["db"], kwargs["decode_responses"]) == (SECRET, 4, decode)
         sentinel = pool.sentinel_manager.sentinels[0].connection_pool.connection_kwargs
@@ -152,21 +155,51 @@ def test_no_sentinel_answering_is_redis_unavailable_without_the_password() -> No
     )
 
 
+@needs_redis_server
+def test_an_interrupted_read_never_leaves_a_reply_for_the_next_command(tmp_path: Path) -> None:
+    """RQ's worker stops by raising from a signal handler while blocked in BLMOVE."""
+    primary = start_server(tmp_path, "primary")
+    sentinel = start_server(
+        tmp_path, "sentinel", [f"sentinel monitor m 127.0.0.1 {primary.port} 1"], sentinel=True
+    )
+    client = open_redis(f"redis+sentinel://127.0.0.1:{sentinel.port}/m")
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        client.rpush("late", "reply")  # (nothing waits on this list: BLPOP times out)
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(KeyboardInterrupt):
+            client.blpop(["empty"], timeout=1)
+        time.sleep(1.2)  # the server has answered the abandoned BLPOP by now
+        assert client.ping() is True
+        client.set("probe", "value")
+        assert client.get("probe") == "value"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        sentinel.kill()
+        primary.kill()
+
+
 # --- TLS + ACL end to end ------------------------------------------------------------
 
 #: What the restricted user may run: the commands of inferq's Lua scripts and Store, and
-#: RQ's (measured with INFO commandstats over a full run), nothing else (no KEYS, FLUSH*,
-#: CONFIG, DEBUG, MONITOR ...). Commands inside scripts are checked against the ACL too.
+#: RQ's (read off rq's source and INFO commandstats over a full run), nothing else (no
+#: KEYS, FLUSH*, CONFIG, DEBUG, MONITOR ...). Commands inside scripts are checked too.
 ACL_COMMANDS = [
     *("ping", "hello", "info", "time", "client|setname", "client|getname", "client|list"),
     *("evalsha", "eval", "script|load", "script|exists"),
     *("multi", "exec", "watch", "unwatch", "discard"),
     *("get", "set", "del", "unlink", "exists", "expire", "pexpire", "persist", "rename"),
     *("scan", "type", "ttl"),
-    *("hget", "hgetall", "hmget", "hset", "hsetnx", "hdel", "hincrby", "hincrbyfloat", "hlen"),
-    *("zadd", "zrem", "zrange", "zrangebyscore", "zremrangebyscore", "zcard", "zscore"),
-    *("sadd", "srem", "smembers", "scard", "sismember"),
-    *("lpush", "rpush", "lpop", "rpop", "lrange", "llen", "lrem", "ltrim", "blpop", "blmove"),
+    *("hget", "hgetall", "hmget", "hset", "hsetnx", "hdel", "hexists", "hincrby"),
+    *("hincrbyfloat", "hlen", "zadd", "zrem", "zrange", "zrangebyscore", "zremrangebyscore"),
+    *("zremrangebyrank", "zcard", "zscore", "sadd", "srem", "smembers", "scard", "sismember"),
+    *("lpush", "rpush", "lpop", "rpop", "lrange", "llen", "lrem", "ltrim", "lpos", "lmove"),
+    *("blpop", "blmove"),
     *("xadd", "xrange", "xrevrange", "xread", "xlen", "xtrim"),
     *("subscribe", "unsubscribe", "publish"),
 ]

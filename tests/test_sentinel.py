@@ -2,9 +2,10 @@
 
 The failover test starts one primary, one replica and one sentinel (real redis-server
 processes on free ports, in a temp dir), runs a client, an ``inferq dispatcher`` and an
-``inferq worker`` against ``redis+sentinel://``, kills the primary with SIGKILL in the
-middle of a steady stream of submissions and checks that the daemons follow the
-promoted replica. What the asynchronous replication lost (submissions acknowledged by
+``inferq worker`` against ``redis+sentinel://`` and, in the middle of a steady stream
+of submissions, kills the primary with SIGKILL or asks the sentinel to fail over (the
+old primary then lives on, demoted, answering writes with READONLY); the daemons must
+follow the promoted replica. What the asynchronous replication lost (submissions acknowledged by
 the old primary that never reached the replica) is measured and reported, not assumed.
 
 The sizing test counts Redis commands per request through dispatcher and worker on a
@@ -126,8 +127,9 @@ def final_states(client: Client, ids: list[str]) -> dict[str, str | None]:
     return out
 
 
+@pytest.mark.parametrize("how", ["sigkill", "sentinel failover"])
 def test_daemons_follow_the_new_primary_after_a_failover(
-    trio: Trio, record_property: Callable[[str, object], None]
+    how: str, trio: Trio, record_property: Callable[[str, object], None]
 ) -> None:
     namespace = f"t{uuid.uuid4().hex[:8]}"
     settings = Settings.load(redis_url=trio.url, namespace=namespace, heartbeat_interval_s=0.5)
@@ -144,7 +146,10 @@ def test_daemons_follow_the_new_primary_after_a_failover(
         wait_for(lambda: len(submitter.acked) >= 40, what="40 submissions before the failover")
         old_port = trio.primary.port
         killed_at = time.monotonic()
-        trio.primary.kill()  # SIGKILL: whatever was not yet replicated is gone
+        if how == "sigkill":
+            trio.primary.kill()  # whatever was not yet replicated is gone
+        else:  # the old primary lives on, demoted: its clients get READONLY until they move
+            trio.sentinel.client().execute_command("SENTINEL", "FAILOVER", SERVICE)
         wait_for(lambda: trio.primary_port() != old_port, timeout=30, what="a promotion")
         promoted_after = time.monotonic() - killed_at
         wait_for(
@@ -169,12 +174,12 @@ def test_daemons_follow_the_new_primary_after_a_failover(
     lost = [rid for rid, s in states.items() if s is None]
     after = [rid for rid, t in submitter.acked if t > killed_at + promoted_after]
     counts = collections.Counter(states.values())
-    record_property("failover_promoted_after_s", round(promoted_after, 2))
-    record_property("failover_acknowledged", len(ids))
-    record_property("failover_lost_by_replication", len(lost))
-    record_property("failover_submit_errors", len(submitter.errors))
+    record_property("promoted_after_s", round(promoted_after, 2))
+    record_property("acknowledged", len(ids))
+    record_property("lost_by_replication", len(lost))
+    record_property("submit_errors", len(submitter.errors))
     print(
-        f"\nfailover: promoted {promoted_after:.1f} s after SIGKILL; {len(ids)} acknowledged, "
+        f"\n{how}: promoted {promoted_after:.1f} s after; {len(ids)} acknowledged, "
         f"{len(lost)} lost by asynchronous replication, {len(submitter.errors)} submit errors, "
         f"final states {dict(counts)}"
     )
@@ -186,6 +191,7 @@ def test_daemons_follow_the_new_primary_after_a_failover(
     acked_at = dict(submitter.acked)
     assert all(acked_at[rid] > killed_at - 1.0 for rid in lost), "lost more than the last second"
     assert "Traceback" not in outputs[1], outputs[1]
+    assert (worker.returncode, dispatcher.returncode) == (0, 0), outputs  # clean drain and stop
 
 
 # --- sizing: Redis commands per request ------------------------------------------------
