@@ -95,6 +95,7 @@ class Dispatcher:
         self.heartbeat_ttl_s = self.settings.heartbeat_interval_s * defaults.HEARTBEAT_TTL_INTERVALS
         self._stop = threading.Event()
         self._names_checked_at = 0.0
+        self._housekept_at = -1e9
         self._outage = False  # a connection error since the last step that could reap
         self._reap_from = 0.0  # monotonic: no reaping before (grace after an outage)
 
@@ -140,9 +141,13 @@ class Dispatcher:
         if time.monotonic() - self._names_checked_at >= QUEUE_NAMES_CHECK_S:
             report.quarantined += quarantine_bad_queue_names(self.store)
             self._names_checked_at = time.monotonic()
-        report.expired = len(self.store.expire_due())
-        if self._may_reap(stalled_s=time.monotonic() - started):
-            self._recover(report)
+        if started - self._housekept_at >= self.tick_s:
+            # Expiry and recovery once per tick, not on every wake-up: a burst of
+            # submissions then costs one snapshot and one claim per step.
+            report.expired = len(self.store.expire_due())
+            if self._may_reap(stalled_s=time.monotonic() - started):
+                self._recover(report)
+            self._housekept_at = started
         view = self.store.dispatch_view(self.classes, self.queue_head, self.heartbeat_ttl_s)
         self._quarantine(view, report)
         t1 = time.perf_counter()
