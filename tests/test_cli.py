@@ -142,6 +142,15 @@ def test_drain_and_dead_letter(run, store: Store, settings: Settings) -> None:  
     assert [r["id"] for r in listed] == [rid] and "boom" in listed[0]["result"]["error"]
     assert "boom" in run("dead-letter", "list").output
     assert run("dead-letter", "requeue").exit_code == 2
+    assert run("purge", "--yes").exit_code == 0
+    empty = run("dead-letter", "requeue", "--all")
+    assert empty.exit_code == 0 and empty.output.strip() == "requeued 0 of 0"
+    rid = json.loads(run("submit", "x", "--priority", "realtime", "--json").output)["id"]
+    ready_worker(store, "w2")
+    for i in range(settings.max_attempts):
+        qkey = store.keys.queue("realtime", "llama-3.1-8b")
+        [(_, attempt)] = store.assign("w2", f"c{i}", [(rid, qkey, 1)])
+        store.requeue([(rid, attempt, "w2", "boom")])
     assert run("dead-letter", "requeue", "--all").output.strip() == "requeued 1 of 1"
     assert json.loads(run("request", rid, "--json").output)["state"] == "queued"
 

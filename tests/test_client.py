@@ -127,3 +127,12 @@ def test_async_client(settings: Settings, store: Store) -> None:
             assert (await late.result()).status == "expired"
 
     asyncio.run(main())
+
+
+def test_waits_longer_than_the_socket_timeout(client: Client) -> None:
+    # redis-py 8 closes a socket read after 5 s: a 6 s wait must still end as a ResultTimeout.
+    handle = client.submit("hello")
+    t0 = time.monotonic()
+    with pytest.raises(ResultTimeout):
+        handle.result(timeout=6)
+    assert 5.9 < time.monotonic() - t0 < 8

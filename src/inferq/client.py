@@ -22,6 +22,7 @@ from typing import Any
 
 import redis
 
+from inferq import defaults
 from inferq.config import Settings
 from inferq.connection import open_async_redis
 from inferq.errors import QueueFull, RedisUnavailable, RequestNotFound, ResultTimeout
@@ -278,7 +279,8 @@ class AsyncClient:
                 await self._expire(keys=[], args=[*args, request_id, "deadline passed"])
                 expired_locally = True
                 continue
-            await self.redis.blmove(key, key, timeout=max(wait, 0.05), src="RIGHT", dest="LEFT")
+            chunk = min(max(wait, 0.05), defaults.BLOCK_CHUNK_S)  # see Store.wait_final
+            await self.redis.blmove(key, key, timeout=chunk, src="RIGHT", dest="LEFT")
 
     async def cancel(self, request_id: str) -> RequestState:
         """See :meth:`Client.cancel`."""

@@ -52,6 +52,10 @@ CHARS_PER_TOKEN = 4.0
 #: Tokens of chat-template overhead per message (OpenAI cookbook's count: 3-4).
 TOKENS_PER_MESSAGE = 4
 
+#: Longest single blocking Redis read (BLMOVE on a result), seconds: redis-py 8
+#: closes a socket read after 5 s by default, so longer waits are made of chunks.
+BLOCK_CHUNK_S = 2.0
+
 # --- workers and leases ---
 #: Heartbeat period, seconds (issue #4: every second by default).
 HEARTBEAT_INTERVAL_S = 1.0

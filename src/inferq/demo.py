@@ -501,6 +501,7 @@ def _report(
 
 
 def _print_report(report: dict[str, Any], console: Console) -> None:
+    console.print()
     table = Table(
         title=f"{report['requests']} requests, {report['trace_window_s']:g} s of trace in "
         f"{report['wall_s']:g} s (durations in trace seconds)",

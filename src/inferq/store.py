@@ -19,6 +19,7 @@ from typing import Any, Literal
 import redis
 
 from inferq import connection
+from inferq import defaults
 from inferq.config import Settings
 from inferq.errors import CorruptRecord, QueueFull, RedisUnavailable, RequestNotFound
 from inferq.keys import Keys
@@ -266,14 +267,16 @@ class Store:
                 out.append(None)
         return out
 
-    def wait_final(self, request_id: str, timeout_s: float | None) -> bool:
-        """Block until the request is final or ``timeout_s`` passes (None = forever).
+    def wait_final(self, request_id: str, timeout_s: float) -> bool:
+        """Block until the request is final, at most ``timeout_s`` (capped at
+        ``defaults.BLOCK_CHUNK_S``; callers loop).
 
         Uses BLMOVE on the request's ``done`` list, rotating the token in place so
         every waiter wakes: no polling loop. Returns True when a token arrived.
         """
         key = self.keys.done(request_id)
-        token = self.redis.blmove(key, key, timeout=timeout_s or 0, src="RIGHT", dest="LEFT")
+        wait = min(timeout_s, defaults.BLOCK_CHUNK_S)
+        token = self.redis.blmove(key, key, timeout=wait, src="RIGHT", dest="LEFT")
         return token is not None
 
     def cancel(self, request_id: str) -> str:

@@ -212,7 +212,8 @@ def cancel(obj: Context, request_id: str) -> None:
 @handle_errors
 def queues(obj: Context, as_json: bool) -> None:
     """Queue depth per route and class, oldest wait, submit and finish rates."""
-    emit(views.queue_rows(obj.store), as_json, views.queue_table)
+    rates = obj.store.event_rates()
+    emit(views.queue_rows(obj.store), as_json, lambda rows: views.queue_table(rows, rates))
 
 
 @cli.command()
@@ -304,9 +305,9 @@ def dead_list(obj: Context, limit: int, as_json: bool) -> None:
 @handle_errors
 def dead_requeue(obj: Context, request_ids: tuple[str, ...], requeue_all: bool) -> None:
     """Requeue dead-lettered requests with a fresh attempt budget and deadline."""
-    ids = list(request_ids) or (obj.store.dead_letters(100_000) if requeue_all else [])
-    if not ids:
+    if not request_ids and not requeue_all:
         raise click.UsageError("give request ids or --all")
+    ids = list(request_ids) or obj.store.dead_letters(100_000)
     done = sum(obj.store.requeue_dead(rid) for rid in ids)
     click.echo(f"requeued {done} of {len(ids)}")
 

@@ -118,9 +118,19 @@ class OpenAIBackend(Backend):
             BackendError: not retryable when the server refuses the check (4xx,
                 e.g. a wrong API key); retryable when it is not up in time.
         """
+        loop = asyncio.get_running_loop()
+        started = next_note = loop.time()
         try:
             async with asyncio.timeout(self.load_timeout_s):
                 while not await self._probe():
+                    if loop.time() >= next_note:  # say why the worker is still `starting`
+                        log.warning(
+                            "openai: waiting for the model server at %s (%.0f s so far; %s)",
+                            redact_url(self.base_url),
+                            loop.time() - started,
+                            self._last_probe,
+                        )
+                        next_note = loop.time() + 30.0
                     await asyncio.sleep(self.load_poll_s)
         except TimeoutError:
             raise BackendError(
