@@ -79,8 +79,12 @@ def positive(text: str) -> int:
 
 
 def new_namespace() -> str:
-    """A namespace no one else uses: ``bench`` + 12 hex digits."""
-    return f"bench{uuid.uuid4().hex[:12]}"
+    """A namespace no one else uses: ``bench`` + 12 hex digits.
+
+    ``INFERQ_BENCH_NAMESPACE`` overrides the prefix (the smoke tests name theirs,
+    so they check only their own keys on a Redis shared with other runs).
+    """
+    return f"{os.environ.get('INFERQ_BENCH_NAMESPACE', 'bench')}{uuid.uuid4().hex[:12]}"
 
 
 def purge(client: redis.Redis, namespace: str) -> int:

@@ -28,7 +28,7 @@ import _bench  # noqa: E402
 def run_script(name: str, tmp_path: Path, *args: str) -> tuple[str, dict[str, Any]]:
     """Run ``scripts/<name>`` with ``--json``; returns its stdout and the parsed JSON."""
     out = tmp_path / "figures.json"
-    env = {**os.environ, "INFERQ_REDIS_URL": REDIS_URL}
+    env = {**os.environ, "INFERQ_REDIS_URL": REDIS_URL, "INFERQ_BENCH_NAMESPACE": PREFIX}
     proc = subprocess.run(
         [sys.executable, str(SCRIPTS / name), *args, "--json", str(out)],
         capture_output=True,
@@ -43,16 +43,19 @@ def run_script(name: str, tmp_path: Path, *args: str) -> tuple[str, dict[str, An
     return proc.stdout, doc
 
 
+#: Namespace prefix of the scripts these tests run (``_bench.new_namespace``).
+PREFIX = f"smoke{os.getpid()}x"
+
+
 def bench_keys(client: redis.Redis) -> set[str]:
-    return {str(k) for k in client.scan_iter(match="*bench*", count=5000)}
+    return {str(k) for k in client.scan_iter(match=f"*{PREFIX}*", count=5000)}
 
 
 @pytest.fixture
 def no_leftovers(redis_client: redis.Redis) -> Any:
     """Fail when a script leaves keys of its namespace behind."""
-    before = bench_keys(redis_client)
     yield
-    assert bench_keys(redis_client) - before == set()
+    assert bench_keys(redis_client) == set()
 
 
 @pytest.mark.usefixtures("no_leftovers")
