@@ -236,9 +236,7 @@ class Engine:
         is quarantined. Returns how many were requeued.
         """
         k, wid = self.store.keys, self.config.worker_id
-        inflight = set(self.store.redis.smembers(k.inflight(wid)))
-        with self._held_lock:
-            unheld = sorted(inflight - self._held)
+        unheld = sorted(self.unreceived())
         if not unheld:
             return 0
         pipe = self.store.redis.pipeline(transaction=False)
@@ -260,6 +258,13 @@ class Engine:
         if requeued:
             log.warning("handed back %d requests whose batch never arrived", requeued)
         return requeued
+
+    def unreceived(self) -> set[str]:
+        """Requests Redis says this worker holds (``inflight:<id>``) that the engine does
+        not: claimed for it, their batch not (yet) accepted."""
+        inflight = set(self.store.redis.smembers(self.store.keys.inflight(self.config.worker_id)))
+        with self._held_lock:
+            return inflight - self._held
 
     def _requeue_orphan(self, rid: str, attempt: int) -> bool:
         # Under the lock, so accept() cannot start it between the check and the requeue.

@@ -4,7 +4,8 @@ RQ delivers batch jobs; :class:`~inferq.workers.runtime.Engine` runs them.
 Signals:
 
 - first SIGTERM or SIGINT (or ``inferq drain WORKER``): drain — state
-  ``draining``, no new batches, finish what runs, leave the fleet, exit 0;
+  ``draining``, no new batches (batches claimed for it before are still
+  accepted), finish what runs, leave the fleet, exit 0;
 - a second one: hand every in-flight request back to its queue at once, exit 1.
 
 A crashed worker loses nothing: its heartbeat lapses and the dispatcher's
@@ -18,6 +19,7 @@ import os
 import re
 import signal
 import socket
+import time
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -31,7 +33,7 @@ from inferq import defaults
 from inferq.config import Settings
 from inferq.errors import ConfigError
 from inferq.jobs import BatchJob, purge_worker_queue, rq_connection, worker_queue
-from inferq.models import WORKER_ID_PATTERN
+from inferq.models import WORKER_ID_PATTERN, WorkerState
 from inferq.store import Store, connect
 from inferq.workers import batch
 from inferq.workers.backends import make_backend
@@ -43,6 +45,9 @@ log = logging.getLogger(__name__)
 #: RQ's worker TTL, seconds: RQ blocks on its queue for TTL - 15 s, so 16 makes the
 #: loop check for a drain request every second.
 RQ_WORKER_TTL_S = 16
+#: While draining, how often to look for a batch claimed before the drain and still
+#: on its way (its claim and its RQ enqueue are two round trips of the dispatcher), s.
+CLAIM_POLL_S = 0.01
 
 
 class InferqWorker(SimpleWorker):
@@ -51,8 +56,46 @@ class InferqWorker(SimpleWorker):
     engine: Engine
 
     def _install_signal_handlers(self) -> None:
-        signal.signal(signal.SIGINT, self._on_first_signal)
-        signal.signal(signal.SIGTERM, self._on_first_signal)
+        draining = self.engine.state is WorkerState.DRAINING  # a second pass of work()
+        handler = self._on_second_signal if draining else self._on_first_signal
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+    def accept_claimed(self) -> None:
+        """After the drain stopped RQ's loop: accept the batches claimed for this worker,
+        and finish everything.
+
+        They were claimed before the worker said ``draining`` (the assign script refuses
+        a draining worker), so they are its work: handing them back would count a second
+        attempt for requests that never ran. A batch claimed a moment before the drain
+        may still be on its way from the dispatcher (claim, then enqueue), or stranded
+        by the signal in RQ's dequeue (see :meth:`_undo_dequeue`), so this waits
+        while Redis holds requests for this worker that the engine has not received, for
+        one lease at most (after that they are orphans, handed back by ``stop``).
+        """
+        patience = time.monotonic() + self.engine.store.settings.lease_s
+        while True:
+            self._stop_requested = False
+            self._undo_dequeue()
+            self.work(burst=True, logging_level="WARNING")
+            self.engine.wait_idle()
+            if any(q.count for q in self.queues):
+                continue
+            if time.monotonic() >= patience or not self.engine.unreceived():
+                return
+            time.sleep(CLAIM_POLL_S)
+
+    def _undo_dequeue(self) -> None:
+        """Put back on the queue the jobs RQ dequeued but never started.
+
+        RQ dequeues by moving a job id to the queue's intermediate list and removes it
+        from there when the job starts; the drain signal, raised as ``StopRequested``
+        inside the dequeue, can strand a job in between. Nothing runs here meanwhile,
+        so every id still in the intermediate list is such a job.
+        """
+        for queue in self.queues:
+            while self.connection.lmove(queue.intermediate_queue_key, queue.key, "RIGHT", "LEFT"):
+                pass
 
     def _on_first_signal(self, signum: int, frame: FrameType | None) -> None:
         signal.signal(signal.SIGINT, self._on_second_signal)
@@ -144,7 +187,7 @@ def run_worker(settings: Settings, opts: WorkerOptions) -> int:
         # RQ logs a line per job at INFO; inferq's own log says what matters.
         rq_worker.work(logging_level="WARNING")
         engine.begin_drain()
-        engine.wait_idle()
+        rq_worker.accept_claimed()
         engine.stop()
         purge_worker_queue(rq, engine.store.keys, wid)  # batches that arrived while draining
         return 0
