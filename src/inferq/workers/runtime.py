@@ -93,6 +93,7 @@ class Engine:
         self._pending: list[tuple[Outcome, str | None]] = []
         self._flush_wanted: asyncio.Event | None = None
         self._flusher: asyncio.Task[None] | None = None
+        self._write_lock: asyncio.Lock | None = None  # one writer of results at a time
         self._idle = threading.Condition()
         self._beat_stop = threading.Event()
         self._beat_thread: threading.Thread | None = None
@@ -358,6 +359,7 @@ class Engine:
 
     async def _init_loop(self) -> None:
         self._flush_wanted = asyncio.Event()
+        self._write_lock = asyncio.Lock()
         self._flusher = asyncio.create_task(self._flush_forever())
 
     def _launch(self, record: RequestRecord, attempt: int) -> None:
@@ -440,6 +442,14 @@ class Engine:
             await self._flush_all()
 
     async def _flush_all(self) -> None:
+        """Write every pending result. Under a lock: :meth:`stop` must also wait for a
+        write the flusher has in progress, or the worker would leave (handing those
+        requests back) before their results are in."""
+        assert self._write_lock is not None
+        async with self._write_lock:
+            await self._flush_pending()
+
+    async def _flush_pending(self) -> None:
         while self._pending:
             batch, self._pending = self._pending, []
             try:
