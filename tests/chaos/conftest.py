@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -50,14 +51,18 @@ REDIS_SERVER = shutil.which("redis-server")
 needs_redis_server = pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server not on PATH")
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll ``predicate`` every 50 ms; AssertionError naming ``what`` after ``timeout`` s."""
+def wait_for(
+    predicate: Callable[[], bool], timeout: float, what: str, why: Callable[[], str] | None = None
+) -> None:
+    """Poll ``predicate`` every 50 ms; AssertionError naming ``what`` after ``timeout`` s
+    (followed by ``why()``, a diagnosis, when given)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    detail = f"\n{why()}" if why is not None else ""
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{detail}")
 
 
 def free_port() -> int:
@@ -284,6 +289,27 @@ class Deployment:
 
     # --- the audit --------------------------------------------------------------------
 
+    def wait_final(self, ids: list[str], timeout: float = 90) -> None:
+        """Wait until every id's record is final (AssertionError with a diagnosis)."""
+        wait_for(
+            lambda: all(r is not None and r.state.final for r in self.store.records(ids)),
+            timeout,
+            f"{len(ids)} requests to finish",
+            lambda: self.diagnose(ids),
+        )
+
+    def diagnose(self, ids: list[str]) -> str:
+        """Where the unfinished requests are, the live workers, and the logs' ends."""
+        open_ = [(rid, r) for rid, r in zip(ids, self.store.records(ids), strict=True)]
+        open_ = [(rid, r) for rid, r in open_ if r is None or not r.state.final]
+        states = Counter("missing" if r is None else r.state.value for _, r in open_)
+        sample = [
+            (rid, None if r is None else (r.state.value, r.worker, r.attempt))
+            for rid, r in open_[:5]
+        ]
+        workers = [(w.id, w.state.value, w.in_flight) for w in self.store.workers()[0]]
+        return f"unfinished {dict(states)} e.g. {sample}\nworkers {workers}\n{self.logs()}"
+
     def events(self) -> list[Event]:
         """Every event of the stream, oldest first (read in pages)."""
         out: list[Event] = []
@@ -351,3 +377,145 @@ def deployment(redis_server: RedisServer, tmp_path: Path) -> Iterator[Deployment
     d = Deployment(redis_server.url, tmp_path / "logs")
     yield d
     d.close()
+
+
+# --- a zygote: many short-lived workers without paying Python's start-up each time -------
+
+
+def zygote_main() -> None:
+    """Fork sim workers on request from one process that imported inferq once.
+
+    Each stdin line ``<worker id> <slots> <time_scale> <log path>`` forks a worker
+    running :func:`inferq.workers.worker.run_worker` (what ``inferq worker`` runs) in
+    its own session, with the environment's settings; its output goes to the log.
+    Prints ``spawned <id> <pid>`` and, once it exits, ``exit <id> <code>``. A fork
+    costs milliseconds where a fresh interpreter costs ~0.5 s of CPU, which is what
+    makes hundreds of drains fit in a CI run on two cores.
+    """
+    import select
+
+    from inferq.workers.worker import WorkerOptions, run_worker
+
+    settings = Settings.load()
+    children: dict[int, str] = {}
+    pending = b""  # read with os.read: a buffered readline would hide lines from select
+    stdin_open = True
+    while stdin_open or children:
+        if stdin_open and select.select([0], [], [], 0.05)[0]:
+            chunk = os.read(0, 65536)
+            stdin_open = bool(chunk)
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                wid, slots, time_scale, log = line.decode().split()
+                opts = WorkerOptions(
+                    model=MODEL,
+                    slots=int(slots),
+                    vram_mib=VRAM_MIB,
+                    worker_id=wid,
+                    heartbeat_interval_s=settings.heartbeat_interval_s,
+                    backend_options={"time_scale": time_scale},
+                )
+                pid = os.fork()
+                if pid == 0:
+                    _zygote_child(settings, opts, log, run_worker)
+                children[pid] = wid
+                print(f"spawned {wid} {pid}", flush=True)
+        elif not stdin_open:
+            time.sleep(0.05)
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            print(f"exit {children.pop(pid)} {os.waitstatus_to_exitcode(status)}", flush=True)
+
+
+def _zygote_child(settings: Settings, opts: object, log: str, run: Callable[..., int]) -> None:
+    """The forked worker: own session, output to ``log``, exits with run_worker's code."""
+    import logging
+    import traceback
+
+    os.setsid()
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    sys.stdin = open(os.devnull)  # noqa: SIM115 - lives as long as the process
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+    code = 1
+    try:
+        code = run(settings, opts)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+class Zygote:
+    """The test's side of :func:`zygote_main`: spawn workers, learn their exit codes.
+
+    Args:
+        d: the deployment (its environment and log directory).
+    """
+
+    def __init__(self, d: Deployment) -> None:
+        self.d = d
+        root = Path(__file__).resolve().parents[2]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from tests.chaos.conftest import zygote_main; zygote_main()"],
+            cwd=root,
+            env=d.env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.spawned = 0
+        self.pids: dict[str, int] = {}
+        self.exits: dict[str, int] = {}
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            kind, wid, number = line.split()
+            if kind == "spawned":
+                self.pids[wid] = int(number)
+            else:
+                self.exits[wid] = int(number)
+
+    def spawn(self, wid: str, *, slots: int, time_scale: float) -> None:
+        assert self.proc.stdin is not None
+        log = self.d.log_dir / f"{wid}.log"
+        self.proc.stdin.write(f"{wid} {slots} {time_scale} {log}\n")
+        self.proc.stdin.flush()
+        self.spawned += 1
+
+    def close(self) -> None:
+        """Stop spawning, SIGKILL the workers still running, then let the zygote go."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: len(self.pids) == self.spawned, 10, "the last spawns")
+        for wid, pid in self.pids.items():
+            if wid not in self.exits:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def zygote(deployment: Deployment) -> Iterator[Zygote]:
+    z = Zygote(deployment)
+    yield z
+    z.close()

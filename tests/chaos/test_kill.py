@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from .conftest import HEARTBEAT_S, LEASE_S, Audit, Deployment, wait_for
+from .conftest import HEARTBEAT_S, LEASE_S, Audit, Deployment
 
 #: A dead worker's requests must be requeued within this long of the kill, s.
 REQUEUE_BOUND_S = 2 * HEARTBEAT_S + LEASE_S
@@ -125,7 +125,7 @@ def run_kills(
             d.dispatcher(name)
             figures.dispatchers_killed += 1
     submitter.join()
-    wait_for(lambda: d.store.stats().get("succeeded", 0) >= requests, 60, "every request to finish")
+    d.wait_final(submitter.ids)
     figures.wall_s = time.monotonic() - started
     audit = d.audit(submitter.ids)
     lost = {e.fields["worker"]: e for e in audit.of_type("worker_lost")}

@@ -152,11 +152,7 @@ def run_restart(
         acked_at = dict(zip(submitter.acked, submitter.acked_at, strict=True))
         figures.lost_acked_within_s = stopped_at - min(acked_at[rid] for rid in figures.lost)
     present = [rid for rid in submitter.acked if records[rid] is not None]
-    wait_for(
-        lambda: all(r is not None and r.state.final for r in d.store.records(present)),
-        90,
-        "every surviving acknowledged request to finish",
-    )
+    d.wait_final(present)
     assert ready_workers(d) >= workers, "a worker did not come back after the restart"
     audit = d.audit(present)
     audit.check_exactly_once(present)
