@@ -33,6 +33,7 @@ from inferq.connection import (
     open_async_redis,
     open_redis,
     parse_sentinel_url,
+    watch_failovers,
 )
 from inferq.errors import ConfigError, RedisUnavailable
 from inferq.jobs import rq_connection
@@ -153,6 +154,19 @@ def test_no_sentinel_answering_is_redis_unavailable_without_the_password() -> No
         "cannot reach Redis at redis+sentinel://:***@127.0.0.1:1,127.0.0.1:2/mymaster: "
         "no sentinel (127.0.0.1:1, 127.0.0.1:2) answered with a primary named 'mymaster'"
     )
+
+
+def test_the_failover_watch_ends_with_its_pool() -> None:
+    class Pool:
+        pass
+
+    pool = Pool()
+    target = parse_sentinel_url("redis+sentinel://127.0.0.1:1/m")
+    thread = watch_failovers(target, pool)
+    assert thread.daemon and thread.is_alive()
+    del pool
+    thread.join(timeout=5)
+    assert not thread.is_alive()
 
 
 @needs_redis_server

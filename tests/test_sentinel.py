@@ -131,6 +131,14 @@ def final_states(client: Client, ids: list[str]) -> dict[str, str | None]:
 def test_daemons_follow_the_new_primary_after_a_failover(
     how: str, trio: Trio, record_property: Callable[[str, object], None]
 ) -> None:
+    """Loss is measured, not forbidden: it must fall inside the window the failover opens.
+
+    SIGKILL: what the primary acknowledged but had not yet shipped to the replica.
+    SENTINEL FAILOVER: also what the old primary accepts between the replica's promotion
+    and the sentinel's announcement of it (a forced failover does not pause writes); the
+    old primary discards it when it resyncs from the new one. Without inferq's failover
+    watch its clients would go on writing there until the sentinel demotes it (~10 s).
+    """
     namespace = f"t{uuid.uuid4().hex[:8]}"
     settings = Settings.load(redis_url=trio.url, namespace=namespace, heartbeat_interval_s=0.5)
     env_args = ("--heartbeat-interval", "0.5")
@@ -145,15 +153,22 @@ def test_daemons_follow_the_new_primary_after_a_failover(
         thread.start()
         wait_for(lambda: len(submitter.acked) >= 40, what="40 submissions before the failover")
         old_port = trio.primary.port
-        killed_at = time.monotonic()
+        started = time.monotonic()
         if how == "sigkill":
-            trio.primary.kill()  # whatever was not yet replicated is gone
-        else:  # the old primary lives on, demoted: its clients get READONLY until they move
+            trio.primary.kill()
+        else:
             trio.sentinel.client().execute_command("SENTINEL", "FAILOVER", SERVICE)
         wait_for(lambda: trio.primary_port() != old_port, timeout=30, what="a promotion")
-        promoted_after = time.monotonic() - killed_at
+        promoted = time.monotonic()
+        if how != "sigkill":  # the old primary refuses writes only once it is a replica
+            wait_for(
+                lambda: trio.primary.client().info("replication")["role"] == "slave",
+                timeout=30,
+                what="the old primary's demotion",
+            )
+        settled = time.monotonic()
         wait_for(
-            lambda: sum(t > killed_at + promoted_after for _, t in submitter.acked) >= 40,
+            lambda: sum(t > settled for _, t in submitter.acked) >= 40,
             timeout=30,
             what="40 submissions on the new primary",
         )
@@ -171,25 +186,34 @@ def test_daemons_follow_the_new_primary_after_a_failover(
         submitter.stop.set()
         outputs = [stop_process(worker), stop_process(dispatcher)]
         client.close()
-    lost = [rid for rid, s in states.items() if s is None]
-    after = [rid for rid, t in submitter.acked if t > killed_at + promoted_after]
-    counts = collections.Counter(states.values())
-    record_property("promoted_after_s", round(promoted_after, 2))
-    record_property("acknowledged", len(ids))
-    record_property("lost_by_replication", len(lost))
-    record_property("submit_errors", len(submitter.errors))
-    print(
-        f"\n{how}: promoted {promoted_after:.1f} s after; {len(ids)} acknowledged, "
-        f"{len(lost)} lost by asynchronous replication, {len(submitter.errors)} submit errors, "
-        f"final states {dict(counts)}"
-    )
-    # Daemons followed the new primary: everything submitted there ran to success.
-    assert all(states[rid] == RequestState.SUCCEEDED.value for rid in after), outputs
-    # Every request the new primary knows has exactly one final result; the only
-    # acceptable loss is the replication window just before the kill.
-    assert set(counts) <= {RequestState.SUCCEEDED.value, None}, (counts, outputs)
     acked_at = dict(submitter.acked)
-    assert all(acked_at[rid] > killed_at - 1.0 for rid in lost), "lost more than the last second"
+    lost = [rid for rid, s in states.items() if s is None]
+    after = [rid for rid, t in submitter.acked if t > settled]
+    counts = collections.Counter(states.values())
+    window = [acked_at[rid] - started for rid in lost]
+    for name, value in (
+        ("promoted_after_s", round(promoted - started, 2)),
+        ("writable_old_primary_s", round(settled - promoted, 2)),
+        ("acknowledged", len(ids)),
+        ("lost", len(lost)),
+        ("submit_errors", len(submitter.errors)),
+    ):
+        record_property(name, value)
+    print(
+        f"\n{how}: promoted after {promoted - started:.1f} s, old primary writable "
+        f"{settled - promoted:.1f} s more; {len(ids)} acknowledged, {len(lost)} lost "
+        f"(acknowledged {min(window, default=0):+.2f}..{max(window, default=0):+.2f} s "
+        f"from the failover), {len(submitter.errors)} submit errors, {dict(counts)}"
+    )
+    # The daemons followed the new primary: everything submitted there ran to success.
+    assert all(states[rid] == RequestState.SUCCEEDED.value for rid in after), outputs
+    # Every request the new primary knows has exactly one final result; what is lost was
+    # acknowledged inside the failover's window (replication lag before it, the old
+    # primary's writable time after it), never earlier.
+    assert set(counts) <= {RequestState.SUCCEEDED.value, None}, (counts, outputs)
+    # inferq's pools leave the old primary as soon as a sentinel announces the switch
+    # (connection.watch_failovers), not when the sentinels get round to demoting it.
+    assert all(-1.0 < w <= promoted - started + 1.0 for w in window), window
     assert "Traceback" not in outputs[1], outputs[1]
     assert (worker.returncode, dispatcher.returncode) == (0, 0), outputs  # clean drain and stop
 

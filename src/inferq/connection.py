@@ -29,6 +29,9 @@ failover.
 
 from __future__ import annotations
 
+import threading
+import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -59,6 +62,9 @@ BACKOFF_CAP_S = 2.0
 #: ``socket_timeout`` / ``socket_connect_timeout``): a sentinel answers a discovery
 #: query at once, and a silent one should not hold up the next in the list.
 SENTINEL_TIMEOUT_S = 2.0
+#: Seconds the failover watch waits for a sentinel message before checking that its
+#: pool is still in use, and before trying the sentinels again when none answers.
+WATCH_POLL_S = 1.0
 #: Seconds between PINGs on an idle pooled connection before reusing it.
 HEALTH_CHECK_INTERVAL_S = 15
 #: redis-py's Sentinel managers (untyped in redis-py, so held as Any).
@@ -198,6 +204,7 @@ def open_redis(url: str, *, decode_responses: bool = True) -> redis.Redis:
         sentinel: Any = _SENTINEL(list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(target))
         kwargs["connection_class"] = SentinelSSLConnection if target.tls else SentinelConnection
         client: redis.Redis = sentinel.master_for(target.service, **_primary_kwargs(target, kwargs))
+        watch_failovers(target, client.connection_pool)
         return client
     try:
         return redis.Redis.from_url(url, **kwargs)
@@ -226,6 +233,64 @@ def open_async_redis(url: str) -> aioredis.Redis:
         return aioredis.Redis.from_url(url, **kwargs)
     except ValueError as exc:
         raise ConfigError(f"redis_url: {redact_url(url)!r}: {exc}") from None
+
+
+def watch_failovers(target: SentinelURL, pool: Any) -> threading.Thread:
+    """Re-point ``pool`` at the new primary the moment a sentinel announces a failover.
+
+    redis-py's sentinel-managed pool asks for the primary only when a connection
+    breaks or hears READONLY; after a forced failover (``SENTINEL FAILOVER``, or a
+    partition) the old primary keeps accepting writes until the sentinels demote
+    it, up to their 10 s INFO period, and discards them when it resyncs. A daemon
+    thread subscribes to ``+switch-master`` on the sentinels (ioredis'
+    ``failoverDetector`` does the same) and asks the pool for the primary's
+    address, which closes the idle connections to the old one; busy ones are
+    dropped when released. The thread ends when the pool is garbage-collected.
+
+    Returns:
+        The (started, daemon) watch thread.
+    """
+    pool_ref = weakref.ref(pool)
+    thread = threading.Thread(
+        target=_watch,
+        args=(target, pool_ref, _sentinel_kwargs(target)),
+        name=f"inferq-sentinel-watch-{target.service}",
+        daemon=True,
+    )
+    thread.start()
+    return thread
+
+
+def _watch(target: SentinelURL, pool_ref: weakref.ref[Any], kwargs: dict[str, Any]) -> None:
+    while pool_ref() is not None:
+        for host, port in target.sentinels:
+            try:
+                _follow(host, port, target.service, pool_ref, kwargs)
+            except (redis.RedisError, OSError):
+                continue  # that sentinel is gone: listen to the next one
+        time.sleep(WATCH_POLL_S)
+
+
+def _follow(
+    host: str, port: int, service: str, pool_ref: weakref.ref[Any], kwargs: dict[str, Any]
+) -> None:
+    """Listen to one sentinel until it fails or the pool is gone."""
+    sentinel: Any = redis.Redis(host=host, port=port, **kwargs)
+    pubsub = sentinel.pubsub(ignore_subscribe_messages=True)
+    try:
+        pubsub.subscribe("+switch-master")
+        while pool_ref() is not None:
+            message = pubsub.get_message(timeout=WATCH_POLL_S)
+            if message is None:
+                continue
+            data = message["data"]
+            words = (data.decode() if isinstance(data, bytes) else str(data)).split()
+            pool = pool_ref()
+            if pool is not None and words[:1] == [service]:
+                pool.get_master_address()  # re-discovers; closes idle connections to the old one
+    finally:
+        pubsub.close()
+        sentinel.close()
 
 
 def explain(url: str, exc: BaseException) -> BaseException:
