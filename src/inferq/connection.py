@@ -17,10 +17,13 @@ URL forms (``INFERQ_REDIS_URL``, ``--redis-url``):
   is the monitored primary's name (``sentinel monitor <service> ...``). The
   user and password authenticate to the primary; ``sentinel_username`` and
   ``sentinel_password`` options authenticate to the sentinels when they
-  require it. Every connection asks a sentinel where the primary is and
-  reconnects to the new one after a failover (redis-py's
-  ``Sentinel.master_for``). ``rediss+sentinel://`` does the same over TLS, to
-  the sentinels and the data nodes, with the same ``ssl_*`` options.
+  require it. Every connection asks a sentinel where the primary is (redis-py's
+  ``Sentinel.master_for``); a thread per pool follows the sentinels'
+  ``+switch-master`` announcements so no client goes on writing to a demoted
+  primary (:func:`watch_failovers`; synchronous clients only: an
+  :class:`~inferq.client.AsyncClient` moves on its next connection error or
+  READONLY reply). ``rediss+sentinel://`` does the same over TLS, to the
+  sentinels and the data nodes, with the same ``ssl_*`` options.
 
 Every connection retries a failed command with exponential backoff
 (:func:`connection_kwargs`), which is also what carries the daemons across a
