@@ -18,8 +18,7 @@ from typing import Any, Literal
 
 import redis
 
-from inferq import connection
-from inferq import defaults
+from inferq import connection, defaults
 from inferq.config import Settings
 from inferq.errors import CorruptRecord, QueueFull, RedisUnavailable, RequestNotFound
 from inferq.keys import Keys
