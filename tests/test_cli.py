@@ -173,10 +173,11 @@ def test_dispatcher_command_runs_and_stops_on_sigterm(namespace: str) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
-    time.sleep(1.5)
+    assert proc.stdout is not None
+    first = proc.stdout.readline()  # blocks until the daemon logged its start
+    assert b"dispatcher started" in first, first
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=10) == 0
-    assert b"dispatcher started" in (proc.stdout.read() if proc.stdout else b"")
 
 
 def _check_inferq_args(args: list[str]) -> None:
