@@ -38,6 +38,8 @@ def test_every_key_is_under_the_prefix() -> None:
         k.estimates,
         k.scaler_lease,
         k.scaler_desired,
+        k.scaler_state,
+        k.scaler_workers,
     ]
     assert all(key.startswith("inferq:prod:") for key in built)
     assert len(set(built)) == len(built)
