@@ -17,8 +17,14 @@ from dataclasses import dataclass, field
 import pytest
 import redis
 
+from inferq.client import Client
+from inferq.config import Settings
 from inferq.errors import InferqError
+from inferq.models import RequestState
+from inferq.store import Store
+from inferq.workers.worker import WorkerOptions, build_engine
 
+from ..conftest import REDIS_URL
 from .conftest import (
     MODEL,
     VRAM_MIB,
@@ -180,3 +186,41 @@ def test_redis_sigkill_loses_at_most_the_fsync_window(
     print(figures.summary())
     # appendfsync everysec: what was acknowledged in the last ~second may be gone.
     assert figures.lost_acked_within_s <= 2.0
+
+
+def test_a_batch_whose_records_read_failed_is_handed_back(
+    redis_client: redis.Redis, namespace: str
+) -> None:
+    """Redis went away between start.lua and the read of the records (seen after a SIGKILL
+    restart: 'Redis is loading the dataset'): the batch job fails, and the requests, marked
+    running, must not stay held by the worker forever."""
+    settings = Settings.load(
+        redis_url=REDIS_URL, namespace=namespace, heartbeat_interval_s=0.2, lease_s=0.5
+    )
+    store = Store(redis_client, settings)
+    opts = WorkerOptions(
+        model=MODEL,
+        vram_mib=VRAM_MIB,
+        worker_id="w1",
+        heartbeat_interval_s=0.2,
+        backend_options={"time_scale": "0"},
+    )
+    engine = build_engine(settings, opts, store=Store(redis_client, settings))
+    engine.start()
+    try:
+        client = Client(settings=settings, connection=redis_client)
+        handle = client.submit("x", priority="realtime", max_tokens=4)
+        qkey = store.keys.queue("realtime", MODEL)
+        claimed = store.assign("w1", "b1", [(handle.id, qkey, 1.0)])
+
+        def loading(ids: object) -> list[None]:
+            raise redis.BusyLoadingError("Redis is loading the dataset in memory")
+
+        engine.store.records = loading  # type: ignore[method-assign,assignment]
+        with pytest.raises(redis.BusyLoadingError):
+            engine.accept("b1", claimed)
+        assert store.record(handle.id).state is RequestState.RUNNING
+        wait_for(lambda: store.record(handle.id).state is RequestState.QUEUED, 10, "the hand-back")
+    finally:
+        engine.store = store
+        engine.stop()

@@ -317,18 +317,18 @@ class Engine:
         record does not parse is failed with the reason and its record quarantined.
         """
         self._hold([rid for rid, _ in items])
+        launched: set[str] = set()
         try:
             verdicts = self.store.start(self.config.worker_id, items)
-        except BaseException:
-            self._unhold(rid for rid, _ in items)  # recover_orphans hands them back
-            raise
-        self._unhold(rid for (rid, _), v in zip(items, verdicts, strict=True) if v != "run")
-        runnable = [item for item, v in zip(items, verdicts, strict=True) if v == "run"]
-        records = self.store.records(rid for rid, _ in runnable)
-        for (rid, attempt), record in zip(runnable, records, strict=True):
-            record = record or self._reread(rid, attempt)
-            if record is not None:
-                self._loop.call_soon_threadsafe(self._launch, record, attempt)
+            runnable = [item for item, v in zip(items, verdicts, strict=True) if v == "run"]
+            records = self.store.records(rid for rid, _ in runnable)
+            for (rid, attempt), record in zip(runnable, records, strict=True):
+                record = record or self._reread(rid, attempt)
+                if record is not None:
+                    self._loop.call_soon_threadsafe(self._launch, record, attempt)
+                    launched.add(rid)
+        finally:  # what did not start here (a failed call included): recover_orphans' job
+            self._unhold(rid for rid, _ in items if rid not in launched)
         counts = {"run": 0, "stale": 0, "expired": 0}
         for v in verdicts:
             counts[v] = counts.get(v, 0) + 1
