@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from inferq.config import Settings
 from inferq.intake import build_request
@@ -73,3 +74,13 @@ class KeepAlive:
 
 def queue_key(store: Store, req: InferenceRequest) -> str:
     return store.keys.queue(req.priority, req.model)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 20, what: str = "condition") -> None:
+    """Poll ``predicate`` every 50 ms; AssertionError naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")

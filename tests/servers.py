@@ -12,8 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +20,8 @@ import pytest
 import redis
 
 from inferq.models import WorkerState
+
+from .helpers import wait_for
 
 REDIS_SERVER = shutil.which("redis-server")
 OPENSSL = shutil.which("openssl")
@@ -33,15 +34,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 20, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @dataclass

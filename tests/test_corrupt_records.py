@@ -12,9 +12,8 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,18 +33,9 @@ from inferq.scheduler.dispatcher import Dispatcher
 from inferq.store import Store
 
 from .conftest import REDIS_URL
-from .helpers import request, worker_info
+from .helpers import request, wait_for, worker_info
 
 MODEL = "llama-3.1-8b"
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 20, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @dataclass

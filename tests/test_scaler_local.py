@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,17 +22,10 @@ from inferq.scheduler.dispatcher import Dispatcher
 from inferq.store import Store
 
 from .conftest import REDIS_URL
+from .helpers import wait_for
 
 MODEL = "llama-3.1-8b"
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 30, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+wait_for_30 = functools.partial(wait_for, timeout=30)
 
 
 @pytest.fixture
@@ -78,9 +71,9 @@ def test_launch_list_and_stop_a_drained_worker(local: LocalBackend, fast_store: 
     assert handle.backend_ref.isdigit()
     cmd = local.command(MODEL, "w1")
     assert cmd[1:3] == ["-m", "inferq"] and cmd[-2:] == ["-o", "time_scale=0.5"]
-    wait_for(lambda: state(fast_store, "w1") == WorkerState.READY.value, what="w1 ready")
+    wait_for_30(lambda: state(fast_store, "w1") == WorkerState.READY.value, what="w1 ready")
     assert fast_store.request_drain("w1")
-    wait_for(lambda: not fast_store.worker_registered("w1"), what="w1 deregistered")
+    wait_for_30(lambda: not fast_store.worker_registered("w1"), what="w1 deregistered")
     local.stop(handle)
     assert local.list() == [] and local.exited == {"w1": 0}
     log = local.log_path("w1").read_text()
@@ -93,7 +86,7 @@ def test_stop_never_signals_a_worker_still_registered(
 ) -> None:
     local.stop_timeout_s = 0.3
     handle = local.launch(MODEL, "w1")
-    wait_for(lambda: state(fast_store, "w1") == WorkerState.READY.value, what="w1 ready")
+    wait_for_30(lambda: state(fast_store, "w1") == WorkerState.READY.value, what="w1 ready")
     with pytest.raises(ScalerBackendError, match="still registered"):
         local.stop(handle)
     assert [h.worker_id for h in local.list()] == ["w1"]  # left running
@@ -104,7 +97,7 @@ def test_stop_never_signals_a_worker_still_registered(
 def test_close_drains_every_worker_it_started(local: LocalBackend, fast_store: Store) -> None:
     for wid in ("a", "b"):
         local.launch(MODEL, wid)
-    wait_for(
+    wait_for_30(
         lambda: all(state(fast_store, w) == WorkerState.READY.value for w in ("a", "b")),
         what="both ready",
     )
@@ -131,15 +124,15 @@ def test_burst_scales_up_drains_backlog_and_shrinks_back_without_killing(
     for t in threads:
         t.start()
     try:
-        wait_for(lambda: len(fast_store.workers()[0]) == 1, what="the minimum pool")
+        wait_for_30(lambda: len(fast_store.workers()[0]) == 1, what="the minimum pool")
         client = Client(settings=fast_settings, connection=redis_client)
         # 40 requests of 64 tokens, ~0.4 s each at time_scale 0.5: ~10 s on one 2-slot worker.
         handles = client.submit_many(
             {"prompt": f"p{i}", "priority": "standard", "max_tokens": 64} for i in range(40)
         )
-        wait_for(lambda: len(local.exited) + len(local.list()) >= 3, what="scale-up")
+        wait_for_30(lambda: len(local.exited) + len(local.list()) >= 3, what="scale-up")
         results = [client.result(h.id, timeout=60) for h in handles]
-        wait_for(
+        wait_for_30(
             lambda: len(local.list()) == 1 and len(fast_store.workers()[0]) == 1,
             timeout=30,
             what="the fleet back at its minimum",

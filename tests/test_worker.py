@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -19,15 +19,7 @@ from inferq.scheduler.dispatcher import Dispatcher
 from inferq.store import Store
 
 from .conftest import REDIS_URL
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 20, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+from .helpers import wait_for
 
 
 class Fleet:
