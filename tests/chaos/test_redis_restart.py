@@ -172,7 +172,7 @@ def run_restart(
 def test_graceful_redis_restart_loses_no_acknowledged_submission(
     deployment: Deployment, redis_server: RedisServer
 ) -> None:
-    figures = run_restart(deployment, redis_server, graceful=True, before_s=3.0, down_s=4.0)
+    figures = run_restart(deployment, redis_server, graceful=True, before_s=3.0, down_s=6.0)
     print(figures.summary())
     assert not figures.lost, f"acknowledged and lost: {figures.lost[:5]}"
     assert figures.acked >= 500

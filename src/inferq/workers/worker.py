@@ -34,7 +34,7 @@ from inferq.config import Settings
 from inferq.errors import ConfigError
 from inferq.jobs import BatchJob, purge_worker_queue, rq_connection, worker_queue
 from inferq.models import WORKER_ID_PATTERN, WorkerState
-from inferq.store import Store, connect
+from inferq.store import CONNECTION_ERRORS, Store, connect
 from inferq.workers import batch
 from inferq.workers.backends import make_backend
 from inferq.workers.gpu import probe_gpu
@@ -48,6 +48,10 @@ RQ_WORKER_TTL_S = 16
 #: While draining, how often to look for a batch claimed before the drain and still
 #: on its way (its claim and its RQ enqueue are two round trips of the dispatcher), s.
 CLAIM_POLL_S = 0.01
+#: First pause before RQ's loop is started again after it quit on an error, s
+#: (doubling to RQ_RESTART_MAX_S while it keeps quitting).
+RQ_RESTART_S = 1.0
+RQ_RESTART_MAX_S = 30.0
 
 
 class InferqWorker(SimpleWorker):
@@ -60,6 +64,35 @@ class InferqWorker(SimpleWorker):
         handler = self._on_second_signal if draining else self._on_first_signal
         signal.signal(signal.SIGINT, handler)
         signal.signal(signal.SIGTERM, handler)
+
+    def serve(self) -> None:
+        """Run RQ's loop until a drain stops it.
+
+        RQ quits its loop on an error it does not expect, e.g. a Redis call outside its
+        dequeue failing after the client's retries (an outage of more than ~3 s, or
+        ``BusyLoadingError`` while a restarted Redis loads its data): the worker would
+        then drain and leave although it is healthy. Unless it is draining, the loop is
+        started again after a pause instead (1 s, doubling to 30 s).
+        """
+        pause = RQ_RESTART_S
+        while True:
+            try:  # RQ logs a line per job at INFO; inferq's own log says what matters
+                self.work(logging_level="WARNING")
+            except StopRequested:
+                pass
+            except Exception:  # e.g. its teardown failed too, Redis still away
+                log.exception("RQ's loop failed")
+            if self.engine.state is WorkerState.DRAINING:
+                return
+            log.error("RQ's loop stopped (Redis unavailable?); starting it in %.0f s", pause)
+            try:
+                time.sleep(pause)
+                self.register_death()  # type: ignore[no-untyped-call]  # allows the next birth
+            except StopRequested:  # the drain signal arrived meanwhile
+                return
+            except CONNECTION_ERRORS as exc:
+                log.warning("redis still unavailable: %s", exc)
+            pause = min(pause * 2, RQ_RESTART_MAX_S)
 
     def accept_claimed(self) -> None:
         """After the drain stopped RQ's loop: accept the batches claimed for this worker,
@@ -184,8 +217,7 @@ def run_worker(settings: Settings, opts: WorkerOptions) -> int:
     batch.bind(engine)
     try:
         engine.start()
-        # RQ logs a line per job at INFO; inferq's own log says what matters.
-        rq_worker.work(logging_level="WARNING")
+        rq_worker.serve()
         engine.begin_drain()
         rq_worker.accept_claimed()
         engine.stop()
