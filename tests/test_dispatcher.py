@@ -213,3 +213,17 @@ def _no_leftover_threads() -> Iterator[None]:
     before = threading.active_count()
     yield
     assert threading.active_count() <= before + 1
+
+
+def test_purging_a_lost_workers_rq_queue_clears_its_started_registry(store: Store) -> None:
+    from rq.registry import StartedJobRegistry
+
+    from inferq.jobs import purge_worker_queue
+
+    conn = rq_connection(store.settings.redis_url)
+    queue = worker_queue(conn, store.keys, "gone")
+    job = queue.enqueue_call(BATCH_FUNC, kwargs={"items": []})
+    registry = StartedJobRegistry(queue=queue)
+    conn.zadd(registry.key, {f"{job.id}:e1": time.time() + 60})  # as a SIGKILLed worker leaves it
+    assert purge_worker_queue(conn, store.keys, "gone") >= 1
+    assert registry.get_job_ids() == [] and not conn.exists(f"rq:job:{job.id}")

@@ -298,3 +298,12 @@ def test_purge_removes_only_this_namespace(store: Store, settings: Settings) -> 
         assert store.redis.get("inferq:other-ns:keep") == "1"
     finally:
         store.redis.delete("inferq:other-ns:keep")
+
+
+def test_a_resent_submit_is_reported_as_written(store: Store, settings: Settings) -> None:
+    # redis-py resends a script whose reply was lost: the second run must not fail.
+    r = request(settings)
+    assert not store.submit(r).duplicate
+    again = store.submit(r)
+    assert again.duplicate and again.id == r.id
+    assert store.queued_counts()["c:standard"] == 1

@@ -148,8 +148,12 @@ def purge_worker_queue(connection: redis.Redis, keys: Keys, worker_id: str) -> i
     queue.empty()  # type: ignore[no-untyped-call]
     for registry_cls in (StartedJobRegistry, FinishedJobRegistry, FailedJobRegistry):
         registry = registry_cls(queue=queue)
-        for jid in registry.get_job_ids():
-            registry.remove(jid, delete_job=True)
-            removed += 1
+        ids = registry.get_job_ids()
+        # StartedJobRegistry.remove raises NotImplementedError in RQ 2.12: delete the
+        # jobs and the registry key directly (nothing else refers to them).
+        if ids:
+            connection.delete(*(Job.key_for(jid) for jid in ids))
+        connection.delete(registry.key)
+        removed += len(ids)
     queue.delete(delete_jobs=True)
     return removed

@@ -671,7 +671,7 @@ class Store:
 
     def queue_depths(self) -> list[tuple[str, str, int, float | None]]:
         """(class, route, queued, oldest wait in seconds or None) for every queue."""
-        names = sorted(self.redis.smembers(self.keys.queues))
+        names = sorted(n for n in self.redis.smembers(self.keys.queues) if "|" in n)
         pipe = self.redis.pipeline(transaction=False)
         pipe.time()
         for name in names:

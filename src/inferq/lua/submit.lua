@@ -18,7 +18,9 @@ local class_n = tonumber(redis.call('HGET', p .. 'counts', 'c:' .. class) or '0'
 if class_n >= tonumber(ARGV[6]) then return {'full', 'class', ARGV[6]} end
 local tenant_n = tonumber(redis.call('HGET', p .. 'counts', 't:' .. class .. ':' .. tenant) or '0')
 if tenant_n >= tonumber(ARGV[7]) then return {'full', 'tenant', ARGV[7]} end
-if redis.call('EXISTS', KEYS[1]) == 1 then return redis.error_reply('request id ' .. id .. ' exists') end
+-- The same id again is this submission resent after a lost reply (ids are 104 random
+-- and clock bits): report it as already written instead of failing a stored request.
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'dup', id} end
 
 local now = now_ms()
 local deadline = tonumber(ARGV[9]) or (now + tonumber(ARGV[8]))
