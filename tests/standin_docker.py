@@ -26,9 +26,10 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from .standin_http import LoopbackServer
 
 API_VERSION = "1.44"
 
@@ -44,7 +45,7 @@ class Recorded:
 
 
 @dataclass
-class DockerStandIn:
+class DockerStandIn(LoopbackServer):
     """The stand-in Docker daemon; use as a context manager."""
 
     port: int = 0
@@ -59,36 +60,6 @@ class DockerStandIn:
     def url(self) -> str:
         """``tcp://127.0.0.1:<port>``: a ``base_url`` for ``docker.DockerClient``."""
         return f"tcp://127.0.0.1:{self.port}"
-
-    def start(self) -> DockerStandIn:
-        server = ThreadingHTTPServer(("127.0.0.1", self.port), _Handler)
-        server.daemon_threads = True
-        server.standin = self  # type: ignore[attr-defined]
-        self._server = server
-        self.port = server.server_address[1]
-        self._thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> DockerStandIn:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def calls(self, method: str, pattern: str) -> list[Recorded]:
         """Recorded requests of ``method`` whose path fully matches the regex ``pattern``."""
@@ -242,3 +213,6 @@ def _container_op(s: DockerStandIn, method: str, ref: str, op: str) -> tuple[int
         del s.containers[c["Id"]]
         return 204, None
     return 404, {"message": f"stand-in: no route for {method} /containers/{ref}{op}"}
+
+
+DockerStandIn.handler = _Handler

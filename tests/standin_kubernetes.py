@@ -30,9 +30,10 @@ import re
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from .standin_http import LoopbackServer
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
@@ -64,7 +65,7 @@ class Deployment:
 
 
 @dataclass
-class K8sStandIn:
+class K8sStandIn(LoopbackServer):
     """The stand-in API server; use as a context manager."""
 
     port: int = 0
@@ -82,36 +83,6 @@ class K8sStandIn:
     def url(self) -> str:
         """``http://127.0.0.1:<port>``: the ``host`` of a client Configuration."""
         return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> K8sStandIn:
-        server = ThreadingHTTPServer(("127.0.0.1", self.port), _Handler)
-        server.daemon_threads = True
-        server.standin = self  # type: ignore[attr-defined]
-        self._server = server
-        self.port = server.server_address[1]
-        self._thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> K8sStandIn:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- test helpers -------------------------------------------------------------
 
@@ -373,3 +344,6 @@ def _failure(code: int, reason: str, message: str) -> tuple[int, Any]:
         "code": code,
     }
     return code, status
+
+
+K8sStandIn.handler = _Handler
