@@ -1,4 +1,4 @@
-"""Small builders shared by tests (not fixtures: plain functions)."""
+"""Helpers of the tests that run against Redis: fake heartbeats, waiting (plain functions)."""
 
 from __future__ import annotations
 
@@ -6,41 +6,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from inferq.config import Settings
-from inferq.intake import build_request
-from inferq.models import InferenceRequest, WorkerInfo, WorkerState
+from inferq.models import InferenceRequest, WorkerInfo
 from inferq.store import Store
 
-
-def request(settings: Settings, **fields: object) -> InferenceRequest:
-    """A valid request with overridable fields."""
-    args: dict[str, object] = {"prompt": "hello world", "max_tokens": 16}
-    args.update(fields)
-    return build_request(settings, **args)  # type: ignore[arg-type]
-
-
-def worker_info(
-    worker_id: str = "w1",
-    *,
-    model: str = "llama-3.1-8b",
-    params_b: float = 8,
-    slots: int = 8,
-    kv_cache_mib: int = 8000,
-    state: WorkerState = WorkerState.READY,
-) -> WorkerInfo:
-    now = time.time()
-    return WorkerInfo(
-        id=worker_id,
-        model=model,
-        params_b=params_b,
-        vram_total_mib=24576,
-        vram_free_mib=kv_cache_mib,
-        kv_cache_mib=kv_cache_mib,
-        slots=slots,
-        state=state,
-        last_heartbeat=now,
-        started_at=now,
-    )
+from .builders import worker_info
 
 
 def ready_worker(store: Store, worker_id: str = "w1", **kw: object) -> WorkerInfo:

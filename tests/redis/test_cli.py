@@ -1,0 +1,175 @@
+"""Every CLI command through click's runner against the real Redis."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from inferq.cli.main import cli
+from inferq.config import Settings
+from inferq.scheduler.dispatcher import Dispatcher
+from inferq.store import Outcome, Store
+
+from ..conftest import REDIS_URL
+from ..helpers import ready_worker
+
+
+@pytest.fixture
+def run(namespace: str):  # type: ignore[no-untyped-def]
+    runner = CliRunner()
+
+    def invoke(*args: str, input: str | None = None) -> object:
+        return runner.invoke(
+            cli, ["--redis-url", REDIS_URL, "--namespace", namespace, *args], input=input
+        )
+
+    return invoke
+
+
+def test_submit_request_cancel_and_json(run, store: Store) -> None:  # type: ignore[no-untyped-def]
+    out = run("submit", "hello", "--priority", "realtime", "--json")
+    assert out.exit_code == 0, out.output
+    rid = json.loads(out.output)["id"]
+    shown = run("request", rid, "--json")
+    data = json.loads(shown.output)
+    assert data["state"] == "queued" and data["priority"] == "realtime"
+    assert "hello" not in shown.output  # the prompt is not echoed back
+    assert "queued" in run("request", rid).output
+    assert run("cancel", rid).output.strip() == "cancelled"
+
+
+def test_submit_reads_stdin_and_waits(run, store: Store, settings: Settings) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    ready_worker(store, "w1")
+
+    def serve() -> None:
+        time.sleep(0.3)
+        Dispatcher(store).step()
+        for rid in store.redis.smembers(store.keys.inflight("w1")):
+            attempt = int(store.redis.hget(store.keys.req(rid), "attempts"))
+            store.start("w1", [(rid, attempt)])
+            store.complete("w1", [Outcome(rid, attempt, "succeeded", output="pong")])
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    out = run("submit", "--priority", "realtime", "--wait", "--json", input="ping\n")
+    thread.join()
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["output"] == "pong"
+
+
+def test_refusals_are_one_line_with_a_nonzero_exit(run) -> None:  # type: ignore[no-untyped-def]
+    out = run("submit", "hi", "--max-tokens", "0")
+    assert out.exit_code == 1
+    assert out.output.strip() == (
+        "error: max_tokens: 0 is outside 1..32768 (max context of llama-3.1-8b)"
+    )
+    out = run("submit", "hi", "--priority", "urgent")
+    assert "unknown class 'urgent'" in out.output and "Traceback" not in out.output
+    out = run("request", "nope")
+    assert out.exit_code == 1 and "no request 'nope'" in out.output
+    out = CliRunner().invoke(cli, ["--redis-url", "redis://u:secret@127.0.0.1:1/0", "queues"])
+    assert out.exit_code == 1
+    assert "redis://u:***@127.0.0.1:1/0" in out.output and "secret" not in out.output
+
+
+def test_queues_workers_events_report(run, store: Store, settings: Settings) -> None:  # type: ignore[no-untyped-def]
+    ready_worker(store, "w1", slots=2)
+    for _ in range(3):
+        run("submit", "x", "--priority", "realtime")
+    Dispatcher(store).step()
+    queues = json.loads(run("queues", "--json").output)
+    assert queues == [
+        {
+            "class": "realtime",
+            "route": "llama-3.1-8b",
+            "queued": 1,
+            "oldest_wait_s": pytest.approx(0, abs=5),
+        }
+    ]
+    assert "realtime" in run("queues").output
+    workers = json.loads(run("workers", "--json").output)
+    assert workers[0]["id"] == "w1" and workers[0]["slots_used"] == 2
+    assert "w1" in run("workers").output
+    lines = run("events", "--json", "--count", "10").output.strip().splitlines()
+    assert [json.loads(line)["type"] for line in lines][-1] == "dispatch"
+    assert "dispatch" in run("events").output
+    report = json.loads(run("report", "--json").output)
+    assert report["queued"] == 1 and report["counters"]["submitted"] == 3
+    assert report["workers"][0]["id"] == "w1"
+    assert "recent events" in run("report").output
+
+
+def test_top_renders_until_interrupted(run, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    calls = {"n": 0}
+
+    def fake_sleep(_: float) -> None:
+        calls["n"] += 1
+        if calls["n"] > 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("inferq.cli.main.time.sleep", fake_sleep)
+    out = run("top", "--interval", "0.01")
+    assert out.exit_code == 0 and "queued" in out.output
+
+
+def test_drain_and_dead_letter(run, store: Store, settings: Settings) -> None:  # type: ignore[no-untyped-def]
+    ready_worker(store, "w1")
+    assert run("drain", "w1").exit_code == 0
+    assert store.redis.exists(store.keys.drain("w1"))
+    out = run("drain", "ghost")
+    assert out.exit_code == 1 and "no live worker 'ghost'" in out.output
+    ready_worker(store, "w2")  # w1 takes nothing new once asked to drain
+    rid = json.loads(run("submit", "x", "--priority", "realtime", "--json").output)["id"]
+    for i in range(settings.max_attempts):
+        qkey = store.keys.queue("realtime", "llama-3.1-8b")
+        [(_, attempt)] = store.assign("w2", f"b{i}", [(rid, qkey, 1)])
+        store.requeue([(rid, attempt, "w2", "boom")])
+    listed = json.loads(run("dead-letter", "list", "--json").output)
+    assert [r["id"] for r in listed] == [rid] and "boom" in listed[0]["result"]["error"]
+    assert "boom" in run("dead-letter", "list").output
+    assert run("dead-letter", "requeue").exit_code == 2
+    assert run("purge", "--yes").exit_code == 0
+    empty = run("dead-letter", "requeue", "--all")
+    assert empty.exit_code == 0 and empty.output.strip() == "requeued 0 of 0"
+    rid = json.loads(run("submit", "x", "--priority", "realtime", "--json").output)["id"]
+    ready_worker(store, "w2")
+    for i in range(settings.max_attempts):
+        qkey = store.keys.queue("realtime", "llama-3.1-8b")
+        [(_, attempt)] = store.assign("w2", f"c{i}", [(rid, qkey, 1)])
+        store.requeue([(rid, attempt, "w2", "boom")])
+    assert run("dead-letter", "requeue", "--all").output.strip() == "requeued 1 of 1"
+    assert json.loads(run("request", rid, "--json").output)["state"] == "queued"
+
+
+def test_purge_asks_first(run, store: Store) -> None:  # type: ignore[no-untyped-def]
+    run("submit", "x")
+    out = run("purge", input="n\n")
+    assert out.exit_code == 1 and "Aborted" in out.output
+    assert list(store.redis.scan_iter(match=store.keys.pattern()))
+    out = run("purge", input="y\n")
+    assert out.exit_code == 0 and "deleted" in out.output
+    assert not list(store.redis.scan_iter(match=store.keys.pattern()))
+
+
+def test_dispatcher_command_runs_and_stops_on_sigterm(namespace: str) -> None:
+    env = {**os.environ, "INFERQ_REDIS_URL": REDIS_URL, "INFERQ_NAMESPACE": namespace}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inferq", "--log-level", "INFO", "dispatcher"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    assert proc.stdout is not None
+    first = proc.stdout.readline()  # blocks until the daemon logged its start
+    assert b"dispatcher started" in first, first
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0

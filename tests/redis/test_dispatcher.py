@@ -1,0 +1,229 @@
+"""The dispatcher daemon against the real Redis: claims, RQ hand-off, expiry, recovery."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import zlib
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+from rq.job import Job
+
+from inferq.client import Client
+from inferq.config import Settings
+from inferq.jobs import BATCH_FUNC, BatchJob, ForbiddenJob, rq_connection, worker_queue
+from inferq.models import RequestState
+from inferq.scheduler.dispatcher import Dispatcher
+from inferq.store import Store
+
+from ..helpers import KeepAlive, ready_worker
+
+
+@pytest.fixture
+def client(settings: Settings, redis_client) -> Client:  # type: ignore[no-untyped-def]
+    return Client(settings=settings, connection=redis_client)
+
+
+def jobs_of(store: Store, worker_id: str) -> list[Job]:
+    queue = worker_queue(rq_connection(store.settings.redis_url), store.keys, worker_id)
+    return queue.jobs
+
+
+def test_step_claims_a_batch_and_enqueues_one_json_rq_job(store: Store, client: Client) -> None:
+    ready_worker(store, "w1", slots=4)
+    handles = [client.submit("hi", priority="realtime", max_tokens=8) for _ in range(6)]
+    report = Dispatcher(store).step()
+    assert report.dispatched == 4 and report.batches == 1  # slots bound the batch
+    [job] = jobs_of(store, "w1")
+    assert job.func_name == BATCH_FUNC
+    assert isinstance(job, BatchJob)
+    kwargs = job.kwargs
+    assert kwargs["worker_id"] == "w1" and len(kwargs["items"]) == 4
+    assert {rid for rid, _ in kwargs["items"]} <= {h.id for h in handles}
+    raw = rq_connection(store.settings.redis_url).hget(f"rq:job:{job.id}", "data")
+    func, _, _, stored_kwargs = json.loads(zlib.decompress(raw))  # JSON, never pickle
+    assert func == BATCH_FUNC and stored_kwargs == kwargs
+    states = Counter(client.status(h.id).state for h in handles)
+    assert states == {RequestState.ASSIGNED: 4, RequestState.QUEUED: 2}
+    assert Dispatcher(store).step().dispatched == 0  # no free slot left
+
+
+def test_batch_job_refuses_any_other_function(store: Store) -> None:
+    queue = worker_queue(rq_connection(store.settings.redis_url), store.keys, "w1")
+    job = queue.enqueue_call("os.system", args=("echo pwned",))
+    loaded = BatchJob.fetch(job.id, connection=queue.connection, serializer=queue.serializer)
+    with pytest.raises(ForbiddenJob, match="inferq workers run only"):
+        _ = loaded.func
+
+
+def test_routes_to_the_smallest_adequate_model(store: Store, client: Client) -> None:
+    ready_worker(store, "big", model="llama-3.1-70b", params_b=70, slots=8)
+    ready_worker(store, "mid", model="llama-2-13b", params_b=13, slots=8)
+    h = client.submit("hi", model=">=13b", max_tokens=8, priority="realtime")
+    Dispatcher(store).step()
+    assert client.status(h.id).worker == "mid"
+
+
+def test_two_dispatchers_never_assign_the_same_request(
+    redis_client,
+    namespace: str,  # type: ignore[no-untyped-def]
+) -> None:
+    settings = Settings.load(namespace=namespace)
+    store = Store(redis_client, settings)
+    client = Client(settings=settings, connection=redis_client)
+    infos = [ready_worker(store, w, slots=2000, kv_cache_mib=10**7) for w in ("w1", "w2", "w3")]
+    handles: list[str] = []
+    for _ in range(10):
+        items = [
+            {
+                "prompt": "x",
+                "max_tokens": 4,
+                "priority": ("realtime", "standard", "batch")[i % 3],
+                "tenant": f"t{i % 20}",
+            }
+            for i in range(500)
+        ]
+        handles += [h.id for h in client.submit_many(items)]
+    dispatchers = [Dispatcher(Store(redis_client, settings), tick_s=0.01) for _ in range(2)]
+    threads = [threading.Thread(target=d.run) for d in dispatchers]
+    with KeepAlive(store, infos):
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        while sum(store.queued_counts().values()) > 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for d in dispatchers:
+            d.stop()
+        for t in threads:
+            t.join()
+    seen: Counter[str] = Counter()
+    for w in ("w1", "w2", "w3"):
+        for job in jobs_of(store, w):
+            seen.update(rid for rid, _ in job.kwargs["items"])
+    assert len(handles) == 5000
+    assert set(seen) == set(handles)
+    assert max(seen.values()) == 1  # zero double assignments
+    records = store.records(handles)
+    assert all(r is not None and r.attempt == 1 for r in records)
+    assert store.stats()["dispatched"] == 5000
+
+
+def test_expired_request_wakes_its_client_within_a_tick(store: Store, client: Client) -> None:
+    tick = 0.1
+    d = Dispatcher(store, tick_s=tick)
+    thread = threading.Thread(target=d.run)
+    thread.start()
+    try:
+        handle = client.submit("nobody serves this", timeout=0.5)
+        deadline = client.status(handle.id).request.deadline
+        result = handle.result(timeout=5)
+        late = time.time() - deadline
+    finally:
+        d.stop()
+        thread.join()
+    assert result.status == "expired"
+    assert "deadline passed while queued (waited" in (result.error or "")
+    # one tick, plus scheduling noise on a loaded 2-core machine
+    assert late < tick + 0.2, f"client told {late:.3f} s after the deadline"
+
+
+def test_unschedulable_request_is_reported_with_the_reason(store: Store, client: Client) -> None:
+    ready_worker(store, "small", slots=8, kv_cache_mib=1000)
+    h = client.submit("x" * 40000, max_tokens=8000, timeout=30)
+    d = Dispatcher(store)
+    d.step()
+    d.step()
+    rec = client.status(h.id)
+    assert rec.state is RequestState.QUEUED
+    reason = store.redis.hget(store.keys.req(h.id), "unschedulable")
+    assert reason and "GiB" in reason
+    events = [e for e in store.events() if e.type == "unschedulable"]
+    assert len(events) == 1 and events[0].fields["id"] == h.id  # reported once
+
+
+def test_lost_worker_requeues_at_original_position_and_purges_its_rq_queue(
+    redis_client,
+    namespace: str,  # type: ignore[no-untyped-def]
+) -> None:
+    settings = Settings.load(namespace=namespace, heartbeat_interval_s=0.1)
+    store = Store(redis_client, settings)
+    client = Client(settings=settings, connection=redis_client)
+    info = ready_worker(store, "doomed", slots=4)
+    store.heartbeat(info, ttl_s=0.3)
+    first = client.submit("a", priority="realtime", max_tokens=4)
+    second = client.submit("b", priority="realtime", max_tokens=4)
+    d = Dispatcher(store)
+    d.step()
+    assert len(jobs_of(store, "doomed")) == 1
+    time.sleep(0.4)  # the heartbeat lapses (3 intervals)
+    report = d.step()
+    assert report.workers_lost == 1 and report.requeued == 2
+    assert jobs_of(store, "doomed") == []
+    qkey = store.keys.queue("realtime", "llama-3.1-8b")
+    assert store.redis.zrange(qkey, 0, -1) == [first.id, second.id]
+    assert store.redis.hget(store.keys.req(first.id), "last_error").startswith(
+        "no heartbeat for more than"
+    )
+    ready_worker(store, "rescuer", slots=4)
+    d.step()
+    assert client.status(first.id).attempt == 2 and client.status(first.id).worker == "rescuer"
+
+
+def test_corrupt_records_are_quarantined_not_fatal(store: Store, client: Client) -> None:
+    ready_worker(store, "w1")
+    good = client.submit("ok", priority="realtime", max_tokens=4)
+    qkey = store.keys.queue("realtime", "llama-3.1-8b")
+    store.redis.zadd(qkey, {"ghost": 1})  # an id with no record
+    store.redis.hset(store.keys.req("half"), mapping={"priority": "realtime", "tenant": "x"})
+    store.redis.zadd(qkey, {"half": 2})  # a record missing fields
+    store.redis.hset(
+        store.keys.worker("nonsense"), mapping={"id": "nonsense", "vram_total_mib": "lots"}
+    )
+    store.redis.zadd(store.keys.workers, {"nonsense": time.time() * 1000})
+    report = Dispatcher(store).step()
+    assert report.quarantined == 3
+    assert report.dispatched == 1 and client.status(good.id).worker == "w1"
+    q = store.quarantined()
+    assert "missing field" in q[store.keys.req("half")]
+    assert store.keys.worker("nonsense") in q
+    assert store.redis.exists(store.keys.quarantined(store.keys.req("half")))
+    assert store.redis.zscore(qkey, "ghost") is None
+    assert Dispatcher(store).step().quarantined == 0
+
+
+def test_fairness_state_lives_in_redis(store: Store, client: Client) -> None:
+    ready_worker(store, "w1", slots=64)
+    client.submit_many(
+        [
+            {"prompt": "x", "priority": p, "tenant": t}
+            for p in ("realtime", "batch")
+            for t in ("a", "b")
+        ]
+    )
+    Dispatcher(store).step()
+    assert store.redis.hgetall(store.keys.fair_tenants("realtime"))
+    assert store.redis.smembers(store.keys.fair_active("realtime")) is not None
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_threads() -> Iterator[None]:
+    before = threading.active_count()
+    yield
+    assert threading.active_count() <= before + 1
+
+
+def test_purging_a_lost_workers_rq_queue_clears_its_started_registry(store: Store) -> None:
+    from rq.registry import StartedJobRegistry
+
+    from inferq.jobs import purge_worker_queue
+
+    conn = rq_connection(store.settings.redis_url)
+    queue = worker_queue(conn, store.keys, "gone")
+    job = queue.enqueue_call(BATCH_FUNC, kwargs={"items": []})
+    registry = StartedJobRegistry(queue=queue)
+    conn.zadd(registry.key, {f"{job.id}:e1": time.time() + 60})  # as a SIGKILLed worker leaves it
+    assert purge_worker_queue(conn, store.keys, "gone") >= 1
+    assert registry.get_job_ids() == [] and not conn.exists(f"rq:job:{job.id}")

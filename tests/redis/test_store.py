@@ -1,0 +1,310 @@
+"""The store and its Lua scripts, against the real Redis (one namespace per test)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from inferq.config import PriorityClass, Settings
+from inferq.errors import QueueFull, RequestNotFound
+from inferq.models import RequestState, WorkerState
+from inferq.store import Outcome, Store
+
+from ..builders import inference_request
+from ..helpers import queue_key, ready_worker
+
+
+def test_submit_writes_record_queue_deadline_and_counts(store: Store, settings: Settings) -> None:
+    req = inference_request(settings, priority="realtime", tenant="acme")
+    out = store.submit(req)
+    assert out.id == req.id and not out.duplicate
+    rec = store.record(req.id)
+    assert rec.state is RequestState.QUEUED
+    assert rec.request.payload.prompt == "hello world"
+    assert store.redis.zscore(queue_key(store, req), req.id) is not None
+    assert store.redis.zscore(store.keys.deadlines, req.id) is not None
+    counts = store.queued_counts()
+    assert counts["c:realtime"] == 1 and counts["t:realtime:acme"] == 1
+    assert [e.type for e in store.events()] == ["submit"]
+
+
+def test_idempotency_key_returns_the_first_request(store: Store, settings: Settings) -> None:
+    first = store.submit(inference_request(settings, idempotency_key="order-42"))
+    again = store.submit(inference_request(settings, idempotency_key="order-42"))
+    assert again.duplicate and again.id == first.id
+    assert store.queued_counts()["c:standard"] == 1
+
+
+def test_class_queue_limit_refuses_and_writes_nothing(redis_client, namespace: str) -> None:  # type: ignore[no-untyped-def]
+    classes = [
+        PriorityClass(
+            name="realtime", sla_s=2, timeout_s=10, weight=8, batch_delay_s=0, queue_limit=2
+        ),
+        PriorityClass(name="standard", sla_s=10, timeout_s=60, weight=3, batch_delay_s=0),
+    ]
+    settings = Settings.load(namespace=namespace, classes=classes, classifier={})
+    store = Store(redis_client, settings)
+    for _ in range(2):
+        store.submit(inference_request(settings, priority="realtime"))
+    refused = inference_request(settings, priority="realtime")
+    with pytest.raises(QueueFull) as info:
+        store.submit(refused)
+    assert info.value.priority == "realtime" and info.value.limit == 2
+    assert "class 'realtime'" in str(info.value) and "limit 2" in str(info.value)
+    assert not store.redis.exists(store.keys.req(refused.id))
+    assert store.queued_counts()["c:realtime"] == 2
+    store.submit(inference_request(settings, priority="standard"))  # other classes unaffected
+
+
+def test_tenant_limit_leaves_other_tenants_unaffected(redis_client, namespace: str) -> None:  # type: ignore[no-untyped-def]
+    classes = [
+        PriorityClass(
+            name="standard", sla_s=10, timeout_s=60, weight=3, batch_delay_s=0, tenant_queue_limit=3
+        )
+    ]
+    settings = Settings.load(namespace=namespace, classes=classes, classifier={})
+    store = Store(redis_client, settings)
+    for _ in range(3):
+        store.submit(inference_request(settings, tenant="flood"))
+    with pytest.raises(QueueFull, match="tenant 'flood' in class 'standard'") as info:
+        store.submit(inference_request(settings, tenant="flood"))
+    assert info.value.tenant == "flood" and info.value.limit == 3
+    store.submit(inference_request(settings, tenant="polite"))
+
+
+def test_assign_is_a_compare_and_set(store: Store, settings: Settings) -> None:
+    ready_worker(store, "w1")
+    ready_worker(store, "w2")
+    reqs = [inference_request(settings) for _ in range(3)]
+    for r in reqs:
+        store.submit(r)
+    items = [(r.id, queue_key(store, r), 10.0) for r in reqs]
+    first = store.assign("w1", "b1", items)
+    assert [rid for rid, _ in first] == [r.id for r in reqs]
+    assert all(attempt == 1 for _, attempt in first)
+    assert store.assign("w2", "b2", items) == []  # already taken
+    load = store.redis.hgetall(store.keys.load("w1"))
+    assert int(load["slots"]) == 3 and float(load["mib"]) == pytest.approx(30.0)
+    assert store.queued_counts().get("c:standard", 0) == 0
+    rec = store.record(reqs[0].id)
+    assert rec.state is RequestState.ASSIGNED and rec.worker == "w1" and rec.attempt == 1
+
+
+def test_assign_refuses_a_worker_that_is_not_ready(store: Store, settings: Settings) -> None:
+    ready_worker(store, "w1", state=WorkerState.DRAINING)
+    r = inference_request(settings)
+    store.submit(r)
+    assert store.assign("w1", "b1", [(r.id, queue_key(store, r), 1.0)]) == []
+    assert store.assign("ghost", "b1", [(r.id, queue_key(store, r), 1.0)]) == []
+    ready_worker(store, "w2")
+    assert store.request_drain("w2")  # asked to drain, its heartbeat still says ready
+    assert store.assign("w2", "b1", [(r.id, queue_key(store, r), 1.0)]) == []
+    assert store.record(r.id).state is RequestState.QUEUED
+
+
+def test_complete_is_fenced_by_attempt(store: Store, settings: Settings) -> None:
+    ready_worker(store, "w1")
+    r = inference_request(settings)
+    store.submit(r)
+    [(rid, attempt)] = store.assign("w1", "b1", [(r.id, queue_key(store, r), 5.0)])
+    assert store.start("w1", [(rid, attempt)]) == ["run"]
+    stale = Outcome(rid, attempt + 1, "succeeded", output="late")
+    assert store.complete("w1", [stale]) == ["stale"]
+    good = Outcome(rid, attempt, "succeeded", output="hi", prompt_tokens=3, completion_tokens=1)
+    assert store.complete("w1", [good]) == ["ok"]
+    assert store.complete("w1", [good]) == ["stale"]  # exactly one final result
+    rec = store.record(rid)
+    assert rec.state is RequestState.SUCCEEDED
+    assert rec.result is not None and rec.result.output == "hi"
+    assert rec.result.completion_tokens == 1 and rec.result.timings.e2e_s is not None
+    assert int(store.redis.hget(store.keys.load("w1"), "slots") or 0) == 0
+    assert store.redis.zscore(store.keys.leases, rid) is None
+    assert store.redis.ttl(store.keys.req(rid)) > 0
+    assert store.wait_final(rid, 0.1)
+
+
+def test_start_skips_stale_and_expires_late_requests(store: Store, settings: Settings) -> None:
+    ready_worker(store, "w1")
+    late = inference_request(settings, timeout=0.2)
+    fresh = inference_request(settings)
+    for r in (late, fresh):
+        store.submit(r)
+    claimed = store.assign("w1", "b", [(r.id, queue_key(store, r), 1.0) for r in (late, fresh)])
+    time.sleep(0.3)
+    verdicts = store.start("w1", [*claimed, (fresh.id, 99)])
+    assert verdicts == ["expired", "run", "stale"]
+    assert store.record(late.id).state is RequestState.EXPIRED
+
+
+def test_requeue_returns_to_original_position_then_dead_letters(
+    store: Store, settings: Settings
+) -> None:
+    ready_worker(store, "w1")
+    older, newer = inference_request(settings), inference_request(settings)
+    store.submit(older)
+    time.sleep(0.005)
+    store.submit(newer)
+    qkey = queue_key(store, older)
+    for attempt in range(1, settings.max_attempts + 1):
+        [(rid, got)] = store.assign("w1", f"b{attempt}", [(older.id, qkey, 1.0)])
+        assert got == attempt
+        verdict = store.requeue([(rid, got, "w1", "CUDA error")])
+        if attempt < settings.max_attempts:
+            assert verdict == ["queued"]
+            assert store.redis.zrange(qkey, 0, 0) == [older.id]  # ahead of the newer one
+            rec = store.record(older.id)
+            assert rec.state is RequestState.QUEUED
+            assert store.redis.hget(store.keys.req(older.id), "excluded_worker") == "w1"
+        else:
+            assert verdict == ["dead"]
+    rec = store.record(older.id)
+    assert rec.state is RequestState.FAILED
+    assert rec.result is not None and "failed after 3 attempts: CUDA error" in (
+        rec.result.error or ""
+    )
+    assert store.dead_letters() == [older.id]
+    assert store.requeue_dead(older.id)
+    assert store.record(older.id).state is RequestState.QUEUED
+    [(_, attempt)] = store.assign("w1", "b9", [(older.id, qkey, 1.0)])
+    assert attempt == settings.max_attempts + 1  # attempt numbers only grow
+
+
+def test_requeue_is_fenced(store: Store, settings: Settings) -> None:
+    ready_worker(store, "w1")
+    r = inference_request(settings)
+    store.submit(r)
+    [(rid, attempt)] = store.assign("w1", "b", [(r.id, queue_key(store, r), 1.0)])
+    assert store.requeue([(rid, attempt + 1, "w1", "x")]) == ["stale"]
+    assert store.requeue([(rid, attempt, "w2", "x")]) == ["stale"]
+    assert store.record(rid).state is RequestState.ASSIGNED
+
+
+def test_drain_hand_back_does_not_count_towards_max_attempts(
+    store: Store, settings: Settings
+) -> None:
+    ready_worker(store, "w1")
+    r = inference_request(settings)
+    store.submit(r)
+    for i in range(settings.max_attempts + 2):
+        [(rid, attempt)] = store.assign("w1", f"b{i}", [(r.id, queue_key(store, r), 1.0)])
+        assert store.requeue([(rid, attempt, "w1", "draining")], penalize=False) == ["queued"]
+
+
+def test_expire_due_tells_the_waiting_client(store: Store, settings: Settings) -> None:
+    r = inference_request(settings, timeout=0.1)
+    keep = inference_request(settings)
+    store.submit(r)
+    store.submit(keep)
+    time.sleep(0.15)
+    expired = store.expire_due()
+    assert [rid for rid, _ in expired] == [r.id]
+    assert expired[0][1] >= 0.1
+    rec = store.record(r.id)
+    assert rec.state is RequestState.EXPIRED
+    assert rec.result is not None and "deadline passed while queued" in (rec.result.error or "")
+    assert store.wait_final(r.id, 0.1)
+    assert store.queued_counts()["c:standard"] == 1
+
+
+def test_cancel_queued_assigned_and_running(store: Store, settings: Settings) -> None:
+    ready_worker(store, "w1")
+    a, b, c = (inference_request(settings) for _ in range(3))
+    for r in (a, b, c):
+        store.submit(r)
+    assert store.cancel(a.id) == "cancelled"
+    claimed = store.assign("w1", "b", [(r.id, queue_key(store, r), 2.0) for r in (b, c)])
+    assert store.cancel(b.id) == "cancelled"
+    store.start("w1", [claimed[1]])
+    assert store.cancel(c.id) == "running"
+    assert int(store.redis.hget(store.keys.load("w1"), "slots") or 0) == 1
+    with pytest.raises(RequestNotFound, match="no request 'nope'"):
+        store.cancel("nope")
+
+
+def test_heartbeat_joins_extends_leases_and_reports_drain(store: Store, settings: Settings) -> None:
+    info = ready_worker(store, "w1")
+    assert store.heartbeat(info, ttl_s=30) == (False, False)
+    r = inference_request(settings)
+    store.submit(r)
+    store.assign("w1", "b", [(r.id, queue_key(store, r), 1.0)])
+    before = store.redis.zscore(store.keys.leases, r.id)
+    time.sleep(0.01)
+    store.heartbeat(info, ttl_s=30)
+    assert (store.redis.zscore(store.keys.leases, r.id) or 0) > (before or 0)
+    assert store.request_drain("w1")
+    assert store.heartbeat(info, ttl_s=30) == (False, True)
+    assert not store.request_drain("ghost")
+    workers, bad = store.workers()
+    assert [w.id for w in workers] == ["w1"] and bad == []
+
+
+def test_remove_dead_worker_requeues_but_spares_a_live_one(
+    store: Store, settings: Settings
+) -> None:
+    ready_worker(store, "w1")
+    r = inference_request(settings)
+    store.submit(r)
+    store.assign("w1", "b", [(r.id, queue_key(store, r), 1.0)])
+    alive = store.remove_worker("w1", reason="no heartbeat", dead=True, stale_before=0.0)
+    assert alive is None  # it beat after stale_before
+    requeued = store.remove_worker(
+        "w1", reason="no heartbeat", dead=True, stale_before=store.now() + 1
+    )
+    assert requeued == [r.id]
+    assert store.record(r.id).state is RequestState.QUEUED
+    assert not store.redis.exists(store.keys.worker("w1"), store.keys.load("w1"))
+    assert "worker_lost" in [e.type for e in store.events()]
+
+
+def test_reap_leases_requeues_lapsed_work(redis_client, namespace: str) -> None:  # type: ignore[no-untyped-def]
+    settings = Settings.load(namespace=namespace, lease_s=0.1)
+    store = Store(redis_client, settings)
+    ready_worker(store, "w1")
+    r = inference_request(settings)
+    store.submit(r)
+    store.assign("w1", "b", [(r.id, queue_key(store, r), 1.0)])
+    assert store.reap_leases() == []
+    time.sleep(0.15)
+    assert store.reap_leases() == [(r.id, "queued")]
+    assert store.redis.hget(store.keys.req(r.id), "last_error") == "lease expired on worker w1"
+
+
+def test_quarantine_moves_the_record_aside(store: Store, settings: Settings) -> None:
+    r = inference_request(settings)
+    store.submit(r)
+    key = store.keys.req(r.id)
+    store.quarantine(key, "missing field 'payload'", [(store.keys.deadlines, r.id)])
+    assert not store.redis.exists(key)
+    assert store.redis.exists(store.keys.quarantined(key))
+    assert store.quarantined() == {key: "missing field 'payload'"}
+    assert store.redis.zscore(store.keys.deadlines, r.id) is None
+
+
+def test_submit_many_pipelines_and_reads_back_1000(store: Store, settings: Settings) -> None:
+    reqs = [(inference_request(settings, tenant=f"t{i % 7}"), False) for i in range(1000)]
+    outcomes = store.submit_many(reqs)
+    assert all(not isinstance(o, Exception) for o in outcomes)
+    records = store.records(r.id for r, _ in reqs)
+    assert all(rec is not None and rec.state is RequestState.QUEUED for rec in records)
+    assert store.queued_counts()["c:standard"] == 1000
+
+
+def test_purge_removes_only_this_namespace(store: Store, settings: Settings) -> None:
+    store.submit(inference_request(settings))
+    store.redis.set("inferq:other-ns:keep", "1")
+    try:
+        assert store.purge() > 0
+        assert list(store.redis.scan_iter(match=store.keys.pattern())) == []
+        assert store.redis.get("inferq:other-ns:keep") == "1"
+    finally:
+        store.redis.delete("inferq:other-ns:keep")
+
+
+def test_a_resent_submit_is_reported_as_written(store: Store, settings: Settings) -> None:
+    # redis-py resends a script whose reply was lost: the second run must not fail.
+    r = inference_request(settings)
+    assert not store.submit(r).duplicate
+    again = store.submit(r)
+    assert again.duplicate and again.id == r.id
+    assert store.queued_counts()["c:standard"] == 1

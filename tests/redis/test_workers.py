@@ -1,0 +1,218 @@
+"""Worker processes (real subprocesses, real Redis): join, run, drain, crash, hand back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from inferq.client import Client
+from inferq.config import Settings
+from inferq.models import RequestState, WorkerState
+from inferq.scheduler.dispatcher import Dispatcher
+from inferq.store import Store
+
+from ..conftest import REDIS_URL
+from ..helpers import wait_for
+
+
+class Fleet:
+    """Starts worker subprocesses and a dispatcher thread; stops everything at the end."""
+
+    def __init__(self, settings: Settings, store: Store) -> None:
+        self.settings = settings
+        self.store = store
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.dispatcher = Dispatcher(Store(store.redis, settings), tick_s=0.05)
+        self._thread = threading.Thread(target=self.dispatcher.run, daemon=True)
+        self._thread.start()
+
+    def worker(
+        self, wid: str, *, time_scale: float = 1.0, slots: int = 4, extra: tuple[str, ...] = ()
+    ) -> subprocess.Popen[bytes]:
+        env = {
+            **os.environ,
+            "INFERQ_REDIS_URL": REDIS_URL,
+            "INFERQ_NAMESPACE": self.settings.namespace,
+        }
+        cmd = [
+            sys.executable,
+            "-m",
+            "inferq",
+            "--log-level",
+            "INFO",
+            "worker",
+            "--model",
+            "llama-3.1-8b",
+            "--vram-mib",
+            "24576",
+            "--id",
+            wid,
+            "--slots",
+            str(slots),
+            "--heartbeat-interval",
+            "0.2",
+            "-o",
+            f"time_scale={time_scale}",
+            *extra,
+        ]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.procs[wid] = proc
+        wait_for(lambda: self.state(wid) == WorkerState.READY.value, what=f"{wid} ready")
+        return proc
+
+    def state(self, wid: str) -> str | None:
+        value: str | None = self.store.redis.hget(self.store.keys.worker(wid), "state")
+        return value
+
+    def close(self) -> None:
+        self.dispatcher.stop()
+        self._thread.join(timeout=5)
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+
+
+@pytest.fixture
+def fast_settings(namespace: str) -> Settings:
+    # Heartbeat every 0.2 s (TTL 0.6 s) and 1 s leases: crash recovery in about a second.
+    return Settings.load(
+        redis_url=REDIS_URL, namespace=namespace, heartbeat_interval_s=0.2, lease_s=1.0
+    )
+
+
+@pytest.fixture
+def fleet(fast_settings: Settings, redis_client) -> Iterator[Fleet]:  # type: ignore[no-untyped-def]
+    f = Fleet(fast_settings, Store(redis_client, fast_settings))
+    yield f
+    f.close()
+
+
+@pytest.fixture
+def client(fast_settings: Settings, redis_client) -> Client:  # type: ignore[no-untyped-def]
+    return Client(settings=fast_settings, connection=redis_client)
+
+
+def finals(client: Client, ids: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for rid in ids:
+        state = client.status(rid).state.value
+        out[state] = out.get(state, 0) + 1
+    return out
+
+
+def test_worker_joins_runs_batches_and_drains_on_sigterm(fleet: Fleet, client: Client) -> None:
+    proc = fleet.worker("w1", time_scale=0.2)
+    info = {k: v for k, v in fleet.store.redis.hgetall(fleet.store.keys.worker("w1")).items()}
+    assert info["model"] == "llama-3.1-8b" and info["slots"] == "4"
+    assert int(info["kv_cache_mib"]) == int(24576 * 0.9) - 15320
+    handles = client.submit_many(
+        {"prompt": f"p{i}", "priority": "realtime", "max_tokens": 40} for i in range(12)
+    )
+    ids = [h.id for h in handles]
+    wait_for(lambda: fleet.store.stats().get("succeeded", 0) >= 2, what="first results")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0, proc.stdout.read().decode() if proc.stdout else ""
+    assert fleet.store.redis.exists(fleet.store.keys.worker("w1")) == 0  # deregistered
+    states = finals(client, ids)
+    # Nothing it held was lost: finished, or handed back to the queue for the next worker.
+    assert states.get("succeeded", 0) + states.get("queued", 0) == 12, states
+    fleet.worker("w2", time_scale=0.2)
+    for rid in ids:
+        assert client.result(rid, timeout=30).status == "succeeded"
+    log = proc.stdout.read().decode() if proc.stdout else ""
+    assert "draining" in log and "hello" not in log  # prompts never logged
+
+
+def test_sigkill_mid_batch_finishes_on_another_worker(fleet: Fleet, client: Client) -> None:
+    doomed = fleet.worker("doomed", time_scale=1.0, slots=8)
+    handles = client.submit_many(
+        {"prompt": f"p{i}", "priority": "realtime", "max_tokens": 120, "timeout": 60}
+        for i in range(6)
+    )
+    ids = [h.id for h in handles]
+    wait_for(
+        lambda: all(client.status(i).state is RequestState.RUNNING for i in ids),
+        what="requests running on the doomed worker",
+    )
+    doomed.kill()
+    killed_at = time.monotonic()
+    fleet.worker("rescuer", time_scale=0.05, slots=8)
+    results = [client.result(rid, timeout=60) for rid in ids]
+    assert all(r.status == "succeeded" and r.worker == "rescuer" for r in results)
+    assert all(r.attempt == 2 for r in results)
+    assert time.monotonic() - killed_at < 20
+    assert any(e.type == "worker_lost" for e in fleet.store.events(count=10_000))
+
+
+def test_second_signal_hands_in_flight_requests_back(fleet: Fleet, client: Client) -> None:
+    proc = fleet.worker("w1", time_scale=1.0, slots=4)
+    handles = client.submit_many(
+        {"prompt": "x", "priority": "realtime", "max_tokens": 400, "timeout": 60} for _ in range(3)
+    )
+    ids = [h.id for h in handles]
+    wait_for(
+        lambda: all(client.status(i).state is RequestState.RUNNING for i in ids), what="running"
+    )
+    proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: fleet.state("w1") == WorkerState.DRAINING.value, what="draining")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 1
+    assert all(client.status(i).state is RequestState.QUEUED for i in ids)
+    assert all(client.status(i).attempt == 1 for i in ids)
+
+
+def test_remote_drain(fleet: Fleet) -> None:
+    proc = fleet.worker("w1", time_scale=0.1)
+    assert fleet.store.request_drain("w1")
+    assert proc.wait(timeout=20) == 0
+    assert fleet.store.redis.exists(fleet.store.keys.worker("w1")) == 0
+
+
+def test_backend_failures_retry_elsewhere_then_dead_letter(fleet: Fleet, client: Client) -> None:
+    fleet.worker("flaky", time_scale=0.01, extra=("-o", "failure_rate=1.0"))
+    handle = client.submit("x", priority="realtime", max_tokens=4, timeout=30)
+    result = handle.result(timeout=30)
+    assert result.status == "failed"
+    assert "failed after 3 attempts" in (result.error or "")
+    assert fleet.store.dead_letters() == [handle.id]
+
+
+def test_bad_worker_options_exit_with_one_line(fast_settings: Settings) -> None:
+    env = {**os.environ, "INFERQ_REDIS_URL": REDIS_URL, "INFERQ_NAMESPACE": fast_settings.namespace}
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "inferq",
+            "worker",
+            "--model",
+            "llama-3.1-70b",
+            "--vram-mib",
+            "16000",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 1
+    assert "needs 39500 MiB of weights" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bad_worker_id_is_refused_with_one_line(fast_settings: Settings) -> None:
+    env = {**os.environ, "INFERQ_REDIS_URL": REDIS_URL, "INFERQ_NAMESPACE": fast_settings.namespace}
+    out = subprocess.run(
+        [sys.executable, "-m", "inferq", "worker", "--model", "llama-3.1-8b", "--vram-mib",
+         "24576", "--id", "has space"],
+        env=env, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert out.returncode == 1
+    assert "id: 'has space' is not a worker id" in out.stderr and "Traceback" not in out.stderr

@@ -1,0 +1,41 @@
+"""``inferq demo`` end to end (a short window of the real trace) and its pieces."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferq.config import Settings
+from inferq.demo import DemoOptions, build_workload, compressed, parse_fleet
+from inferq.errors import ConfigError
+
+
+def test_workload_maps_traces_to_classes_routes_and_a_synthetic_batch() -> None:
+    settings = Settings.load()
+    work = build_workload(DemoOptions(duration_s=60), settings)
+    by_class = {c: [r for r in work if r.priority == c] for c in ("realtime", "standard", "batch")}
+    assert all(by_class.values())
+    assert {r.route for r in by_class["realtime"]} == {"llama-3.1-8b"}
+    assert {r.route for r in by_class["standard"]} == {">=8b"}
+    assert {r.route for r in by_class["batch"]} == {"llama-3.1-70b"}
+    assert {r.source for r in by_class["batch"]} == {"synthetic"}
+    assert [r.arrival_s for r in work] == sorted(r.arrival_s for r in work)
+
+
+def test_compression_keeps_one_clock() -> None:
+    base = Settings.load()
+    fast = compressed(base, 10)
+    rt, spec = fast.class_by_name["realtime"], fast.model_by_name["llama-3.1-8b"]
+    assert rt.sla_s == pytest.approx(0.2) and rt.timeout_s == pytest.approx(12)
+    assert spec.decode_tps == pytest.approx(800) and spec.cold_start_s == pytest.approx(1.5)
+    assert fast.scaling.idle_s == pytest.approx(30)
+
+
+def test_fleet_option_is_checked() -> None:
+    settings = Settings.load()
+    assert parse_fleet("llama-3.1-8b:2@24576", settings)[0].count == 2
+    with pytest.raises(ConfigError, match="unknown model 'gpt'"):
+        parse_fleet("gpt:1", settings)
+    with pytest.raises(ConfigError, match="needs 39500 MiB of weights"):
+        parse_fleet("llama-3.1-70b:1@24576", settings)
+    with pytest.raises(ConfigError, match="is not model:count@vram_mib"):
+        parse_fleet("llama-3.1-8b:x", settings)

@@ -1,0 +1,172 @@
+"""The scaler daemon on the real Redis with a recording backend; loads and the CLI command."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from inferq.config import ModelSpec, Settings
+from inferq.models import Event, WorkerState
+from inferq.scaler.daemon import new_worker_id
+from inferq.scaler.loads import (
+    LiveWorker,
+    Tracked,
+    arrival_rates,
+    backlog,
+    reconcile,
+    route_model,
+    service_times,
+)
+
+MODEL = "llama-3.1-8b"
+
+
+# --- the daemon ---------------------------------------------------------------------
+
+
+def test_worker_ids_fit_the_id_pattern() -> None:
+    wid = new_worker_id("llama-3.1-8b")
+    assert wid.startswith("llama-3-1-8b-") and len(wid) <= 64
+    assert new_worker_id("llama-3.1-8b") != wid
+
+
+# --- loads (pure) -------------------------------------------------------------------
+
+
+def registry() -> list[ModelSpec]:
+    return Settings.load().models
+
+
+def test_backlog_is_charged_to_the_first_managed_candidate() -> None:
+    reg = registry()
+    managed = [MODEL, "llama-3.1-70b"]
+    assert route_model(">=13b", reg, managed) == "llama-3.1-70b"  # 13b is not managed
+    assert route_model(">=1b", reg, managed) == MODEL
+    assert route_model("llama-2-13b", reg, managed) is None
+    assert route_model("not a route!", reg, managed) is None
+    depths = [
+        ("realtime", MODEL, 3, 1.5),
+        ("realtime", ">=1b", 2, 4.0),
+        ("batch", ">=13b", 5, 9.0),
+        ("batch", MODEL, 0, None),
+    ]
+    out = backlog(depths, reg, managed)
+    assert out[MODEL] == ({"realtime": 5}, {"realtime": 4.0})
+    assert out["llama-3.1-70b"] == ({"batch": 5}, {"batch": 9.0})
+
+
+def test_rates_and_service_times_come_from_the_events() -> None:
+    reg = registry()
+    events = [
+        Event(id="1-0", type="submit", at=1.0, fields={"route": MODEL}),
+        Event(id="2-0", type="submit", at=2.0, fields={"route": ">=60b"}),
+        Event(id="3-0", type="submit", at=3.0, fields={"route": MODEL}),
+        Event(
+            id="4-0",
+            type="finish",
+            at=4.0,
+            fields={
+                "worker": "w1",
+                "e2e_ms": "900",
+                "queue_ms": "100",
+                "ptokens": "100",
+                "tokens": "10",
+            },
+        ),
+        Event(
+            id="5-0",
+            type="finish",
+            at=5.0,
+            fields={
+                "worker": "w1",
+                "e2e_ms": "1500",
+                "queue_ms": "300",
+                "ptokens": "300",
+                "tokens": "30",
+            },
+        ),
+        Event(id="6-0", type="finish", at=6.0, fields={"worker": "w1", "e2e_ms": "oops"}),
+        Event(
+            id="7-0",
+            type="finish",
+            at=7.0,
+            fields={"worker": "gone", "e2e_ms": "10", "queue_ms": "1"},
+        ),
+    ]
+    assert arrival_rates(events, 4.0, reg, [MODEL, "llama-3.1-70b"]) == {
+        MODEL: 0.5,
+        "llama-3.1-70b": 0.25,
+    }
+    [stats] = service_times(events, {"w1": MODEL}).values()
+    assert (stats.service_s, stats.prompt_tokens, stats.output_tokens) == pytest.approx(
+        (1.0, 200.0, 20.0)
+    )
+
+
+def test_reconcile_counts_listed_unregistered_workers_as_starting_until_timeouts() -> None:
+    ready = LiveWorker("live", MODEL, WorkerState.READY, 8)
+    listed = {"live": MODEL, "new": MODEL, "was-live": MODEL, "drained": MODEL}
+    tracked = {
+        "was-live": Tracked(MODEL, 0.0, seen_live=True),
+        "drained": Tracked(MODEL, 0.0, seen_live=True, draining_since=5.0),
+        "forgotten": Tracked(MODEL, 0.0, seen_live=True),
+    }
+    f = reconcile(tracked, [ready], listed, 10.0, start_timeout_s=60, lost_grace_s=5)
+    assert f.starting == {MODEL: 2}  # new, and was-live within its grace
+    assert f.to_stop == {"drained": "drained and deregistered"}
+    assert "forgotten" not in f.tracked  # neither live nor listed
+    later = reconcile(f.tracked, [ready], listed, 16.0, start_timeout_s=60, lost_grace_s=5)
+    assert set(later.to_stop) == {"drained", "was-live"} and later.starting == {MODEL: 1}
+    last = reconcile(later.tracked, [ready], listed, 71.0, start_timeout_s=60, lost_grace_s=5)
+    assert "failed to start" in last.to_stop["new"] and last.starting == {}
+
+
+def test_reconcile_stops_a_worker_that_drained_on_its_own_as_soon_as_it_left() -> None:
+    draining = LiveWorker("w1", MODEL, WorkerState.DRAINING, 8)
+    f = reconcile({}, [draining], {"w1": MODEL}, 1.0, start_timeout_s=60, lost_grace_s=5)
+    assert f.tracked["w1"].draining_since == 1.0 and f.to_stop == {}
+    gone = reconcile(f.tracked, [], {"w1": MODEL}, 2.0, start_timeout_s=60, lost_grace_s=5)
+    assert gone.to_stop == {"w1": "drained and deregistered"} and gone.starting == {}
+
+
+@st.composite
+def fleets(draw: st.DrawFn) -> tuple[dict[str, Tracked], list[LiveWorker], dict[str, str], float]:
+    ids = [f"w{i}" for i in range(8)]
+    live_ids = draw(st.sets(st.sampled_from(ids)))
+    listed = draw(st.sets(st.sampled_from(ids)))
+    tracked = {
+        w: Tracked(
+            MODEL,
+            draw(st.floats(0, 100)),
+            seen_live=draw(st.booleans()),
+            absent_since=draw(st.none() | st.floats(0, 100)),
+            draining_since=draw(st.none() | st.floats(0, 100)),
+        )
+        for w in draw(st.sets(st.sampled_from(ids)))
+    }
+    live = [
+        LiveWorker(w, MODEL, draw(st.sampled_from(list(WorkerState))), 4, draw(st.integers(0, 4)))
+        for w in sorted(live_ids)
+    ]
+    return tracked, live, {w: MODEL for w in listed}, draw(st.floats(100, 1000))
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(fleets())
+def test_reconcile_never_stops_a_worker_with_a_heartbeat(
+    fleet: tuple[dict[str, Tracked], list[LiveWorker], dict[str, str], float],
+) -> None:
+    tracked, live, listed, now = fleet
+    f = reconcile(tracked, live, listed, now, start_timeout_s=10, lost_grace_s=5)
+    live_ids = {w.id for w in live}
+    assert not live_ids & set(f.to_stop)
+    assert set(f.to_stop) <= set(listed)
+    assert set(f.tracked) == live_ids | set(listed)
+    for w in live:  # busy now means idle for 0 s
+        assert f.tracked[w.id].seen_live and (not w.busy or f.tracked[w.id].last_busy_at == now)
+    assert sum(f.starting.values()) + len(f.to_stop) == len(set(listed) - live_ids)
+
+
+# --- the CLI command ----------------------------------------------------------------

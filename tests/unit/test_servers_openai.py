@@ -1,0 +1,388 @@
+"""The openai backend against a real stand-in HTTP server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from inferq.config import ModelSpec
+from inferq.errors import ConfigError
+from inferq.models import ChatMessage, Payload
+from inferq.workers.backends import BackendError, BackendRequest, make_backend
+from inferq.workers.backends.openai import OpenAIBackend, error_message, sse_data
+from tests.fakes.standin_openai import StandIn, free_port
+
+SPEC = ModelSpec(
+    name="llama-3.1-8b",
+    params_b=8,
+    weights_mib=15_320,
+    kv_bytes_per_token=131_072,
+    max_context=32_768,
+    cold_start_s=15,
+)
+
+
+@pytest.fixture
+def standin() -> Iterator[StandIn]:
+    with StandIn() as server:
+        yield server
+
+
+def backend(server: StandIn | str, **options: Any) -> OpenAIBackend:
+    url = server if isinstance(server, str) else server.url
+    return OpenAIBackend(SPEC, base_url=url, load_poll_s=0.02, **options)
+
+
+def prompt_request(
+    prompt: str = "hello there", timeout_s: float = 10.0, **params: Any
+) -> BackendRequest:
+    return BackendRequest(
+        id="r1",
+        model=SPEC.name,
+        payload=Payload(prompt=prompt, params=params),
+        max_tokens=16,
+        prompt_tokens=3,
+        timeout_s=timeout_s,
+    )
+
+
+def chat_request(**params: Any) -> BackendRequest:
+    messages = (
+        ChatMessage(role="system", content="be brief"),
+        ChatMessage(role="user", content="hi"),
+    )
+    return BackendRequest(
+        id="c1",
+        model=SPEC.name,
+        payload=Payload(messages=messages, params=params),
+        max_tokens=16,
+        prompt_tokens=4,
+        timeout_s=10.0,
+    )
+
+
+def generate(b: OpenAIBackend, request: BackendRequest) -> Any:
+    async def go() -> Any:
+        try:
+            return await b.generate(request, concurrency=1)
+        finally:
+            await b.close()
+
+    return asyncio.run(go())
+
+
+def generate_error(b: OpenAIBackend, request: BackendRequest) -> BackendError:
+    with pytest.raises(BackendError) as info:
+        generate(b, request)
+    return info.value
+
+
+# --- answers ------------------------------------------------------------------
+
+
+def test_prompt_goes_to_completions_and_reads_usage(standin: StandIn) -> None:
+    result = generate(backend(standin), prompt_request("say something"))
+    assert result.output == "w0 w1 w2 w3 w4"
+    assert (result.prompt_tokens, result.completion_tokens) == (7, 5)
+    assert result.ttft_s is None
+    [post] = standin.posts()
+    assert post.path == "/v1/completions"
+    assert post.body == {"model": SPEC.name, "prompt": "say something", "max_tokens": 16}
+
+
+def test_messages_go_to_chat_completions(standin: StandIn) -> None:
+    result = generate(backend(standin), chat_request())
+    assert result.output == "w0 w1 w2 w3 w4"
+    assert (result.prompt_tokens, result.completion_tokens) == (7, 5)
+    [post] = standin.posts()
+    assert post.path == "/v1/chat/completions"
+    assert post.body["messages"] == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+    ]
+    assert post.body["max_tokens"] == 16
+
+
+def test_params_are_forwarded_but_cannot_override_the_backend(standin: StandIn) -> None:
+    params: dict[str, Any] = {
+        "temperature": 0.2,
+        "top_p": 0.9,
+        "stop": ["\n\n"],
+        "seed": 42,
+        "model": "other",
+        "max_tokens": 999,
+        "sim_output_tokens": 3,
+    }
+    generate(backend(standin, served_model_name="served-8b"), prompt_request(**params))
+    [post] = standin.posts()
+    assert post.body == {
+        "temperature": 0.2,
+        "top_p": 0.9,
+        "stop": ["\n\n"],
+        "seed": 42,
+        "model": "served-8b",
+        "max_tokens": 16,
+        "prompt": "hello there",
+    }
+
+
+def test_missing_usage_falls_back_to_estimates(standin: StandIn) -> None:
+    standin.include_usage = False
+    result = generate(backend(standin), prompt_request())
+    assert result.output == "w0 w1 w2 w3 w4"  # 14 characters
+    assert result.prompt_tokens == 3  # the scheduler's estimate
+    assert result.completion_tokens == 4  # ceil(14 / 4 characters per token)
+
+
+def test_api_key_is_sent_and_never_shown(standin: StandIn) -> None:
+    standin.mode = "error"
+    b = backend(standin, api_key="sk-secret-123")
+    error = generate_error(b, prompt_request())
+    [post] = standin.posts()
+    assert post.headers["Authorization"] == "Bearer sk-secret-123"
+    assert "sk-secret" not in repr(b)
+    assert "sk-secret" not in str(error)
+
+
+def test_no_authorization_header_without_a_key(standin: StandIn) -> None:
+    generate(backend(standin), prompt_request())
+    assert "Authorization" not in standin.posts()[0].headers
+
+
+def test_concurrent_requests_all_answer(standin: StandIn) -> None:
+    b = backend(standin)
+
+    async def go() -> list[Any]:
+        async with b:
+            return await asyncio.gather(
+                *(b.generate(prompt_request(), concurrency=8) for _ in range(8))
+            )
+
+    results = asyncio.run(go())
+    assert [r.output for r in results] == ["w0 w1 w2 w3 w4"] * 8
+    assert len(standin.posts()) == 8
+
+
+def test_backend_works_across_event_loops(standin: StandIn) -> None:
+    b = backend(standin)
+    asyncio.run(b.load())
+    result = asyncio.run(b.generate(prompt_request(), concurrency=1))  # a new loop
+    asyncio.run(b.close())
+    assert result.completion_tokens == 5
+
+
+# --- errors ---------------------------------------------------------------------
+
+
+def test_slow_answer_is_a_retryable_timeout(standin: StandIn) -> None:
+    standin.mode = "slow"
+    error = generate_error(backend(standin), prompt_request(timeout_s=0.2))
+    assert error.retryable
+    assert "timed out after 0.200 s" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"error": {"message": "context too long: 9000 > 4096", "type": "invalid"}}, "9000 > 4096"),
+        ({"object": "error", "message": "vLLM says: bad stop", "code": 400}, "vLLM says: bad stop"),
+        ({"error": "TGI says: inputs too long", "error_type": "validation"}, "TGI says"),
+    ],
+)
+def test_4xx_is_not_retryable_and_carries_the_server_message(
+    standin: StandIn, body: Any, message: str
+) -> None:
+    standin.mode = "error"
+    standin.error_status = 400
+    standin.error_body = body
+    error = generate_error(backend(standin), prompt_request())
+    assert not error.retryable
+    assert error.status == 400
+    assert message in str(error)
+    assert "HTTP 400" in str(error)
+
+
+@pytest.mark.parametrize("status", [408, 429, 500, 502, 503])
+def test_5xx_408_and_429_are_retryable(standin: StandIn, status: int) -> None:
+    standin.mode = "error"
+    standin.error_status = status
+    standin.error_body = {"error": {"message": "engine overloaded"}}
+    error = generate_error(backend(standin), prompt_request())
+    assert error.retryable
+    assert error.status == status
+    assert "engine overloaded" in str(error)
+
+
+def test_dropped_connection_is_retryable(standin: StandIn) -> None:
+    standin.mode = "drop"
+    error = generate_error(backend(standin), prompt_request())
+    assert error.retryable
+    assert "connection" in str(error)
+    assert len(standin.posts()) == 1
+
+
+def test_refused_connection_is_retryable() -> None:
+    error = generate_error(backend(f"http://127.0.0.1:{free_port()}"), prompt_request())
+    assert error.retryable
+    assert "ConnectError" in str(error)
+
+
+def test_malformed_answer_is_retryable(standin: StandIn) -> None:
+    standin.mode = "garbage"
+    error = generate_error(backend(standin), prompt_request())
+    assert error.retryable
+    assert "malformed answer" in str(error)
+
+
+def test_no_time_left_fails_without_calling_the_server(standin: StandIn) -> None:
+    error = generate_error(backend(standin), prompt_request(timeout_s=0.0))
+    assert error.retryable
+    assert "no time left" in str(error)
+    assert standin.posts() == []
+
+
+def test_error_message_shapes() -> None:
+    assert error_message({"error": {"message": "m1"}}) == "m1"
+    assert error_message({"error": "m2"}) == "m2"
+    assert error_message({"object": "error", "message": "m3"}) == "m3"
+    assert error_message({"detail": "x"}) == '{"detail":"x"}'
+    assert error_message(["x"]) == '["x"]'
+
+
+# --- load -------------------------------------------------------------------------
+
+
+def test_load_waits_while_the_server_is_loading(standin: StandIn) -> None:
+    standin.models_unavailable = 3
+    asyncio.run(backend(standin).load())
+    gets = [r for r in standin.requests if r.method == "GET"]
+    assert [g.path for g in gets] == ["/v1/models"] * 4
+
+
+def test_load_waits_for_a_server_that_starts_later() -> None:
+    server = StandIn(port=free_port())
+    timer = threading.Timer(0.3, server.start)
+    timer.start()
+    try:
+        asyncio.run(backend(server, load_timeout_s=30).load())
+        assert [r.path for r in server.requests] == ["/v1/models"]
+    finally:
+        timer.join()
+        server.stop()
+
+
+def test_load_gives_up_after_its_bound() -> None:
+    b = backend(f"http://127.0.0.1:{free_port()}", load_timeout_s=0.2)
+    with pytest.raises(BackendError, match=r"not ready after 0.2 s .*ConnectError") as info:
+        asyncio.run(b.load())
+    assert info.value.retryable
+
+
+def test_load_fails_at_once_when_the_server_refuses_the_check(standin: StandIn) -> None:
+    standin.models_status = 401
+    with pytest.raises(BackendError, match=r"HTTP 401.*invalid api key") as info:
+        asyncio.run(backend(standin, load_timeout_s=30).load())
+    assert not info.value.retryable
+    assert len(standin.requests) == 1
+
+
+def test_load_warns_when_the_model_is_not_listed(
+    standin: StandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    standin.models = ["/models/other.gguf"]
+    with caplog.at_level(logging.WARNING, logger="inferq.workers.backends.openai"):
+        asyncio.run(backend(standin).load())
+    assert "/models/other.gguf" in caplog.text
+    assert "set served_model_name" in caplog.text
+
+
+def test_load_is_quiet_when_the_model_is_listed(
+    standin: StandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="inferq.workers.backends.openai"):
+        asyncio.run(backend(standin).load())
+    assert caplog.text == ""
+
+
+# --- streaming ----------------------------------------------------------------------
+
+
+def test_stream_completion_measures_ttft_and_reads_usage(standin: StandIn) -> None:
+    b = backend(standin, stream=True)
+
+    async def go() -> tuple[Any, float]:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        result = await b.generate(prompt_request(), concurrency=1)
+        elapsed = loop.time() - start
+        await b.close()
+        return result, elapsed
+
+    result, elapsed = asyncio.run(go())
+    assert result.output == "w0 w1 w2 w3 w4"
+    assert (result.prompt_tokens, result.completion_tokens) == (7, 5)
+    assert result.ttft_s is not None
+    assert 0 <= result.ttft_s <= elapsed
+    body = standin.posts()[0].body
+    assert body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
+
+
+def test_stream_chat_skips_the_empty_role_chunk(standin: StandIn) -> None:
+    standin.include_usage = False
+    result = generate(backend(standin, stream="true"), chat_request())
+    assert result.output == "w0 w1 w2 w3 w4"
+    assert result.completion_tokens == 4  # estimated: no usage chunk
+    assert result.ttft_s is not None
+
+
+def test_stream_4xx_is_not_retryable(standin: StandIn) -> None:
+    standin.mode = "error"
+    error = generate_error(backend(standin, stream=True), prompt_request())
+    assert not error.retryable
+    assert "bad request from stand-in" in str(error)
+
+
+def test_stream_dropped_connection_is_retryable(standin: StandIn) -> None:
+    standin.mode = "drop"
+    assert generate_error(backend(standin, stream=True), prompt_request()).retryable
+
+
+def test_sse_parser_joins_data_lines_and_skips_comments() -> None:
+    lines = [": comment", "event: message", "data: a", "data:b", "", "", "data: [DONE]"]
+
+    async def feed() -> AsyncIterator[str]:
+        for line in lines:
+            yield line
+
+    async def collect() -> list[str]:
+        return [d async for d in sse_data(feed())]
+
+    assert asyncio.run(collect()) == ["a\nb", "[DONE]"]
+
+
+# --- construction --------------------------------------------------------------------
+
+
+def test_make_backend_builds_openai_with_options(standin: StandIn) -> None:
+    b = make_backend("openai", SPEC, base_url=standin.url + "/", served_model_name="m")
+    assert isinstance(b, OpenAIBackend)
+    assert b.base_url == standin.url
+    assert b.served_model_name == "m"
+
+
+def test_invalid_options_name_the_option() -> None:
+    with pytest.raises(ConfigError, match="load_timeout_s: must be >= 0"):
+        OpenAIBackend(SPEC, load_timeout_s=-1)
+    with pytest.raises(ConfigError, match="stream: expected true or false"):
+        OpenAIBackend(SPEC, stream="maybe")
+
+
+def test_repr_redacts_credentials_in_the_url() -> None:
+    b = OpenAIBackend(SPEC, base_url="http://user:pw@127.0.0.1:8000")
+    assert "pw" not in repr(b)
