@@ -54,7 +54,7 @@ from inferq.config import Settings
 from inferq.jobs import rq_connection
 from inferq.models import WorkerInfo, WorkerState
 from inferq.scheduler.dispatcher import Dispatcher, StepReport
-from inferq.store import Outcome, Store, connect
+from inferq.store import Completion, Store, connect
 
 GOAL_MS_PER_BATCH = 2.0
 CLASSES = ("realtime", "standard", "batch")
@@ -195,7 +195,9 @@ class Bench:
         """Complete what the first ``workers`` workers hold (None = all); refill the queue."""
         done = 0
         for worker_id, claimed in self.held.take(workers):
-            outcomes = [Outcome(rid, attempt, "succeeded", output="ok") for rid, attempt in claimed]
+            outcomes = [
+                Completion(rid, attempt, "succeeded", output="ok") for rid, attempt in claimed
+            ]
             self.store.complete(worker_id, outcomes)
             done += len(outcomes)
         submit(self.client, done, self.submitted)

@@ -35,8 +35,8 @@ from rq.serializers import JSONSerializer
 from inferq.client import Client
 from inferq.config import Settings
 from inferq.jobs import rq_connection
-from inferq.keys import Keys
 from inferq.store import connect
+from inferq.store.keys import Keys
 
 GOAL_BYTES = 1024
 CLASSES = ("realtime", "standard", "batch")

@@ -17,31 +17,23 @@ calls for asyncio code.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
 
-import redis
-
-from inferq import defaults
 from inferq.config import Settings
-from inferq.connection import open_async_redis
-from inferq.errors import QueueFull, RedisUnavailable, RequestNotFound, ResultTimeout
+from inferq.errors import InvalidRequest, QueueFull, ResultTimeout
 from inferq.intake import build_request
-from inferq.keys import Keys
 from inferq.models import InferenceRequest, RequestRecord, RequestState, Result
-from inferq.store import (
-    Store,
-    Submitted,
-    connect,
-    parse_record,
-    parse_submit,
-    script_source,
-    submit_call,
-)
+from inferq.store import AsyncStore, Connection, Store, Submitted, connect
 
 #: After the deadline, how long ``result()`` without a timeout still waits for a
 #: running request (its worker times it out), seconds: two leases.
 _RUNNING_GRACE_LEASES = 2.0
+#: Why ``result()`` expired a request itself (queued past its deadline: no dispatcher).
+EXPIRED_BY_CLIENT = "deadline passed with no dispatcher"
+
+H = TypeVar("H")
 
 
 class BatchRefused(QueueFull):
@@ -52,7 +44,7 @@ class BatchRefused(QueueFull):
         refused: (index in the input, the QueueFull that refused it).
     """
 
-    def __init__(self, accepted: list[RequestHandle], refused: list[tuple[int, QueueFull]]) -> None:
+    def __init__(self, accepted: list[Any], refused: list[tuple[int, QueueFull]]) -> None:
         first = refused[0][1]
         super().__init__(first.priority, first.tenant, first.limit)
         self.accepted = accepted
@@ -93,6 +85,7 @@ class Client:
         settings: classes, models and limits (default: :meth:`Settings.load`).
         namespace: overrides ``settings.namespace``.
         connection: an existing redis-py client (``decode_responses=True``).
+        store: an existing store (a process that holds one already, e.g. the CLI).
 
     Raises:
         RedisUnavailable: Redis does not answer (URL shown with the password redacted).
@@ -104,14 +97,16 @@ class Client:
         *,
         settings: Settings | None = None,
         namespace: str | None = None,
-        connection: redis.Redis | None = None,
+        connection: Connection | None = None,
+        store: Store | None = None,
     ) -> None:
-        self.settings = _settings(settings, redis_url, namespace)
-        self.store = Store(connection or connect(self.settings.redis_url), self.settings)
+        base = settings or (store.settings if store is not None else None)
+        self.settings = _settings(base, redis_url, namespace)
+        self.store = store or Store(connection or connect(self.settings.redis_url), self.settings)
 
     def close(self) -> None:
         """Close the connection pool."""
-        self.store.redis.close()
+        self.store.close()
 
     def __enter__(self) -> Client:
         return self
@@ -149,7 +144,7 @@ class Client:
         """
         requests = _build_many(self.settings, items)
         outcomes = self.store.submit_many(requests)
-        return _handles(self, outcomes)
+        return _handles(lambda s: RequestHandle(self, s), outcomes)
 
     def status(self, request_id: str) -> RequestRecord:
         """The request's record: state, timings, result when final.
@@ -170,22 +165,18 @@ class Client:
             ResultTimeout: ``timeout`` seconds passed first (the request goes on).
             RequestNotFound: unknown id.
         """
-        started = time.monotonic()
-        expired_locally = False
+        wait = _ResultWait(self.settings, request_id, timeout)
         while True:
             record = self.store.record(request_id)
             if record.result is not None:
                 return record.result
-            wait = _next_wait(self.settings, record, started, timeout, self.store.now())
-            if wait is None:
-                raise ResultTimeout(_timeout_message(record, timeout))
-            if wait <= 0 and not expired_locally:
-                self.store.expire_ids([(request_id, "deadline passed with no dispatcher")])
-                expired_locally = True
-                continue
-            before = time.monotonic()
-            if not self.store.wait_final(request_id, max(wait, 0.05)):
-                _pace(before, wait)
+            step = wait.next(record, self.store.now())
+            if step.action == "expire":
+                self.store.expire_ids([(request_id, EXPIRED_BY_CLIENT)])
+            else:
+                before = time.monotonic()
+                if not self.store.wait_final(request_id, step.block_s):
+                    _pace(before, step.seconds)
 
     def cancel(self, request_id: str) -> RequestState:
         """Cancel a queued or assigned request; returns the state after the call.
@@ -209,21 +200,14 @@ class AsyncClient:
         namespace: str | None = None,
     ) -> None:
         self.settings = _settings(settings, redis_url, namespace)
-        self.keys = Keys(self.settings.namespace)
-        self.redis: Any = open_async_redis(self.settings.redis_url)
-        self._submit = self.redis.register_script(script_source("submit"))
-        self._cancel = self.redis.register_script(script_source("cancel"))
-        self._expire = self.redis.register_script(script_source("expire"))
+        self.store = AsyncStore.from_settings(self.settings)
 
     async def aclose(self) -> None:
         """Close the connection pool."""
-        await self.redis.aclose()
+        await self.store.close()
 
     async def __aenter__(self) -> AsyncClient:
-        try:
-            await self.redis.ping()
-        except (redis.RedisError, OSError) as exc:
-            raise RedisUnavailable(self.settings.redis_url, exc) from None
+        await self.store.check()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -232,65 +216,34 @@ class AsyncClient:
     async def submit(self, prompt: str | None = None, **fields: Any) -> AsyncRequestHandle:
         """See :meth:`Client.submit`."""
         request = build_request(self.settings, prompt=prompt, **fields)
-        keys, argv = submit_call(self.keys, self.settings, request, "deadline" in fields)
-        reply = await self._submit(keys=keys, args=argv)
-        return AsyncRequestHandle(self, parse_submit(reply, request).id)
+        submitted = await self.store.submit(request, explicit_deadline="deadline" in fields)
+        return AsyncRequestHandle(self, submitted.id)
 
     async def submit_many(self, items: Iterable[Mapping[str, Any]]) -> list[AsyncRequestHandle]:
         """See :meth:`Client.submit_many` (one pipelined round trip)."""
-        requests = _build_many(self.settings, items)
-        pipe = self.redis.pipeline(transaction=False)
-        for request, explicit in requests:
-            keys, argv = submit_call(self.keys, self.settings, request, explicit)
-            await self._submit(keys=keys, args=argv, client=pipe)
-        replies = await pipe.execute()
-        handles: list[AsyncRequestHandle] = []
-        refused: list[tuple[int, QueueFull]] = []
-        for i, ((request, _), reply) in enumerate(zip(requests, replies, strict=True)):
-            try:
-                handles.append(AsyncRequestHandle(self, parse_submit(reply, request).id))
-            except QueueFull as exc:
-                refused.append((i, exc))
-        if refused:
-            raise BatchRefused(handles, refused)  # type: ignore[arg-type]
-        return handles
+        outcomes = await self.store.submit_many(_build_many(self.settings, items))
+        return _handles(lambda s: AsyncRequestHandle(self, s.id), outcomes)
 
     async def status(self, request_id: str) -> RequestRecord:
         """See :meth:`Client.status`."""
-        fields = await self.redis.hgetall(self.keys.req(request_id))
-        return parse_record(request_id, fields, self.keys)
+        return await self.store.record(request_id)
 
     async def result(self, request_id: str, timeout: float | None = None) -> Result:
         """See :meth:`Client.result`."""
-        started = time.monotonic()
-        expired_locally = False
-        key = self.keys.done(request_id)
+        wait = _ResultWait(self.settings, request_id, timeout)
         while True:
             record = await self.status(request_id)
             if record.result is not None:
                 return record.result
-            sec, usec = await self.redis.time()
-            wait = _next_wait(self.settings, record, started, timeout, sec + usec / 1e6)
-            if wait is None:
-                raise ResultTimeout(_timeout_message(record, timeout))
-            if wait <= 0 and not expired_locally:
-                s = self.settings
-                args: list[Any] = [self.keys.prefix, s.result_ttl_s, s.events_maxlen, 1, "ids"]
-                await self._expire(keys=[], args=[*args, request_id, "deadline passed"])
-                expired_locally = True
-                continue
-            chunk = min(max(wait, 0.05), defaults.BLOCK_CHUNK_S)  # see Store.wait_final
-            await self.redis.blmove(key, key, timeout=chunk, src="RIGHT", dest="LEFT")
+            step = wait.next(record, await self.store.now())
+            if step.action == "expire":
+                await self.store.expire_ids([(request_id, EXPIRED_BY_CLIENT)])
+            else:
+                await self.store.wait_final(request_id, step.block_s)
 
     async def cancel(self, request_id: str) -> RequestState:
         """See :meth:`Client.cancel`."""
-        s = self.settings
-        state = await self._cancel(
-            keys=[], args=[self.keys.prefix, request_id, s.result_ttl_s, s.events_maxlen]
-        )
-        if not state:
-            raise RequestNotFound(request_id)
-        return RequestState(state)
+        return RequestState(await self.store.cancel(request_id))
 
 
 class AsyncRequestHandle:
@@ -327,8 +280,6 @@ def _settings(settings: Settings | None, redis_url: str | None, namespace: str |
 def _build_many(
     settings: Settings, items: Iterable[Mapping[str, Any]]
 ) -> list[tuple[InferenceRequest, bool]]:
-    from inferq.errors import InvalidRequest
-
     if isinstance(items, Mapping | str | bytes) or not isinstance(items, Iterable):
         raise InvalidRequest("items", f"must be a list of mappings, got {type(items).__name__}")
     out: list[tuple[InferenceRequest, bool]] = []
@@ -344,25 +295,71 @@ def _build_many(
     return out
 
 
-def _handles(client: Client, outcomes: Sequence[Submitted | QueueFull]) -> list[RequestHandle]:
-    handles: list[RequestHandle] = []
+def _handles(
+    handle: Callable[[Submitted], H], outcomes: Sequence[Submitted | QueueFull]
+) -> list[H]:
+    """A handle per accepted submission; :class:`BatchRefused` when any was refused."""
+    handles: list[H] = []
     refused: list[tuple[int, QueueFull]] = []
     for i, outcome in enumerate(outcomes):
         if isinstance(outcome, QueueFull):
             refused.append((i, outcome))
         else:
-            handles.append(RequestHandle(client, outcome))
+            handles.append(handle(outcome))
     if refused:
         raise BatchRefused(handles, refused)
     return handles
 
 
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """What ``result()`` does after reading a record that is not final yet.
+
+    ``expire``: expire the request now (its deadline passed while still queued or
+    assigned, and no dispatcher did it); ``block``: wait up to ``block_s`` for the
+    request's final token (``seconds`` is the time left, 0 or less once past the deadline).
+    """
+
+    action: Literal["expire", "block"]
+    seconds: float = 0.0
+
+    @property
+    def block_s(self) -> float:
+        return max(self.seconds, 0.05)
+
+
+class _ResultWait:
+    """The rule of ``result()``, written once for :class:`Client` and :class:`AsyncClient`:
+    given the latest record and the Redis time, the next step (the callers do the I/O).
+
+    Raises (from :meth:`next`):
+        ResultTimeout: ``timeout`` passed, or (without one) the request is still running
+            two leases after its deadline.
+    """
+
+    def __init__(self, settings: Settings, request_id: str, timeout: float | None) -> None:
+        self.settings = settings
+        self.request_id = request_id
+        self.timeout = timeout
+        self.started = time.monotonic()
+        self.expired = False
+
+    def next(self, record: RequestRecord, now: float) -> _Step:
+        wait = _next_wait(self.settings, record, time.monotonic() - self.started, self.timeout, now)
+        if wait is None:
+            raise ResultTimeout(_timeout_message(record, self.timeout))
+        if wait <= 0 and not self.expired:
+            self.expired = True
+            return _Step("expire")
+        return _Step("block", wait)
+
+
 def _next_wait(
-    settings: Settings, record: RequestRecord, started: float, timeout: float | None, now: float
+    settings: Settings, record: RequestRecord, waited_s: float, timeout: float | None, now: float
 ) -> float | None:
     """Seconds to block next; 0 or less = the deadline passed; None = give up."""
     if timeout is not None:
-        left = timeout - (time.monotonic() - started)
+        left = timeout - waited_s
         return left if left > 0 else None
     until_deadline = record.request.deadline - now
     if until_deadline > 0:

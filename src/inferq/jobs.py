@@ -25,8 +25,8 @@ from rq.job import Job
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
-from inferq.connection import open_redis
-from inferq.keys import Keys
+from inferq.store.connection import open_redis
+from inferq.store.keys import Keys
 
 #: The only function a :class:`BatchJob` may run.
 BATCH_FUNC = "inferq.workers.batch.run_batch"

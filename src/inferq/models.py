@@ -154,6 +154,11 @@ class InferenceRequest(BaseModel):
     submitted_at: float = Field(gt=0)
     attempts: int = Field(default=0, ge=0)
 
+    @property
+    def route(self) -> str:
+        """The route: stored (and given by the client) as ``model``."""
+        return self.model
+
     def to_fields(self) -> dict[str, str]:
         """Flat string hash for Redis (payload as JSON)."""
         fields = {

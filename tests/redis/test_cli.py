@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from inferq.cli.main import cli
 from inferq.config import Settings
 from inferq.scheduler.dispatcher import Dispatcher
-from inferq.store import Outcome, Store
+from inferq.store import Completion, Store
 
 from ..conftest import REDIS_URL
 from ..helpers import ready_worker
@@ -56,7 +56,7 @@ def test_submit_reads_stdin_and_waits(run, store: Store, settings: Settings) -> 
         for rid in store.redis.smembers(store.keys.inflight("w1")):
             attempt = int(store.redis.hget(store.keys.req(rid), "attempts"))
             store.start("w1", [(rid, attempt)])
-            store.complete("w1", [Outcome(rid, attempt, "succeeded", output="pong")])
+            store.complete("w1", [Completion(rid, attempt, "succeeded", output="pong")])
 
     thread = threading.Thread(target=serve)
     thread.start()

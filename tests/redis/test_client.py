@@ -12,7 +12,7 @@ from inferq.client import AsyncClient, BatchRefused, Client
 from inferq.config import PriorityClass, Settings
 from inferq.errors import InvalidRequest, RequestNotFound, ResultTimeout
 from inferq.models import RequestState
-from inferq.store import Outcome, Store
+from inferq.store import Completion, Store
 
 from ..helpers import ready_worker
 
@@ -30,7 +30,9 @@ def serve_one(store: Store, worker: str = "w1", output: str = "ok") -> None:
     claimed = store.assign(worker, "b", [(ids[0], store.keys.queue("standard", "llama-3.1-8b"), 1)])
     store.start(worker, claimed)
     rid, attempt = claimed[0]
-    store.complete(worker, [Outcome(rid, attempt, "succeeded", output=output, completion_tokens=1)])
+    store.complete(
+        worker, [Completion(rid, attempt, "succeeded", output=output, completion_tokens=1)]
+    )
 
 
 def test_submit_and_block_for_the_result(client: Client, store: Store) -> None:

@@ -27,7 +27,7 @@ from inferq.client import AsyncClient, BatchRefused, Client
 from inferq.config import Settings
 from inferq.errors import InvalidRequest, QueueFull
 from inferq.intake import build_request
-from inferq.keys import Keys
+from inferq.store.keys import Keys
 
 from ..conftest import REDIS_URL
 

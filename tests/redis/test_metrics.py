@@ -9,7 +9,7 @@ from prometheus_client import generate_latest
 from inferq.config import Settings
 from inferq.metrics import build_registry, serve_metrics
 from inferq.scheduler.dispatcher import Dispatcher
-from inferq.store import Outcome, Store
+from inferq.store import Completion, Store
 
 from ..builders import inference_request
 from ..helpers import ready_worker
@@ -36,7 +36,7 @@ def test_event_observer_fills_histograms_and_sla_counters(store: Store, settings
     r = inference_request(settings, priority="realtime")
     store.submit(r)
     [(rid, attempt)] = store.assign("w1", "b", [(r.id, store.keys.queue("realtime", r.model), 1)])
-    store.complete("w1", [Outcome(rid, attempt, "succeeded", completion_tokens=3)])
+    store.complete("w1", [Completion(rid, attempt, "succeeded", completion_tokens=3)])
     registry, observer = build_registry(store)
     for event in store.events():
         observer.observe(event.type, event.fields)

@@ -25,8 +25,8 @@ from rq.job import Job
 from inferq.client import Client
 from inferq.config import Settings
 from inferq.jobs import BATCH_FUNC, BatchJob, rq_connection, worker_queue
-from inferq.keys import Keys
 from inferq.models import RequestState
+from inferq.store.keys import Keys
 
 from ..conftest import REDIS_URL
 from ..fakes.servers import inferq_process, sim_worker, stop_process, wait_for, wait_ready

@@ -9,7 +9,7 @@ import pytest
 from inferq.config import PriorityClass, Settings
 from inferq.errors import QueueFull, RequestNotFound
 from inferq.models import RequestState, WorkerState
-from inferq.store import Outcome, Store
+from inferq.store import Completion, Store
 
 from ..builders import inference_request
 from ..helpers import queue_key, ready_worker
@@ -109,9 +109,9 @@ def test_complete_is_fenced_by_attempt(store: Store, settings: Settings) -> None
     store.submit(r)
     [(rid, attempt)] = store.assign("w1", "b1", [(r.id, queue_key(store, r), 5.0)])
     assert store.start("w1", [(rid, attempt)]) == ["run"]
-    stale = Outcome(rid, attempt + 1, "succeeded", output="late")
+    stale = Completion(rid, attempt + 1, "succeeded", output="late")
     assert store.complete("w1", [stale]) == ["stale"]
-    good = Outcome(rid, attempt, "succeeded", output="hi", prompt_tokens=3, completion_tokens=1)
+    good = Completion(rid, attempt, "succeeded", output="hi", prompt_tokens=3, completion_tokens=1)
     assert store.complete("w1", [good]) == ["ok"]
     assert store.complete("w1", [good]) == ["stale"]  # exactly one final result
     rec = store.record(rid)

@@ -19,15 +19,14 @@ from pathlib import Path
 import pytest
 import redis
 
-from inferq import connection
 from inferq.client import AsyncClient, Client
 from inferq.config import Settings
-from inferq.connection import (
-    open_redis,
-)
 from inferq.errors import RedisUnavailable
 from inferq.scheduler.dispatcher import Dispatcher
-from inferq.store import Store, connect
+from inferq.store import Store, connect, connection
+from inferq.store.connection import (
+    open_redis,
+)
 
 from ..fakes.servers import (
     OPENSSL,

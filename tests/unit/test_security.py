@@ -24,13 +24,13 @@ import rq.serializers
 from click.testing import CliRunner
 from rq.serializers import JSONSerializer
 
-from inferq import connection
 from inferq.cli.main import cli
 from inferq.client import AsyncClient, Client
 from inferq.errors import ConfigError, RedisUnavailable, redact_text, redact_url
 from inferq.jobs import BatchJob, rq_connection, worker_queue
-from inferq.keys import Keys
 from inferq.logs import RedactingFilter, setup_logging
+from inferq.store import connection
+from inferq.store.keys import Keys
 
 from ..conftest import REDIS_URL
 

@@ -13,8 +13,10 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.connection import SSLConnection
 from redis.sentinel import SentinelConnectionPool
 
-from inferq import connection
-from inferq.connection import (
+from inferq.errors import ConfigError, RedisUnavailable
+from inferq.jobs import rq_connection
+from inferq.store import connect, connection
+from inferq.store.connection import (
     SENTINEL_PORT,
     SentinelSSLConnection,
     connection_kwargs,
@@ -24,9 +26,6 @@ from inferq.connection import (
     parse_sentinel_url,
     watch_failovers,
 )
-from inferq.errors import ConfigError, RedisUnavailable
-from inferq.jobs import rq_connection
-from inferq.store import connect
 
 SECRET = "pa55-w0rd"
 

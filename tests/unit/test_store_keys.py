@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from importlib import resources
 
-from inferq.keys import Keys
+from inferq.store.keys import Keys
 
-LIB = (resources.files("inferq") / "lua" / "lib.lua").read_text()
+LIB = (resources.files("inferq.store") / "lua" / "includes" / "keys.lua").read_text()
 
 
 def test_every_key_is_under_the_prefix() -> None:

@@ -39,7 +39,7 @@ from inferq import defaults
 from inferq.config import ModelSpec
 from inferq.errors import CorruptRecord, RequestNotFound
 from inferq.models import RequestRecord, WorkerInfo, WorkerState
-from inferq.store import CONNECTION_ERRORS, Outcome, Store
+from inferq.store import CONNECTION_ERRORS, Completion, Store
 from inferq.workers.backends import Backend, BackendError, BackendRequest
 from inferq.workers.gpu import GpuInfo
 
@@ -90,7 +90,7 @@ class Engine:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="engine", daemon=True)
         self._running: dict[str, tuple[asyncio.Task[None], int]] = {}
-        self._pending: list[tuple[Outcome, str | None]] = []
+        self._pending: list[tuple[Completion, str | None]] = []
         self._flush_wanted: asyncio.Event | None = None
         self._flusher: asyncio.Task[None] | None = None
         self._write_lock: asyncio.Lock | None = None  # one writer of results at a time
@@ -348,7 +348,7 @@ class Engine:
         try:
             self.store.complete(
                 self.config.worker_id,
-                [Outcome(rid, attempt, "failed", error=f"corrupt request record: {reason}")],
+                [Completion(rid, attempt, "failed", error=f"corrupt request record: {reason}")],
             )
         finally:
             self._unhold([rid])
@@ -392,7 +392,9 @@ class Engine:
                 timeout=max(0.001, remaining),
             )
         except TimeoutError:
-            self._queue(Outcome(req.id, attempt, "expired", error="deadline passed while running"))
+            self._queue(
+                Completion(req.id, attempt, "expired", error="deadline passed while running")
+            )
             return
         except BackendError as exc:
             await self._failed(req.id, attempt, exc)
@@ -406,7 +408,7 @@ class Engine:
             )
             return
         first = t0 + result.ttft_s if result.ttft_s is not None else None
-        outcome = Outcome(
+        outcome = Completion(
             req.id,
             attempt,
             "succeeded",
@@ -420,7 +422,7 @@ class Engine:
     async def _failed(self, rid: str, attempt: int, exc: BackendError) -> None:
         self.failed += 1
         if not exc.retryable:
-            self._queue(Outcome(rid, attempt, "failed", error=str(exc)))
+            self._queue(Completion(rid, attempt, "failed", error=str(exc)))
             return
         try:
             await asyncio.to_thread(
@@ -429,7 +431,7 @@ class Engine:
         finally:  # requeue failed (Redis down): recover_orphans hands it back later
             self._unhold([rid])
 
-    def _queue(self, outcome: Outcome, task_type: str | None = None) -> None:
+    def _queue(self, outcome: Completion, task_type: str | None = None) -> None:
         self._pending.append((outcome, task_type))
         assert self._flush_wanted is not None
         self._flush_wanted.set()
@@ -462,7 +464,7 @@ class Engine:
                 log.exception("could not write %d results; writing them one by one", len(batch))
                 self._pending[:0] = [(o, t) for o, t in batch if self._write_alone(o, t)]
 
-    def _write_alone(self, outcome: Outcome, task_type: str | None) -> bool:
+    def _write_alone(self, outcome: Completion, task_type: str | None) -> bool:
         """Write one result; True to retry it (Redis unavailable), False when done or dropped."""
         try:
             self._write([(outcome, task_type)])
@@ -473,7 +475,7 @@ class Engine:
             self._unhold([outcome.request_id])
         return False
 
-    def _write(self, batch: list[tuple[Outcome, str | None]]) -> None:
+    def _write(self, batch: list[tuple[Completion, str | None]]) -> None:
         verdicts = self.store.complete(self.config.worker_id, [o for o, _ in batch])
         self._unhold(o.request_id for o, _ in batch)
         observed = []

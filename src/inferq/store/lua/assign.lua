@@ -7,6 +7,7 @@
 -- dispatchers never assign the same request); every assigned request is in the leases and
 -- inflight:<w> and its need is counted in load:<w>; nothing is assigned to a worker that is
 -- not live and ready, or that was asked to drain (before its next beat says so).
+-- include: clock, keys, counts, events
 local p, w, batch, lease_ms, maxlen = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 if redis.call('HGET', KEYS[1], 'state') ~= 'ready' or redis.call('EXISTS', KEYS[4]) == 1 then
   return {}

@@ -4,6 +4,7 @@
 -- Returns {joined (1 if the hash was absent), drain_requested (1|0), now_ms}
 -- Invariant: a live worker's hash exists and is in the workers index with its last beat;
 -- while it beats, none of its requests' leases lapse; a silent worker's hash expires after ttl.
+-- include: clock, events
 local p, w, ttl, lease_ms, maxlen = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local now = now_ms()
 local joined = 1 - redis.call('EXISTS', KEYS[1])

@@ -3,6 +3,7 @@
 -- Returns a flat list {id, verdict, ...}.
 -- Invariant: no assigned or running request stays held by a worker that stopped beating
 -- for longer than one lease; the requeue is fenced (see requeue_one in lib.lua).
+-- include: clock, keys, requeue
 local p, max_attempts, ttl, maxlen = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local now = now_ms()
 local out = {}

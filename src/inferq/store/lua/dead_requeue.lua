@@ -3,6 +3,7 @@
 -- Returns 1 if requeued, 0 if the id is not in the dead letter.
 -- Invariant: attempt numbers only grow (attempt_base marks where the new budget starts), so
 -- fencing still rejects results of attempts made before the dead letter.
+-- include: clock, keys, events, requeue
 local p, id = ARGV[1], ARGV[2]
 if redis.call('ZREM', p .. 'dead', id) == 0 then return 0 end
 local key = k_req(p, id)

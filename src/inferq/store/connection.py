@@ -1,8 +1,10 @@
 """Redis connections: the URL forms inferq accepts, TLS options, Sentinel, retries.
 
-Every inferq process opens Redis here, through :func:`inferq.store.connect`
-(text replies) and :func:`inferq.jobs.rq_connection` (bytes, for RQ), so one
-URL configures the client, the dispatcher, the workers and the scaler alike.
+Every inferq process opens Redis here, through :func:`connect` (text replies) and
+:func:`inferq.delivery.rq_connection` (bytes, for RQ), so one URL configures the
+client, the dispatcher, the workers and the scaler alike. The error types callers
+outside the store catch are named here too (:data:`CONNECTION_ERRORS`,
+:data:`REPLY_ERRORS`, :data:`REDIS_ERRORS`), so nothing else imports redis.
 
 URL forms (``INFERQ_REDIS_URL``, ``--redis-url``):
 
@@ -48,7 +50,23 @@ from redis.connection import URL_QUERY_ARGUMENT_PARSERS, SSLConnection
 from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError, Sentinel, SentinelManagedConnection
 
-from inferq.errors import ConfigError, redact_url
+from inferq.errors import ConfigError, RedisUnavailable, redact_text, redact_url
+
+#: A synchronous redis-py client (text replies for inferq's own keys).
+Connection = redis.Redis
+#: An asyncio redis-py client (text replies).
+AsyncConnection = aioredis.Redis
+
+#: Errors meaning "Redis is not reachable right now" (retried with backoff by daemons).
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+)
+#: Errors meaning Redis refused a command: a script failing on a record it cannot read,
+#: a key of another type than the command expects.
+REPLY_ERRORS: tuple[type[BaseException], ...] = (redis.ResponseError,)
+#: Every error a Redis call raises.
+REDIS_ERRORS: tuple[type[BaseException], ...] = (redis.RedisError,)
 
 #: URL schemes :func:`open_redis` accepts (the ``+sentinel`` ones name sentinels).
 SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
@@ -382,3 +400,33 @@ def _query_options(url: str, query: str) -> tuple[dict[str, Any], dict[str, str]
                 f"redis_url: option {name}={value!r} in {redact_url(url)!r} is invalid"
             ) from None
     return options, auth
+
+
+def connect(url: str, *, check: bool = True) -> redis.Redis:
+    """Open a connection pool to ``url`` (text replies).
+
+    Any URL form of this module: ``redis://``, ``rediss://`` (TLS options in the query),
+    ``unix://``, ``redis+sentinel://`` (the primary a sentinel names, followed across
+    failovers).
+
+    Raises:
+        ConfigError: the URL is malformed (password redacted).
+        RedisUnavailable: ``check`` is true and the server does not answer PING
+            (the message carries the URL with its password redacted).
+    """
+    client = open_redis(url)
+    if check:
+        try:
+            client.ping()
+        except (redis.RedisError, OSError) as exc:
+            client.close()
+            raise RedisUnavailable(url, explain(url, exc)) from None
+    return client
+
+
+def describe_error(url: str, exc: BaseException) -> str:
+    """One line for a Redis error met talking to ``url`` (passwords redacted): a lost or
+    refused connection says the server cannot be reached, anything else what Redis said."""
+    if isinstance(exc, redis.ConnectionError):
+        return str(RedisUnavailable(url, exc))
+    return f"redis: {redact_text(str(exc))}"

@@ -5,6 +5,7 @@
 -- deliver nothing) or 'expired' (deadline passed before start: expired here, not run).
 -- Invariant: a request runs only under the attempt that holds it, on the worker that holds it;
 -- a request past its deadline never starts.
+-- include: clock, keys, events, release, finalize
 local p, w, lease_ms, ttl, maxlen = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local now = now_ms()
 local out = {}

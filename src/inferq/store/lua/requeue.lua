@@ -6,6 +6,7 @@
 -- Invariant: a requeued request returns to its original position (score = submit time);
 -- after max_attempts penalized attempts it fails with the last error and is dead-lettered;
 -- past its deadline it expires instead; a stale attempt cannot requeue a newer one.
+-- include: clock, requeue
 local p, max_attempts, ttl, maxlen, penalize = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local now = now_ms()
 local out = {}

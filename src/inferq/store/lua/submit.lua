@@ -8,6 +8,7 @@
 -- Invariant: a request is in exactly one queue iff its state is 'queued'; counts:c:<class>
 -- and counts:t:<class>:<tenant> equal the queued requests they name; an idempotency key
 -- maps to at most one request; a refused submission writes nothing.
+-- include: clock, counts, events, wake
 local p, id, class, route, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local idem = KEYS[3]
 if idem then
@@ -36,6 +37,5 @@ count_queued(p, class, tenant, 1)
 if idem then redis.call('SET', idem, id, 'EX', ARGV[10]) end
 stat(p, 'submitted')
 emit(p, ARGV[11], 'submit', 'id', id, 'class', class, 'route', route, 'tenant', tenant)
-redis.call('LPUSH', p .. 'wake', '1')
-redis.call('LTRIM', p .. 'wake', 0, 0)
+wake(p)
 return {'ok', id, tostring(now), tostring(deadline)}

@@ -9,6 +9,7 @@
 -- ignored, so a late result from a re-dispatched attempt never overwrites the real one).
 -- Invariant: exactly one final result per request; a final request holds no lease or
 -- reservation; the waiting client is told once.
+-- include: clock, keys, events, release, finalize
 local p, w, ttl, maxlen = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local now = now_ms()
 local out = {}

@@ -5,18 +5,14 @@
 -- Invariant: a queued or assigned request past its deadline is expired and its waiting client
 -- told; a running one is left to its worker (which times it out) and leaves the index; the
 -- deadlines index holds only non-final requests.
+-- include: clock, keys, events, withdraw, finalize
 local p, ttl, maxlen, limit, mode = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local now = now_ms()
 local out = {}
 local function expire_one(id, reason)
   local key = k_req(p, id)
   local r = redis.call('HMGET', key, 'state', 'priority', 'model', 'tenant', 'worker', 'need_mib', 'submitted_ms')
-  if r[1] == 'queued' then
-    redis.call('ZREM', k_queue(p, r[2], r[3]), id)
-    count_queued(p, r[2], r[4], -1)
-  elseif r[1] == 'assigned' then
-    release(p, id, r[5], r[6])
-  else
+  if not withdraw(p, id, r) then
     redis.call('ZREM', p .. 'deadlines', id)
     return
   end

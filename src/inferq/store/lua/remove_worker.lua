@@ -7,6 +7,7 @@
 -- Returns {removed (1|0), requeued ids...}; 0 when the worker is alive or already gone.
 -- Invariant: every request a removed worker held is requeued (or expired/dead-lettered), so
 -- nothing is lost; a worker that is still beating is never reaped.
+-- include: clock, events, requeue
 local p, w = ARGV[1], ARGV[2]
 local beat = redis.call('ZSCORE', p .. 'workers', w)
 if ARGV[4] == '1' then

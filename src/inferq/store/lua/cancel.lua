@@ -4,18 +4,12 @@
 -- a running request is not interrupted, a final one is unchanged), or false if unknown.
 -- Invariant: only queued and assigned requests become cancelled; the queue counters and
 -- the worker's reservation are given back; the waiting client is told.
+-- include: clock, keys, events, withdraw, finalize
 local p, id, ttl, maxlen = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local key = k_req(p, id)
 local r = redis.call('HMGET', key, 'state', 'priority', 'model', 'tenant', 'worker', 'need_mib')
 if not r[1] then return false end
-if r[1] == 'queued' then
-  redis.call('ZREM', k_queue(p, r[2], r[3]), id)
-  count_queued(p, r[2], r[4], -1)
-elseif r[1] == 'assigned' then
-  release(p, id, r[5], r[6])
-else
-  return r[1]
-end
+if not withdraw(p, id, r) then return r[1] end
 finalize(p, id, 'cancelled', now_ms(), ttl, maxlen, {'error', 'cancelled by the caller'})
 emit(p, maxlen, 'cancel', 'id', id)
 return 'cancelled'

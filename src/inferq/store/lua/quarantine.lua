@@ -4,6 +4,7 @@
 -- Returns 1.
 -- Invariant: nothing is deleted: the record is renamed to quarantined:<key> and the reason
 -- kept in the quarantine hash, where `inferq` reports it; no daemon meets it again.
+-- include: events
 local p, reason = ARGV[1], ARGV[2]
 if redis.call('EXISTS', KEYS[1]) == 1 then
   redis.call('RENAME', KEYS[1], p .. 'quarantined:' .. KEYS[1])

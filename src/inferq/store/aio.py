@@ -1,0 +1,119 @@
+""":class:`AsyncStore`: the client's Redis calls for asyncio code (redis.asyncio).
+
+The same scripts, arguments and reply parsers as :class:`~inferq.store.Store`
+(:mod:`inferq.store.calls`): only the awaiting differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from inferq import defaults
+from inferq.config import Settings
+from inferq.errors import QueueFull, RedisUnavailable
+from inferq.models import InferenceRequest, RequestRecord
+from inferq.store import calls
+from inferq.store.calls import Call, Submitted
+from inferq.store.connection import AsyncConnection, open_async_redis
+from inferq.store.keys import Keys
+from inferq.store.scripts import script_source
+
+#: The scripts a client runs.
+CLIENT_SCRIPTS = ("submit", "cancel", "expire")
+
+
+class AsyncStore:
+    """Asyncio access to one deployment's keys: what :class:`~inferq.client.AsyncClient` needs.
+
+    Args:
+        client: a ``redis.asyncio`` client with text replies (see :meth:`from_settings`).
+        settings: limits, TTLs and the namespace.
+    """
+
+    def __init__(self, client: AsyncConnection, settings: Settings) -> None:
+        self.redis: Any = client
+        self.settings = settings
+        self.keys = Keys(settings.namespace)
+        self._scripts = {
+            name: client.register_script(script_source(name)) for name in CLIENT_SCRIPTS
+        }
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> AsyncStore:
+        """A store on ``settings.redis_url`` (no round trip: see :meth:`check`).
+
+        Raises:
+            ConfigError: the URL is malformed (password redacted).
+        """
+        return cls(open_async_redis(settings.redis_url), settings)
+
+    async def check(self) -> None:
+        """PING the server.
+
+        Raises:
+            RedisUnavailable: it does not answer (URL shown with the password redacted).
+        """
+        try:
+            await self.redis.ping()
+        except (redis.RedisError, OSError) as exc:
+            raise RedisUnavailable(self.settings.redis_url, exc) from None
+
+    async def close(self) -> None:
+        """Close the connection pool."""
+        await self.redis.aclose()
+
+    async def _call(self, call: Call, client: Any = None) -> Any:
+        return await self._scripts[call.script](keys=call.keys, args=call.args, client=client)
+
+    async def now(self) -> float:
+        """Redis server time, epoch seconds."""
+        return calls.redis_time(await self.redis.time())
+
+    async def submit(
+        self, request: InferenceRequest, *, explicit_deadline: bool = False
+    ) -> Submitted:
+        """See :meth:`inferq.store.Store.submit`."""
+        call = calls.submit_call(self.keys, self.settings, request, explicit_deadline)
+        return calls.parse_submit(await self._call(call), request)
+
+    async def submit_many(
+        self, requests: Sequence[tuple[InferenceRequest, bool]]
+    ) -> list[Submitted | QueueFull]:
+        """See :meth:`inferq.store.Store.submit_many` (one pipelined round trip)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for request, explicit in requests:
+            await self._call(calls.submit_call(self.keys, self.settings, request, explicit), pipe)
+        out: list[Submitted | QueueFull] = []
+        for (request, _), reply in zip(requests, await pipe.execute(), strict=True):
+            try:
+                out.append(calls.parse_submit(reply, request))
+            except QueueFull as exc:
+                out.append(exc)
+        return out
+
+    async def record(self, request_id: str) -> RequestRecord:
+        """See :meth:`inferq.store.Store.record`."""
+        fields = await self.redis.hgetall(self.keys.req(request_id))
+        return calls.parse_record(request_id, fields, self.keys)
+
+    async def wait_final(self, request_id: str, timeout_s: float) -> bool:
+        """See :meth:`inferq.store.Store.wait_final`."""
+        key = self.keys.done(request_id)
+        wait = min(timeout_s, defaults.BLOCK_CHUNK_S)
+        token = await self.redis.blmove(key, key, timeout=wait, src="RIGHT", dest="LEFT")
+        return token is not None
+
+    async def expire_ids(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[str, float]]:
+        """See :meth:`inferq.store.Store.expire_ids`."""
+        if not pairs:
+            return []
+        call = calls.expire_ids_call(self.keys, self.settings, pairs)
+        return calls.parse_expire(await self._call(call))
+
+    async def cancel(self, request_id: str) -> str:
+        """See :meth:`inferq.store.Store.cancel`."""
+        reply = await self._call(calls.cancel_call(self.keys, self.settings, request_id))
+        return calls.parse_cancel(reply, request_id)

@@ -1,0 +1,411 @@
+"""Each Lua script's arguments and reply, as pure functions shared by both stores.
+
+For every script of ``lua/`` one builder returns its :class:`Call` (script name, KEYS,
+ARGV) and one parser turns its reply into Python values; :class:`~inferq.store.Store`
+and :class:`~inferq.store.AsyncStore` only run them, so the synchronous and the asyncio
+side can never spell a script's arguments differently. The parsers of plain reads (a
+request hash, an event, the output estimates) live here for the same reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+from inferq.config import Settings
+from inferq.errors import QueueFull, RequestNotFound
+from inferq.models import Event, InferenceRequest, RequestRecord, WorkerInfo, from_ms
+from inferq.store.keys import Keys
+
+
+class Call(NamedTuple):
+    """One script call: the script's name (``lua/<script>.lua``), KEYS and ARGV."""
+
+    script: str
+    keys: list[str]
+    args: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """Outcome of one accepted submission.
+
+    Attributes:
+        id: the request id (the first one's, for a duplicate idempotency key).
+        duplicate: true when the idempotency key mapped to an earlier request.
+        submitted_at / deadline: epoch seconds as recorded by Redis (None for a duplicate).
+    """
+
+    id: str
+    duplicate: bool = False
+    submitted_at: float | None = None
+    deadline: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A finished request's result, as a worker hands it to :meth:`Store.complete`.
+
+    Attributes:
+        status: ``succeeded``, ``failed`` (not retryable) or ``expired``.
+        first_token_at: epoch seconds of the first output token, when known.
+    """
+
+    request_id: str
+    attempt: int
+    status: Literal["succeeded", "failed", "expired"]
+    output: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    first_token_at: float | None = None
+    error: str = ""
+
+
+def _pairs(flat: Sequence[Any]) -> list[tuple[Any, Any]]:
+    return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+
+
+# --- submit ---------------------------------------------------------------------------
+
+
+def submit_call(
+    keys: Keys, settings: Settings, request: InferenceRequest, explicit_deadline: bool
+) -> Call:
+    """``submit.lua`` for one validated request (``explicit_deadline``: the caller gave
+    ``deadline``, so it is stored as is instead of Redis time + timeout)."""
+    cls = settings.class_by_name[request.priority]
+    # No idempotency key: no third key at all (an ACL user confined to inferq:* may not
+    # name the empty key).
+    idem = [keys.idem(request.tenant, request.idempotency_key)] if request.idempotency_key else []
+    fields = request.to_fields()
+    for derived in ("submitted_ms", "deadline_ms", "attempts"):
+        fields.pop(derived)
+    argv: list[Any] = [
+        keys.prefix,
+        request.id,
+        request.priority,
+        request.route,
+        request.tenant,
+        cls.queue_limit,
+        cls.tenant_queue_limit,
+        round(request.timeout_s * 1000),
+        round(request.deadline * 1000) if explicit_deadline else "",
+        settings.idempotency_ttl_s,
+        settings.events_maxlen,
+    ]
+    for name, value in fields.items():
+        argv += [name, value]
+    keys_ = [keys.req(request.id), keys.queue(request.priority, request.route), *idem]
+    return Call("submit", keys_, argv)
+
+
+def parse_submit(reply: Sequence[str], request: InferenceRequest) -> Submitted:
+    """:class:`Submitted` from ``submit.lua``'s reply.
+
+    Raises:
+        QueueFull: the class or tenant limit refused the request.
+    """
+    kind = reply[0]
+    if kind == "ok":
+        return Submitted(reply[1], False, from_ms(int(reply[2])), from_ms(int(reply[3])))
+    if kind == "dup":
+        return Submitted(reply[1], duplicate=True)
+    tenant = request.tenant if reply[1] == "tenant" else None
+    raise QueueFull(request.priority, tenant, int(reply[2]))
+
+
+# --- dispatch ---------------------------------------------------------------------------
+
+
+def assign_call(
+    keys: Keys,
+    settings: Settings,
+    worker_id: str,
+    batch_id: str,
+    items: Sequence[tuple[str, str, float]],
+) -> Call:
+    """``assign.lua``: claim ``items`` = [(request id, queue key, need MiB)] for a worker."""
+    argv: list[Any] = [
+        keys.prefix,
+        worker_id,
+        batch_id,
+        round(settings.lease_s * 1000),
+        settings.events_maxlen,
+    ]
+    for rid, queue_key, need in items:
+        argv += [rid, queue_key, f"{need:.3f}"]
+    worker_keys = [
+        keys.worker(worker_id),
+        keys.load(worker_id),
+        keys.inflight(worker_id),
+        keys.drain(worker_id),
+    ]
+    return Call("assign", worker_keys, argv)
+
+
+def parse_assign(reply: Sequence[Any]) -> list[tuple[str, int]]:
+    """(request id, attempt) of each request claimed."""
+    return [(str(rid), int(attempt)) for rid, attempt in _pairs(reply)]
+
+
+def expire_due_call(keys: Keys, settings: Settings, limit: int) -> Call:
+    """``expire.lua`` in ``due`` mode: every request of the deadlines index past its deadline."""
+    s = settings
+    return Call("expire", [], [keys.prefix, s.result_ttl_s, s.events_maxlen, limit, "due"])
+
+
+def expire_ids_call(keys: Keys, settings: Settings, pairs: Sequence[tuple[str, str]]) -> Call:
+    """``expire.lua`` in ``ids`` mode: the given (request id, reason) now."""
+    s = settings
+    argv: list[Any] = [keys.prefix, s.result_ttl_s, s.events_maxlen, len(pairs), "ids"]
+    for rid, reason in pairs:
+        argv += [rid, reason]
+    return Call("expire", [], argv)
+
+
+def parse_expire(reply: Sequence[Any]) -> list[tuple[str, float]]:
+    """(request id, seconds waited) of each request expired."""
+    return [(str(rid), int(waited_ms) / 1000) for rid, waited_ms in _pairs(reply)]
+
+
+def reap_leases_call(keys: Keys, settings: Settings, limit: int) -> Call:
+    """``reap_leases.lua``: requeue up to ``limit`` requests whose lease lapsed."""
+    s = settings
+    return Call(
+        "reap_leases", [], [keys.prefix, s.max_attempts, s.result_ttl_s, s.events_maxlen, limit]
+    )
+
+
+def parse_reap_leases(reply: Sequence[Any]) -> list[tuple[str, str]]:
+    """(request id, verdict: queued/expired/dead/stale) of each lapsed lease."""
+    return [(str(rid), str(verdict)) for rid, verdict in _pairs(reply)]
+
+
+def remove_worker_call(
+    keys: Keys, settings: Settings, worker_id: str, *, reason: str, dead: bool, stale_before: float
+) -> Call:
+    """``remove_worker.lua``: a lost worker (``dead``: penalised, only if still silent since
+    ``stale_before``, epoch s) or one leaving after its drain."""
+    s, k = settings, keys
+    worker_keys = [
+        k.worker(worker_id),
+        k.inflight(worker_id),
+        k.load(worker_id),
+        k.drain(worker_id),
+    ]
+    argv = [
+        k.prefix,
+        worker_id,
+        round(stale_before * 1000),
+        "1" if dead else "0",
+        "1" if dead else "0",
+        s.max_attempts,
+        s.result_ttl_s,
+        s.events_maxlen,
+        reason,
+        "worker_lost" if dead else "worker_left",
+    ]
+    return Call("remove_worker", worker_keys, argv)
+
+
+def parse_remove_worker(reply: Sequence[Any]) -> list[str] | None:
+    """The requeued request ids, or None when the worker turned out to be alive."""
+    if not int(reply[0]):
+        return None
+    return [str(x) for x in reply[1:]]
+
+
+# --- worker -----------------------------------------------------------------------------
+
+
+def heartbeat_call(keys: Keys, settings: Settings, info: WorkerInfo, ttl_s: float) -> Call:
+    """``heartbeat.lua``: publish ``info`` for ``ttl_s`` seconds and extend its leases."""
+    argv: list[Any] = [
+        keys.prefix,
+        info.id,
+        round(ttl_s * 1000),
+        round(settings.lease_s * 1000),
+        settings.events_maxlen,
+    ]
+    for name, value in info.to_fields().items():
+        argv += [name, value]
+    return Call(
+        "heartbeat", [keys.worker(info.id), keys.inflight(info.id), keys.drain(info.id)], argv
+    )
+
+
+def parse_heartbeat(reply: Sequence[Any]) -> tuple[bool, bool]:
+    """(joined, drain requested)."""
+    joined, drain, _now = reply
+    return bool(joined), bool(drain)
+
+
+def start_call(
+    keys: Keys, settings: Settings, worker_id: str, pairs: Sequence[tuple[str, int]]
+) -> Call:
+    """``start.lua``: begin (request id, attempt) pairs on ``worker_id``."""
+    s = settings
+    argv: list[Any] = [
+        keys.prefix,
+        worker_id,
+        round(s.lease_s * 1000),
+        s.result_ttl_s,
+        s.events_maxlen,
+    ]
+    for rid, attempt in pairs:
+        argv += [rid, attempt]
+    return Call("start", [keys.worker(worker_id)], argv)
+
+
+def parse_start(reply: Sequence[Any]) -> list[str]:
+    """One verdict per pair: ``run``, ``stale`` or ``expired``."""
+    return [str(v) for v in reply]
+
+
+def complete_call(
+    keys: Keys, settings: Settings, worker_id: str, completions: Sequence[Completion]
+) -> Call:
+    """``complete.lua``: record final results of ``worker_id``, fenced by attempt."""
+    s = settings
+    argv: list[Any] = [keys.prefix, worker_id, s.result_ttl_s, s.events_maxlen]
+    for c in completions:
+        first = "" if c.first_token_at is None else str(round(c.first_token_at * 1000))
+        argv += [
+            c.request_id,
+            c.attempt,
+            c.status,
+            c.output,
+            c.prompt_tokens,
+            c.completion_tokens,
+            first,
+            c.error,
+        ]
+    return Call("complete", [], argv)
+
+
+def parse_complete(reply: Sequence[Any]) -> list[str]:
+    """One verdict per result: ``ok`` or ``stale``."""
+    return [str(v) for v in reply]
+
+
+def requeue_call(
+    keys: Keys,
+    settings: Settings,
+    items: Sequence[tuple[str, int | None, str, str]],
+    *,
+    penalize: bool,
+) -> Call:
+    """``requeue.lua``: (request id, attempt or None, worker or '', error) back to their queues."""
+    s = settings
+    argv: list[Any] = [
+        keys.prefix,
+        s.max_attempts,
+        s.result_ttl_s,
+        s.events_maxlen,
+        "1" if penalize else "0",
+    ]
+    for rid, attempt, worker, error in items:
+        argv += [rid, "" if attempt is None else attempt, worker, error]
+    return Call("requeue", [], argv)
+
+
+def parse_requeue(reply: Sequence[Any]) -> list[str]:
+    """One verdict per item: ``queued``, ``expired``, ``dead`` or ``stale``."""
+    return [str(v) for v in reply]
+
+
+# --- client and admin -------------------------------------------------------------------
+
+
+def cancel_call(keys: Keys, settings: Settings, request_id: str) -> Call:
+    """``cancel.lua``: cancel a request that has not started."""
+    s = settings
+    return Call("cancel", [], [keys.prefix, request_id, s.result_ttl_s, s.events_maxlen])
+
+
+def parse_cancel(reply: Any, request_id: str) -> str:
+    """The request's state after the call.
+
+    Raises:
+        RequestNotFound: no such request.
+    """
+    if not reply:
+        raise RequestNotFound(request_id)
+    return str(reply)
+
+
+def dead_requeue_call(keys: Keys, settings: Settings, request_id: str) -> Call:
+    """``dead_requeue.lua``: a dead-lettered request back to its queue."""
+    return Call("dead_requeue", [], [keys.prefix, request_id, settings.events_maxlen])
+
+
+def parse_dead_requeue(reply: Any) -> bool:
+    """True when the request was in the dead letter and is queued again."""
+    return bool(reply)
+
+
+def quarantine_call(
+    keys: Keys, settings: Settings, key: str, reason: str, members: Sequence[tuple[str, str]]
+) -> Call:
+    """``quarantine.lua``: move ``key`` aside, removing (zset key, member) references to it."""
+    argv: list[Any] = [keys.prefix, reason, settings.events_maxlen]
+    for index_key, member in members:
+        argv += [index_key, member]
+    return Call("quarantine", [key], argv)
+
+
+def parse_quarantine(reply: Any) -> None:
+    """The script always answers 1: nothing to report."""
+
+
+def scaler_lease_call(keys: Keys, replica_id: str, ttl_s: float | None) -> Call:
+    """``scaler_lease.lua``: take or renew the lease for ``ttl_s`` s (at least 1 ms), or
+    release it (``ttl_s`` None)."""
+    ttl_ms = 0 if ttl_s is None else max(1, round(ttl_s * 1000))
+    return Call("scaler_lease", [keys.scaler_lease], [replica_id, ttl_ms])
+
+
+def parse_scaler_lease(reply: Any) -> bool:
+    """True when the replica holds (or released) the lease, False when another holds it."""
+    return bool(reply)
+
+
+# --- plain reads ------------------------------------------------------------------------
+
+
+def parse_record(request_id: str, fields: dict[str, str], keys: Keys) -> RequestRecord:
+    """A request hash as a :class:`RequestRecord`.
+
+    Raises:
+        RequestNotFound: the hash is empty (never submitted, or its result expired).
+        CorruptRecord: the hash does not parse.
+    """
+    if not fields:
+        raise RequestNotFound(request_id)
+    return RequestRecord.from_fields(fields, keys.req(request_id))
+
+
+def parse_event(eid: str, fields: dict[str, str]) -> Event:
+    """An events stream entry (its id's milliseconds are its time)."""
+    ms = int(eid.split("-", 1)[0])
+    rest = {k: v for k, v in fields.items() if k != "type"}
+    return Event(id=eid, type=fields.get("type", "?"), at=from_ms(ms), fields=rest)
+
+
+def parse_estimates(raw: dict[str, str]) -> dict[tuple[str, str], float]:
+    """The ``estimates`` hash: (model, task_type or '') -> mean output tokens (bad ones skipped)."""
+    out: dict[tuple[str, str], float] = {}
+    for field, value in raw.items():
+        model, _, task = field.partition("|")
+        try:
+            out[(model, task)] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def redis_time(reply: Sequence[Any]) -> float:
+    """Redis ``TIME`` (seconds, microseconds) as epoch seconds."""
+    sec, usec = reply
+    return float(sec) + float(usec) / 1e6

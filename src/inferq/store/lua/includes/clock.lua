@@ -1,0 +1,6 @@
+-- clock: the one clock every script reads, Redis TIME, so all hosts share it.
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end

@@ -1,0 +1,8 @@
+-- keys: per-request and per-worker key names, rebuilt from the prefix (ARGV) in a script.
+-- They mirror inferq/store/keys.py; tests/unit/test_store_keys.py checks they agree.
+
+local function k_req(p, id) return p .. 'req:' .. id end
+local function k_queue(p, class, route) return p .. 'q:' .. class .. ':' .. route end
+local function k_done(p, id) return p .. 'done:' .. id end
+local function k_load(p, w) return p .. 'load:' .. w end
+local function k_inflight(p, w) return p .. 'inflight:' .. w end

@@ -1,0 +1,57 @@
+"""Finding the corrupt records that would break every script or read that meets them.
+
+Plain reads (the quarantining itself is :meth:`inferq.store.Store.quarantine`): a
+daemon whose step failed on something other than a connection error calls these
+through the store, moves what they find aside, and goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from inferq.store.keys import Keys
+from inferq.store.snapshot import Corrupt
+
+
+def malformed_queue_names(client: Any, keys: Keys) -> list[str]:
+    """Members of the ``queues`` set that are not ``<class>|<route>`` (both parts non-empty)."""
+    return [n for n in client.smembers(keys.queues) if not all(n.partition("|")[::2])]
+
+
+def non_hash_requests(
+    client: Any, keys: Keys, classes: Sequence[str], head: int, now_ms: int
+) -> list[Corrupt]:
+    """Request keys holding another type than a hash, with the index entries naming them.
+
+    Looks where the dispatcher's step meets request ids: the heads of the queues of
+    ``classes`` (``head`` each), the deadlines and leases due at ``now_ms``.
+    """
+    k = keys
+    names = [n.split("|", 1) for n in client.smembers(k.queues) if "|" in n]
+    pipe = client.pipeline(transaction=False)
+    queue_keys = [k.queue(c, r) for c, r in names if c in classes]
+    for qk in queue_keys:
+        pipe.zrange(qk, 0, head - 1)
+    pipe.zrangebyscore(k.deadlines, "-inf", now_ms, start=0, num=head)
+    pipe.zrangebyscore(k.leases, "-inf", now_ms, start=0, num=head)
+    *heads, due, lapsed = pipe.execute()
+    found: dict[str, set[str]] = {}
+    for qk, ids in zip(queue_keys, heads, strict=True):
+        for rid in ids:
+            found.setdefault(rid, set()).add(qk)
+    for rid in [*due, *lapsed]:
+        found.setdefault(rid, set())
+    ids = list(found)
+    pipe = client.pipeline(transaction=False)
+    for rid in ids:
+        pipe.type(k.req(rid))
+    types = pipe.execute()
+    out: list[Corrupt] = []
+    for rid, kind in zip(ids, types, strict=True):
+        if kind in ("hash", "none"):
+            continue
+        members = [(qk, rid) for qk in sorted(found[rid])]
+        members += [(k.deadlines, rid), (k.leases, rid)]
+        out.append((k.req(rid), f"request record is a {kind}, not a hash", members))
+    return out

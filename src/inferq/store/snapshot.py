@@ -1,0 +1,209 @@
+"""The dispatcher's snapshot: everything one dispatch decision needs, read in three round trips.
+
+:func:`read_dispatch_view` builds the policy's :class:`~inferq.policy.snapshot.Snapshot`
+(queue heads, the policy fields of those requests, heartbeats and reservations, fairness
+state, output estimates) and reports the corrupt records it met, for the dispatcher to
+quarantine. Only the fields the policy needs are read (never a payload), with a
+hand-rolled check instead of the pydantic models: it runs on every dispatcher step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from inferq.models import WorkerState, from_ms
+from inferq.policy.snapshot import FairnessState, QueuedRequest, Snapshot, WorkerView
+from inferq.store.calls import parse_estimates, redis_time
+from inferq.store.keys import Keys
+
+#: Requests per queue whose fields a snapshot reads at least, when any slot is free.
+SNAPSHOT_MIN_WINDOW = 32
+
+#: Fields of a request hash the dispatch policy needs (never the payload).
+POLICY_FIELDS = (
+    "priority",
+    "model",
+    "tenant",
+    "task_type",
+    "submitted_ms",
+    "deadline_ms",
+    "prompt_tokens",
+    "max_tokens",
+    "attempts",
+    "excluded_worker",
+    "state",
+)
+
+#: Heartbeat fields the dispatch policy needs (read with HMGET, never the whole hash).
+WORKER_FIELDS = ("model", "params_b", "state", "slots", "kv_cache_mib", "id")
+
+#: (key, reason, [(index key, member)]): a corrupt record and the index entries naming it.
+Corrupt = tuple[str, str, list[tuple[str, str]]]
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchView:
+    """A policy snapshot plus what the dispatcher needs to act on it.
+
+    Attributes:
+        snapshot: the input of :func:`inferq.policy.dispatch.decide`.
+        queue_of: request id -> the queue key it sits in (for the assign script).
+        corrupt: (key, reason, [(index key, member)]) records to quarantine.
+        stale_workers: ids in the workers index whose last beat is older than the TTL.
+    """
+
+    snapshot: Snapshot
+    queue_of: dict[str, str]
+    corrupt: list[Corrupt]
+    stale_workers: list[str]
+
+
+def read_dispatch_view(
+    client: Any, keys: Keys, classes: Sequence[str], head: int, heartbeat_ttl_s: float
+) -> DispatchView:
+    """Read everything one dispatch decision needs, in at most three pipelined round trips.
+
+    Args:
+        client: a redis-py client with text replies.
+        keys: the deployment's keys.
+        classes: configured priority classes (queues of other classes are skipped).
+        head: requests read from the head of each queue.
+        heartbeat_ttl_s: a worker whose last beat is older is reported stale.
+    """
+    k = keys
+    pipe = client.pipeline(transaction=False)
+    pipe.time()
+    pipe.smembers(k.queues)
+    pipe.zrange(k.workers, 0, -1, withscores=True)
+    pipe.hgetall(k.counts)
+    pipe.hgetall(k.fair_classes)
+    pipe.hgetall(k.estimates)
+    for c in classes:
+        pipe.hgetall(k.fair_tenants(c))
+        pipe.smembers(k.fair_active(c))
+    time_reply, queues, beats, counts, credits, estimates, *fair = pipe.execute()
+    now = redis_time(time_reply)
+    queue_keys = sorted(k.queue(*q.split("|", 1)) for q in queues if q.split("|", 1)[0] in classes)
+    workers = [wid for wid, _ in beats]
+    stale = [wid for wid, ms in beats if from_ms(ms) < now - heartbeat_ttl_s]
+
+    pipe = client.pipeline(transaction=False)
+    for qk in queue_keys:
+        pipe.zrange(qk, 0, head - 1)
+    for wid in workers:
+        pipe.hmget(k.worker(wid), WORKER_FIELDS)
+        pipe.hmget(k.load(wid), ("slots", "mib"))
+    replies = pipe.execute()
+    heads, fleet = replies[: len(queue_keys)], replies[len(queue_keys) :]
+
+    corrupt: list[Corrupt] = []
+    views: list[WorkerView] = []
+    for i, wid in enumerate(workers):
+        fields, load = fleet[2 * i], fleet[2 * i + 1]
+        if all(v is None for v in fields):
+            continue  # heartbeat expired (no field, not even its id); the reaper removes it
+        try:
+            views.append(worker_view(wid, fields, load))
+        except ValueError as exc:
+            corrupt.append((k.worker(wid), f"heartbeat: {exc}", [(k.workers, wid)]))
+
+    # Read the policy fields of only as many requests per queue as the free slots
+    # could take, x4 and at least a few dozen (tenant fairness must still see
+    # several tenants, and unschedulable work is reported even on a full fleet):
+    # on a busy fleet a wake-up then costs ~100 reads instead of thousands.
+    free = sum(w.free_slots for w in views if w.ready)
+    window = min(head, max(SNAPSHOT_MIN_WINDOW, 4 * free))
+    queue_of = {rid: qk for qk, ids in zip(queue_keys, heads, strict=True) for rid in ids[:window]}
+    pipe = client.pipeline(transaction=False)
+    for rid in queue_of:
+        pipe.hmget(k.req(rid), POLICY_FIELDS)
+    queued: dict[str, list[QueuedRequest]] = {c: [] for c in classes}
+    for rid, values in zip(list(queue_of), pipe.execute(), strict=True):
+        try:
+            req = queued_request(rid, values)
+        except ValueError as exc:
+            members = [(queue_of.pop(rid), rid), (k.deadlines, rid)]
+            corrupt.append((k.req(rid), f"queued request: {exc}", members))
+            continue
+        queued[req.priority].append(req)
+    for reqs in queued.values():
+        reqs.sort(key=lambda r: (r.submitted_at, r.id))
+
+    backlogged: dict[str, set[str]] = {c: set() for c in classes}
+    for field, n in counts.items():
+        if field.startswith("t:") and int(n) > 0:
+            _, cls, tenant = field.split(":", 2)
+            if cls in backlogged:
+                backlogged[cls].add(tenant)
+    fairness = FairnessState(
+        class_credit={c: float(v) for c, v in credits.items()},
+        tenant_counter={
+            c: {t: float(v) for t, v in fair[2 * i].items()} for i, c in enumerate(classes)
+        },
+        active_tenants={c: frozenset(fair[2 * i + 1]) for i, c in enumerate(classes)},
+    )
+    snapshot = Snapshot(
+        now=now,
+        queued=queued,
+        workers=views,
+        fairness=fairness,
+        backlogged_tenants={c: frozenset(t) for c, t in backlogged.items()},
+        output_estimates=parse_estimates(estimates),
+    )
+    return DispatchView(snapshot, queue_of, corrupt, stale)
+
+
+def worker_view(wid: str, fields: Sequence[str | None], load: Sequence[str | None]) -> WorkerView:
+    """The policy's view of a worker from :data:`WORKER_FIELDS` and its load hash.
+
+    A hand-rolled check rather than the pydantic model: it runs for every worker on
+    every dispatcher step (500 workers: ~40 ms of validation saved per step).
+
+    Raises:
+        ValueError: a field is missing or out of range (the record is quarantined).
+    """
+    model, params_b, state, slots, kv, _ = fields
+    if not model or state is None:
+        raise ValueError("missing field 'model' or 'state'")
+    view = WorkerView(
+        id=wid,
+        model=model,
+        params_b=float(params_b or "nan"),
+        ready=WorkerState(state) is WorkerState.READY,
+        slots=int(slots or "0"),
+        kv_cache_mib=float(kv or "nan"),
+        reserved_slots=max(0, int(load[0] or 0)),
+        reserved_mib=max(0.0, float(load[1] or 0.0)),
+    )
+    if not (view.params_b > 0 and 1 <= view.slots <= 4096 and 0 <= view.kv_cache_mib < 1e9):
+        raise ValueError(
+            f"params_b {params_b!r}, slots {slots!r} or kv_cache_mib {kv!r} out of range"
+        )
+    return view
+
+
+def queued_request(rid: str, values: list[str | None]) -> QueuedRequest:
+    """The policy's view of a request from :data:`POLICY_FIELDS` values.
+
+    Raises:
+        ValueError: a field is missing or does not parse (the record is quarantined).
+    """
+    f = dict(zip(POLICY_FIELDS, values, strict=True))
+    missing = [name for name in POLICY_FIELDS[:8] if not f[name] and name != "task_type"]
+    if missing:
+        raise ValueError(f"missing field {missing[0]!r}")
+    return QueuedRequest(
+        id=rid,
+        priority=str(f["priority"]),
+        route=str(f["model"]),
+        tenant=str(f["tenant"]),
+        task_type=f["task_type"] or None,
+        submitted_at=from_ms(int(str(f["submitted_ms"]))),
+        deadline=from_ms(int(str(f["deadline_ms"]))),
+        prompt_tokens=int(str(f["prompt_tokens"])),
+        max_tokens=int(str(f["max_tokens"])),
+        attempts=int(f["attempts"] or 0),
+        excluded_worker=f["excluded_worker"] or None,
+    )

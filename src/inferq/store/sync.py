@@ -1,0 +1,576 @@
+""":class:`Store`: every Redis call of inferq's synchronous processes, in one class.
+
+Scripts are run through :mod:`inferq.store.calls` (their arguments and replies);
+plain reads and writes are spelled here. Methods are grouped by who calls them:
+the client, the dispatcher, the worker, the scaler, and the CLI and metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+from inferq import defaults
+from inferq.config import Settings
+from inferq.errors import CorruptRecord, QueueFull, RequestNotFound
+from inferq.models import Event, InferenceRequest, RequestRecord, WorkerInfo, from_ms
+from inferq.policy.estimate import update_moving_mean
+from inferq.policy.snapshot import Decision
+from inferq.store import calls, repair
+from inferq.store.calls import Call, Completion, Submitted
+from inferq.store.connection import REPLY_ERRORS, Connection, connect
+from inferq.store.keys import Keys
+from inferq.store.scripts import SCRIPTS, script_source
+from inferq.store.snapshot import DispatchView, read_dispatch_view
+
+log = logging.getLogger("inferq.store")
+
+
+class Store:
+    """Synchronous access to one deployment's keys (``inferq:<namespace>:*``).
+
+    Args:
+        client: a redis-py client created with ``decode_responses=True`` (see :func:`connect`).
+        settings: limits, TTLs and the namespace.
+    """
+
+    def __init__(self, client: Connection, settings: Settings) -> None:
+        # Typed Any: with decode_responses=True every reply is str, which redis-py's
+        # stubs (bytes | str for every call) cannot express.
+        self.redis: Any = client
+        self.settings = settings
+        self.keys = Keys(settings.namespace)
+        self._scripts = {name: client.register_script(script_source(name)) for name in SCRIPTS}
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Store:
+        """Connect to ``settings.redis_url`` and wrap it (raises RedisUnavailable)."""
+        return cls(connect(settings.redis_url), settings)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self.redis.close()
+
+    def _call(self, call: Call, client: Any = None) -> Any:
+        return self._scripts[call.script](keys=call.keys, args=call.args, client=client)
+
+    def now(self) -> float:
+        """Redis server time, epoch seconds (the one clock every script uses)."""
+        return calls.redis_time(self.redis.time())
+
+    # --- client side ----------------------------------------------------------
+
+    def submit(self, request: InferenceRequest, *, explicit_deadline: bool = False) -> Submitted:
+        """Write one validated request (one round trip).
+
+        Raises:
+            QueueFull: a class or tenant queue limit refused it (nothing written).
+        """
+        call = calls.submit_call(self.keys, self.settings, request, explicit_deadline)
+        return calls.parse_submit(self._call(call), request)
+
+    def submit_many(
+        self, requests: Sequence[tuple[InferenceRequest, bool]]
+    ) -> list[Submitted | QueueFull]:
+        """Write many validated (request, explicit deadline) in one pipelined round trip.
+
+        Returns one entry per request, in order: :class:`Submitted`, or the
+        :class:`QueueFull` that refused it (others are still written).
+        """
+        pipe = self.redis.pipeline(transaction=False)
+        for request, explicit in requests:
+            self._call(calls.submit_call(self.keys, self.settings, request, explicit), pipe)
+        out: list[Submitted | QueueFull] = []
+        for (request, _), reply in zip(requests, pipe.execute(), strict=True):
+            try:
+                out.append(calls.parse_submit(reply, request))
+            except QueueFull as exc:
+                out.append(exc)
+        return out
+
+    def record(self, request_id: str) -> RequestRecord:
+        """The request's record. Raises RequestNotFound, CorruptRecord."""
+        fields = self.redis.hgetall(self.keys.req(request_id))
+        return calls.parse_record(request_id, fields, self.keys)
+
+    def records(self, request_ids: Iterable[str]) -> list[RequestRecord | None]:
+        """Records of many requests in one round trip (None where absent or corrupt)."""
+        ids = list(request_ids)
+        pipe = self.redis.pipeline(transaction=False)
+        for rid in ids:
+            pipe.hgetall(self.keys.req(rid))
+        out: list[RequestRecord | None] = []
+        for rid, fields in zip(ids, pipe.execute(), strict=True):
+            try:
+                out.append(calls.parse_record(rid, fields, self.keys))
+            except (RequestNotFound, CorruptRecord):
+                out.append(None)
+        return out
+
+    def wait_final(self, request_id: str, timeout_s: float) -> bool:
+        """Block until the request is final, at most ``timeout_s`` (capped at
+        ``defaults.BLOCK_CHUNK_S``; callers loop).
+
+        Uses BLMOVE on the request's ``done`` list, rotating the token in place so
+        every waiter wakes: no polling loop. Returns True when a token arrived.
+        """
+        key = self.keys.done(request_id)
+        wait = min(timeout_s, defaults.BLOCK_CHUNK_S)
+        token = self.redis.blmove(key, key, timeout=wait, src="RIGHT", dest="LEFT")
+        return token is not None
+
+    def cancel(self, request_id: str) -> str:
+        """Cancel a queued or assigned request; returns its state after the call.
+
+        Raises:
+            RequestNotFound: no such request.
+        """
+        reply = self._call(calls.cancel_call(self.keys, self.settings, request_id))
+        return calls.parse_cancel(reply, request_id)
+
+    # --- dispatcher side ------------------------------------------------------
+
+    def assign(
+        self, worker_id: str, batch_id: str, items: Sequence[tuple[str, str, float]]
+    ) -> list[tuple[str, int]]:
+        """Claim ``items`` = [(request id, queue key, need MiB)] for a worker, atomically.
+
+        Returns the (request id, attempt) pairs actually claimed (others were taken,
+        cancelled or expired meanwhile). Nothing is claimed for a worker that is not
+        live and ready.
+        """
+        call = calls.assign_call(self.keys, self.settings, worker_id, batch_id, items)
+        return calls.parse_assign(self._call(call))
+
+    def expire_due(self, limit: int = 1000) -> list[tuple[str, float]]:
+        """Expire queued/assigned requests past their deadline.
+
+        Returns (request id, seconds waited) for each expired now.
+        """
+        return calls.parse_expire(
+            self._call(calls.expire_due_call(self.keys, self.settings, limit))
+        )
+
+    def expire_ids(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[str, float]]:
+        """Expire the given (request id, reason) now (e.g. cannot finish in time)."""
+        if not pairs:
+            return []
+        return calls.parse_expire(
+            self._call(calls.expire_ids_call(self.keys, self.settings, pairs))
+        )
+
+    def reap_leases(self, limit: int = 1000) -> list[tuple[str, str]]:
+        """Requeue requests whose lease lapsed; returns (id, verdict) pairs."""
+        call = calls.reap_leases_call(self.keys, self.settings, limit)
+        return calls.parse_reap_leases(self._call(call))
+
+    def remove_worker(
+        self, worker_id: str, *, reason: str, dead: bool, stale_before: float = 0.0
+    ) -> list[str] | None:
+        """Take a worker out of the fleet and requeue what it held.
+
+        Args:
+            dead: true for the reaper (the worker stopped beating: its attempts count
+                towards max_attempts, and a worker that beat since ``stale_before``
+                is left alone); false for a worker leaving after its drain.
+
+        Returns:
+            The requeued request ids, or None when the worker turned out to be alive.
+        """
+        call = calls.remove_worker_call(
+            self.keys, self.settings, worker_id, reason=reason, dead=dead, stale_before=stale_before
+        )
+        return calls.parse_remove_worker(self._call(call))
+
+    def silent_workers(self, since: float) -> list[str]:
+        """Ids in the workers index whose last beat is at or before ``since`` (epoch s)."""
+        return list(self.redis.zrangebyscore(self.keys.workers, "-inf", round(since * 1000)))
+
+    def wait_for_work(self, timeout_s: float) -> None:
+        """Block until a submission, a requeue or a freed slot pushes the wake token, at
+        most ``timeout_s`` (BLPOP: every dispatcher replica shares the one token)."""
+        self.redis.blpop([self.keys.wake], timeout=timeout_s)
+
+    def dispatch_view(
+        self, classes: Sequence[str], head: int, heartbeat_ttl_s: float
+    ) -> DispatchView:
+        """Everything one dispatch decision needs (see :func:`read_dispatch_view`)."""
+        return read_dispatch_view(self.redis, self.keys, classes, head, heartbeat_ttl_s)
+
+    def write_fairness(self, decision: Decision) -> None:
+        """Store the fairness state a decision carries forward (one pipelined round trip).
+
+        Credits and active sets are replaced; tenant floors set, then charges added.
+        With several dispatchers the last writer wins the credits: a small drift in
+        shares, never a correctness issue.
+        """
+        k = self.keys
+        pipe = self.redis.pipeline(transaction=False)
+        if decision.class_credit:
+            pipe.hset(
+                k.fair_classes, mapping={c: repr(v) for c, v in decision.class_credit.items()}
+            )
+        for cls, floors in decision.tenant_counter_floor.items():
+            if floors:
+                pipe.hset(k.fair_tenants(cls), mapping={t: repr(v) for t, v in floors.items()})
+        for cls, deltas in decision.tenant_counter_delta.items():
+            for tenant, delta in deltas.items():
+                pipe.hincrbyfloat(k.fair_tenants(cls), tenant, delta)
+        for cls, tenants in decision.active_tenants.items():
+            pipe.delete(k.fair_active(cls))
+            if tenants:
+                pipe.sadd(k.fair_active(cls), *sorted(tenants))
+        pipe.execute()
+
+    def mark_unschedulable(self, pairs: Sequence[tuple[str, str]]) -> list[str]:
+        """Record why requests cannot be served; returns the ids newly marked.
+
+        Each id is reported (field ``unschedulable`` + one event) only once.
+        """
+        if not pairs:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for rid, reason in pairs:
+            pipe.hsetnx(self.keys.req(rid), "unschedulable", reason)
+        fresh = [rid for (rid, _), new in zip(pairs, pipe.execute(), strict=True) if new]
+        if fresh:
+            reasons = dict(pairs)
+            pipe = self.redis.pipeline(transaction=False)
+            for rid in fresh:
+                pipe.xadd(
+                    self.keys.events,
+                    {"type": "unschedulable", "id": rid, "reason": reasons[rid]},
+                    maxlen=self.settings.events_maxlen,
+                    approximate=True,
+                )
+            pipe.execute()
+        return fresh
+
+    # --- repair -------------------------------------------------------------------
+
+    def quarantine(self, key: str, reason: str, members: Sequence[tuple[str, str]] = ()) -> None:
+        """Move a corrupt record aside and remove (zset key, member) references to it."""
+        call = calls.quarantine_call(self.keys, self.settings, key, reason, members)
+        calls.parse_quarantine(self._call(call))
+        log.warning("quarantined %s: %s", key, reason)
+
+    def quarantine_bad_queue_names(self) -> int:
+        """Quarantine members of the ``queues`` set that are not ``<class>|<route>``.
+
+        The member is recorded in the quarantine hash as ``<queues key>:<member>``, then
+        removed from the set (the dispatcher skips such names; the scaler, metrics and
+        the CLI read every name). Returns how many were found.
+        """
+        k = self.keys
+        bad = repair.malformed_queue_names(self.redis, k)
+        for name in bad:
+            self.quarantine(f"{k.queues}:{name}", f"queue name {name!r} is not <class>|<route>")
+            self.redis.srem(k.queues, name)
+        return len(bad)
+
+    def quarantine_non_hash_requests(self, classes: Sequence[str], head: int) -> int:
+        """Quarantine request keys holding another type than a hash (every script fails on
+        them), where the dispatcher's step meets request ids: the heads of the queues of
+        ``classes`` (``head`` each), the due deadlines and the lapsed leases. Returns how
+        many were found."""
+        now_ms = round(self.now() * 1000)
+        found = repair.non_hash_requests(self.redis, self.keys, classes, head, now_ms)
+        for key, reason, members in found:
+            self.quarantine(key, reason, members)
+        return len(found)
+
+    # --- worker side ----------------------------------------------------------
+
+    def heartbeat(self, info: WorkerInfo, ttl_s: float) -> tuple[bool, bool]:
+        """Publish a heartbeat and extend the worker's leases.
+
+        Returns:
+            (joined, drain_requested): joined is true on the first beat (or after
+            the hash expired); drain_requested when ``inferq drain`` asked it to drain.
+        """
+        call = calls.heartbeat_call(self.keys, self.settings, info, ttl_s)
+        return calls.parse_heartbeat(self._call(call))
+
+    def start(self, worker_id: str, pairs: Sequence[tuple[str, int]]) -> list[str]:
+        """Mark (request id, attempt) pairs running; returns 'run'/'stale'/'expired' each."""
+        call = calls.start_call(self.keys, self.settings, worker_id, pairs)
+        return calls.parse_start(self._call(call))
+
+    def complete(self, worker_id: str, completions: Sequence[Completion]) -> list[str]:
+        """Record final results, fenced by attempt; returns 'ok' or 'stale' per result."""
+        call = calls.complete_call(self.keys, self.settings, worker_id, completions)
+        return calls.parse_complete(self._call(call))
+
+    def requeue(
+        self,
+        items: Sequence[tuple[str, int | None, str, str]],
+        *,
+        penalize: bool = True,
+    ) -> list[str]:
+        """Send (request id, attempt or None, worker or '', error) back to their queues.
+
+        ``penalize`` counts the attempt towards ``max_attempts`` (a backend error);
+        a drain hand-back passes False. Returns 'queued'/'expired'/'dead'/'stale' each.
+        """
+        call = calls.requeue_call(self.keys, self.settings, items, penalize=penalize)
+        return calls.parse_requeue(self._call(call))
+
+    def reserved_mib(self, worker_id: str) -> float:
+        """KV-cache MiB reserved on the worker by assigned work (``load:<id>``)."""
+        return float(self.redis.hget(self.keys.load(worker_id), "mib") or 0)
+
+    def held_by(self, worker_id: str) -> set[str]:
+        """Request ids Redis says the worker holds (``inflight:<id>``): claimed for it,
+        until their result is written or they are handed back."""
+        return set(self.redis.smembers(self.keys.inflight(worker_id)))
+
+    def holdings(self, request_ids: Sequence[str]) -> tuple[int, list[tuple[Any, Any]]]:
+        """Redis time (ms) and, per request, its (state, worker, attempts, dispatched_ms,
+        started_ms) and its batch id, in one round trip.
+
+        A reply that failed (a key of another type) is the exception instead of its value.
+        """
+        k = self.keys
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.time()
+        for rid in request_ids:
+            pipe.hmget(k.req(rid), "state", "worker", "attempts", "dispatched_ms", "started_ms")
+            pipe.hget(k.req(rid), "batch")
+        (sec, usec), *rows = pipe.execute(raise_on_error=False)
+        now_ms = int(sec) * 1000 + int(usec) // 1000
+        return now_ms, [(rows[2 * i], rows[2 * i + 1]) for i in range(len(request_ids))]
+
+    def update_estimates(
+        self, observed: Sequence[tuple[str, str | None, int]], alpha: float
+    ) -> None:
+        """Fold generated-token counts (model, task_type, tokens) into the moving means.
+
+        Read-modify-write without a lock: two workers racing lose one sample, which
+        an estimate tolerates.
+        """
+        if not observed:
+            return
+        fields = [f"{model}|{task or ''}" for model, task, _ in observed]
+        old = dict(zip(fields, self.redis.hmget(self.keys.estimates, fields), strict=True))
+        new: dict[str, float] = {}
+        for field, (_, _, tokens) in zip(fields, observed, strict=True):
+            prev = new.get(field, float(old[field]) if old[field] else None)
+            new[field] = update_moving_mean(prev, tokens, alpha)
+        self.redis.hset(self.keys.estimates, mapping={f: repr(v) for f, v in new.items()})
+
+    # --- fleet ------------------------------------------------------------------
+
+    def workers(self) -> tuple[list[WorkerInfo], list[tuple[str, str]]]:
+        """Live workers' heartbeats, and (key, reason) for corrupt ones found."""
+        ids = self.redis.zrange(self.keys.workers, 0, -1)
+        pipe = self.redis.pipeline(transaction=False)
+        for wid in ids:
+            pipe.hgetall(self.keys.worker(wid))
+        good: list[WorkerInfo] = []
+        bad: list[tuple[str, str]] = []
+        for wid, fields in zip(ids, pipe.execute(), strict=True):
+            if not fields:
+                continue  # expired: the reaper removes it
+            key = self.keys.worker(wid)
+            try:
+                good.append(WorkerInfo.from_fields(fields, key))
+            except CorruptRecord as exc:
+                bad.append((key, exc.reason))
+        return good, bad
+
+    def worker_reservations(self, worker_ids: Sequence[str]) -> dict[str, int]:
+        """Slots reserved by assigned work (``load:<id>``), per worker; 0 when unreadable."""
+        pipe = self.redis.pipeline(transaction=False)
+        for wid in worker_ids:
+            pipe.hget(self.keys.load(wid), "slots")
+        out: dict[str, int] = {}
+        for wid, raw in zip(worker_ids, pipe.execute(), strict=True):
+            try:
+                out[wid] = max(0, int(float(raw or 0)))
+            except ValueError:
+                out[wid] = 0
+        return out
+
+    def worker_registered(self, worker_id: str) -> bool:
+        """True while the worker's heartbeat hash exists (it has not left or lapsed)."""
+        return bool(self.redis.exists(self.keys.worker(worker_id)))
+
+    def request_drain(self, worker_id: str) -> bool:
+        """Ask a worker to drain (it sees the flag on its next heartbeat).
+
+        Returns False when no live worker has this id.
+        """
+        if not self.redis.exists(self.keys.worker(worker_id)):
+            return False
+        self.redis.set(self.keys.drain(worker_id), "1", ex=24 * 3600)
+        return True
+
+    def output_estimates(self) -> dict[tuple[str, str], float]:
+        """Moving means of generated tokens: (model, task_type or '') -> tokens."""
+        return calls.parse_estimates(self.redis.hgetall(self.keys.estimates))
+
+    # --- scaler side ----------------------------------------------------------
+
+    def hold_scaler_lease(self, replica_id: str, ttl_s: float) -> bool:
+        """Take or renew the acting scaler's lease for ``ttl_s`` seconds.
+
+        Returns True when ``replica_id`` holds it now, False when another replica does.
+        """
+        call = calls.scaler_lease_call(self.keys, replica_id, ttl_s)
+        return calls.parse_scaler_lease(self._call(call))
+
+    def release_scaler_lease(self, replica_id: str) -> bool:
+        """Give the lease up if ``replica_id`` holds it (so another replica takes over at once)."""
+        call = calls.scaler_lease_call(self.keys, replica_id, None)
+        return calls.parse_scaler_lease(self._call(call))
+
+    def scaler_hash(self, key: str) -> dict[str, str]:
+        """One of the scaler's hashes (``keys.scaler_state``, ``keys.scaler_workers``).
+
+        Raises:
+            CorruptRecord: the key holds another type than a hash.
+        """
+        try:
+            return dict(self.redis.hgetall(key))
+        except REPLY_ERRORS as exc:
+            raise CorruptRecord(key, f"not a hash: {exc}") from None
+
+    def save_scaler(
+        self,
+        state: dict[str, str],
+        workers: dict[str, str],
+        desired: dict[str, int] | None,
+    ) -> None:
+        """Replace the scaler's state, worker tracking and (unless None) desired counts.
+
+        One MULTI/EXEC, so a reader never sees half of a decision's state.
+        """
+        k = self.keys
+        pipe = self.redis.pipeline(transaction=True)
+        hashes: list[tuple[str, dict[str, Any]]] = [
+            (k.scaler_state, state),
+            (k.scaler_workers, workers),
+        ]
+        if desired is not None:
+            hashes.append((k.scaler_desired, dict(desired)))
+        for key, mapping in hashes:
+            pipe.delete(key)
+            if mapping:
+                pipe.hset(key, mapping=mapping)
+        pipe.execute()
+
+    def desired_workers(self) -> dict[str, int]:
+        """The scaler's latest desired worker count per model."""
+        return {m: int(n) for m, n in self.redis.hgetall(self.keys.scaler_desired).items()}
+
+    def scale_event(
+        self,
+        kind: Literal["scale_up", "scale_down"],
+        model: str,
+        before: int,
+        after: int,
+        reasons: Sequence[str],
+        workers: Sequence[str],
+    ) -> None:
+        """Record a scale action on the events stream (``from``/``to`` are worker counts)."""
+        self.redis.xadd(
+            self.keys.events,
+            {
+                "type": kind,
+                "model": model,
+                "from": before,
+                "to": after,
+                "reason": "; ".join(reasons),
+                "workers": ",".join(workers),
+            },
+            maxlen=self.settings.events_maxlen,
+            approximate=True,
+        )
+
+    # --- inspection and admin (CLI, metrics) ----------------------------------------
+
+    def queue_depths(self) -> list[tuple[str, str, int, float | None]]:
+        """(class, route, queued, oldest wait in seconds or None) for every queue."""
+        names = sorted(n for n in self.redis.smembers(self.keys.queues) if "|" in n)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.time()
+        for name in names:
+            qk = self.keys.queue(*name.split("|", 1))
+            pipe.zcard(qk)
+            pipe.zrange(qk, 0, 0, withscores=True)
+        time_reply, *replies = pipe.execute()
+        now = calls.redis_time(time_reply)
+        out: list[tuple[str, str, int, float | None]] = []
+        for i, name in enumerate(names):
+            cls, route = name.split("|", 1)
+            depth, head = int(replies[2 * i]), replies[2 * i + 1]
+            oldest = max(0.0, now - from_ms(head[0][1])) if head else None
+            out.append((cls, route, depth, oldest))
+        return out
+
+    def event_rates(self, window_s: float = 60.0, cap: int = 20_000) -> dict[str, float]:
+        """Events per second by type over the last ``window_s`` seconds (at most ``cap`` read)."""
+        start = round((self.now() - window_s) * 1000)
+        entries = self.redis.xrange(self.keys.events, min=f"{start}-0", count=cap)
+        counts: dict[str, int] = {}
+        for _, fields in entries:
+            etype = fields.get("type", "?")
+            n = int(fields.get("n", 1)) if etype == "dispatch" else 1
+            counts[etype] = counts.get(etype, 0) + n
+        return {etype: n / window_s for etype, n in counts.items()}
+
+    def events(self, count: int = 100, after: str = "-") -> list[Event]:
+        """Oldest-first events after stream id ``after`` ('-' = from the start of the cap)."""
+        start = after if after == "-" else f"({after}"
+        entries = self.redis.xrange(self.keys.events, min=start, count=count)
+        return [calls.parse_event(eid, fields) for eid, fields in entries]
+
+    def recent_events(self, count: int = 20) -> list[Event]:
+        """The newest ``count`` events, oldest first."""
+        entries = self.redis.xrevrange(self.keys.events, count=count)
+        return [calls.parse_event(eid, fields) for eid, fields in reversed(entries)]
+
+    def tail_events(
+        self, after: str, count: int = 1000, block_s: float = 1.0
+    ) -> list[tuple[str, dict[str, str]]]:
+        """Raw (stream id, fields) of the events after ``after`` (``$``: only new ones),
+        blocking up to ``block_s`` for the first (XREAD)."""
+        reply = self.redis.xread(
+            {self.keys.events: after}, count=count, block=round(block_s * 1000)
+        )
+        return [(eid, fields) for _, entries in reply or [] for eid, fields in entries]
+
+    def stats(self) -> dict[str, int]:
+        """Lifetime counters: submitted, dispatched, succeeded, failed, expired, ..."""
+        return {k: int(v) for k, v in self.redis.hgetall(self.keys.stats).items()}
+
+    def queued_counts(self) -> dict[str, int]:
+        """Raw queued counters (``c:<class>`` and ``t:<class>:<tenant>`` fields)."""
+        return {k: int(v) for k, v in self.redis.hgetall(self.keys.counts).items()}
+
+    def quarantined(self) -> dict[str, str]:
+        """Quarantined keys and why."""
+        return dict(self.redis.hgetall(self.keys.quarantine))
+
+    def dead_letters(self, limit: int = 100) -> list[str]:
+        """Ids in the dead letter, oldest first."""
+        return list(self.redis.zrange(self.keys.dead, 0, limit - 1))
+
+    def requeue_dead(self, request_id: str) -> bool:
+        """Requeue a dead-lettered request with a fresh attempt budget and deadline."""
+        call = calls.dead_requeue_call(self.keys, self.settings, request_id)
+        return calls.parse_dead_requeue(self._call(call))
+
+    def purge(self) -> int:
+        """Delete every key of this namespace; returns how many. Irreversible."""
+        deleted = 0
+        batch: list[str] = []
+        for key in self.redis.scan_iter(match=self.keys.pattern(), count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                deleted += int(self.redis.unlink(*batch))
+                batch.clear()
+        if batch:
+            deleted += int(self.redis.unlink(*batch))
+        return deleted
