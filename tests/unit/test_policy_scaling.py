@@ -439,7 +439,9 @@ def test_no_reversal_of_direction_inside_a_cooldown(
             if history:
                 last_at, _ = history[-1]
                 cooldown = up_cd if d.action == "up" else down_cd
-                assert now - last_at >= cooldown, (history, now, d)
+                # The rule's own expression (last action + cooldown - now <= 0):
+                # ``now - last_at >= cooldown`` rounds differently on accumulated floats.
+                assert last_at + cooldown - now <= 0, (history, now, d)
             history.append((now, d.action))
 
 
