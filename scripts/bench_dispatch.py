@@ -51,7 +51,7 @@ from rq.serializers import JSONSerializer
 from inferq import defaults
 from inferq.client import Client
 from inferq.config import Settings
-from inferq.jobs import rq_connection
+from inferq.delivery import rq_connection
 from inferq.models import WorkerInfo, WorkerState
 from inferq.scheduler.dispatcher import Dispatcher, StepReport
 from inferq.store import Completion, Store, connect

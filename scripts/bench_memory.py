@@ -34,7 +34,7 @@ from rq.serializers import JSONSerializer
 
 from inferq.client import Client
 from inferq.config import Settings
-from inferq.jobs import rq_connection
+from inferq.delivery import rq_connection
 from inferq.store import connect
 from inferq.store.keys import Keys
 

@@ -25,7 +25,7 @@ from rq.serializers import JSONSerializer
 
 from inferq.client import Client
 from inferq.config import Settings
-from inferq.jobs import rq_connection
+from inferq.delivery import rq_connection
 
 PROMPT = "Summarise the following support ticket in two sentences: the customer reports"
 MAX_TOKENS = 64

@@ -33,14 +33,15 @@ import redis
 from rq import Queue, SimpleWorker
 from rq.serializers import JSONSerializer
 
+from inferq import delivery
 from inferq.client import Client
 from inferq.config import Settings
+from inferq.delivery import BatchJob, InferqWorker, enqueue_batch, rq_connection, worker_queue
+from inferq.delivery.consumer import RQ_WORKER_TTL_S
 from inferq.intake import new_id
-from inferq.jobs import BatchJob, enqueue_batch, rq_connection, worker_queue
 from inferq.store import Store, connect
-from inferq.workers import batch as batch_module
 from inferq.workers.runtime import Engine
-from inferq.workers.worker import RQ_WORKER_TTL_S, InferqWorker, WorkerOptions, build_engine
+from inferq.workers.worker import WorkerOptions, build_engine
 
 MODEL = "llama-3.1-8b"
 WORKER_ID = "bench-worker"
@@ -122,7 +123,7 @@ class Rig:
             worker_ttl=RQ_WORKER_TTL_S,
             default_result_ttl=60,
         )
-        worker.engine = self.engine
+        worker.handler = self.engine
         target = self.engine.finished + requests
         t0 = time.perf_counter()
         worker.work(burst=True, logging_level="WARNING")
@@ -243,7 +244,7 @@ def main() -> None:
     profile = cProfile.Profile() if args.profile else None
     with _bench.namespace(args.redis_url) as ns:
         rig = Rig(args.redis_url, ns, slots=max(sizes))
-        batch_module.bind(rig.engine)
+        delivery.bind(rig.engine)
         rig.engine.start()
         try:
             if profile:
@@ -253,7 +254,7 @@ def main() -> None:
                 profile.disable()
         finally:
             rig.engine.stop()
-            batch_module.bind(None)
+            delivery.bind(None)
             rig.client.close()
     summary = summarise(rounds, sizes)
     report(args, summary)

@@ -19,17 +19,18 @@ import logging
 import threading
 from collections.abc import Iterator
 
-import redis
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from inferq.store import Store
+from inferq.store import REDIS_ERRORS, Store
 
 log = logging.getLogger(__name__)
 
 #: Latency buckets, seconds: from a fast realtime answer to a slow batch one.
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
+#: What tailing the events stream may raise and survive (Redis away, a malformed reply).
+_TAIL_ERRORS: tuple[type[BaseException], ...] = (*REDIS_ERRORS, OSError, ValueError)
 
 
 class StoreCollector(Collector):
@@ -136,23 +137,21 @@ class EventObserver:
 
     def _run(self) -> None:
         last = "$"
-        key = self.store.keys.events
         while not self._stop.is_set():
             try:
-                reply = self.store.redis.xread({key: last}, count=1000, block=1000)
-            except (redis.RedisError, OSError, ValueError) as exc:
+                entries = self.store.tail_events(last, count=1000, block_s=1.0)
+            except _TAIL_ERRORS as exc:
                 if self._stop.is_set():
                     return
                 log.warning("metrics: events stream unavailable (%s)", exc)
                 self._stop.wait(1.0)
                 continue
-            for _, entries in reply or []:
-                for eid, fields in entries:
-                    last = eid
-                    try:
-                        self.observe(fields.get("type", ""), fields)
-                    except ValueError:
-                        log.warning("metrics: malformed event %s", eid)
+            for eid, fields in entries:
+                last = eid
+                try:
+                    self.observe(fields.get("type", ""), fields)
+                except ValueError:
+                    log.warning("metrics: malformed event %s", eid)
 
 
 def build_registry(store: Store) -> tuple[CollectorRegistry, EventObserver]:

@@ -24,8 +24,8 @@ from click.testing import CliRunner
 from inferq.cli.main import cli
 from inferq.client import Client
 from inferq.config import Settings
+from inferq.delivery import job_id, rq_connection, worker_queue
 from inferq.intake import new_id
-from inferq.jobs import job_id, rq_connection, worker_queue
 from inferq.models import WorkerState
 from inferq.policy.scaling import ModelLimits, ScalingConfig
 from inferq.scaler.daemon import Mode, Scaler, StepReport

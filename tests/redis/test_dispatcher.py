@@ -14,7 +14,7 @@ from rq.job import Job
 
 from inferq.client import Client
 from inferq.config import Settings
-from inferq.jobs import BATCH_FUNC, BatchJob, ForbiddenJob, rq_connection, worker_queue
+from inferq.delivery import BATCH_FUNC, BatchJob, ForbiddenJob, rq_connection, worker_queue
 from inferq.models import RequestState
 from inferq.scheduler.dispatcher import Dispatcher
 from inferq.store import Store
@@ -218,7 +218,7 @@ def _no_leftover_threads() -> Iterator[None]:
 def test_purging_a_lost_workers_rq_queue_clears_its_started_registry(store: Store) -> None:
     from rq.registry import StartedJobRegistry
 
-    from inferq.jobs import purge_worker_queue
+    from inferq.delivery import purge_worker_queue
 
     conn = rq_connection(store.settings.redis_url)
     queue = worker_queue(conn, store.keys, "gone")

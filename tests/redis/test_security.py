@@ -24,7 +24,7 @@ from rq.job import Job
 
 from inferq.client import Client
 from inferq.config import Settings
-from inferq.jobs import BATCH_FUNC, BatchJob, rq_connection, worker_queue
+from inferq.delivery import BATCH_FUNC, BatchJob, rq_connection, worker_queue
 from inferq.models import RequestState
 from inferq.store.keys import Keys
 

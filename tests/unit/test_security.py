@@ -26,8 +26,8 @@ from rq.serializers import JSONSerializer
 
 from inferq.cli.main import cli
 from inferq.client import AsyncClient, Client
+from inferq.delivery import BatchJob, rq_connection, worker_queue
 from inferq.errors import ConfigError, RedisUnavailable, redact_text, redact_url
-from inferq.jobs import BatchJob, rq_connection, worker_queue
 from inferq.logs import RedactingFilter, setup_logging
 from inferq.store import connection
 from inferq.store.keys import Keys

@@ -13,8 +13,8 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.connection import SSLConnection
 from redis.sentinel import SentinelConnectionPool
 
+from inferq.delivery import rq_connection
 from inferq.errors import ConfigError, RedisUnavailable
-from inferq.jobs import rq_connection
 from inferq.store import connect, connection
 from inferq.store.connection import (
     SENTINEL_PORT,

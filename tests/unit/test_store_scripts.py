@@ -85,7 +85,7 @@ def test_unknown_and_circular_includes_are_refused(monkeypatch: pytest.MonkeyPat
         return texts[path]
 
     monkeypatch.setattr(scripts, "_read", read)
-    with pytest.raises(ValueError, match="cycle: s.lua -> a -> b -> a"):
+    with pytest.raises(ValueError, match=r"cycle: s\.lua -> a -> b -> a"):
         scripts.script_source.__wrapped__("s")
     with pytest.raises(ValueError, match="'nowhere'"):
         scripts.script_source.__wrapped__("t")

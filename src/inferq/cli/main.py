@@ -16,15 +16,14 @@ from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
 import click
-import redis
 from rich.console import Console
 from rich.markup import escape
 
 from inferq.cli import views
 from inferq.config import Settings
-from inferq.errors import InferqError, RedisUnavailable, redact_text, redact_url
+from inferq.errors import InferqError, redact_url
 from inferq.logs import setup_logging
-from inferq.store import Store, connect
+from inferq.store import REDIS_ERRORS, Store, connect, describe_error
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -55,12 +54,9 @@ def handle_errors(func: F) -> F:
             return func(*args, **kwargs)
         except InferqError as exc:
             fail(str(exc))
-        except redis.ConnectionError as exc:
+        except REDIS_ERRORS as exc:
             ctx = click.get_current_context().find_object(Context)
-            url = ctx.settings.redis_url if ctx else "?"
-            fail(str(RedisUnavailable(url, exc)))
-        except redis.RedisError as exc:
-            fail(f"redis: {redact_text(str(exc))}")
+            fail(describe_error(ctx.settings.redis_url if ctx else "?", exc))
 
     return wrapper  # type: ignore[return-value]
 
@@ -170,7 +166,7 @@ def submit(
     ):
         if value is not None:
             fields[name] = value
-    client = Client(settings=obj.settings, connection=obj.store.redis)
+    client = Client(settings=obj.settings, store=obj.store)
     handle = client.submit(prompt, **fields)
     if not wait:
         out = {"id": handle.id, "duplicate": handle.duplicate}

@@ -45,16 +45,13 @@ def worker_rows(store: Store) -> list[dict[str, Any]]:
     """One row per live worker (heartbeat facts plus reserved slots)."""
     infos, bad = store.workers()
     now = store.now()
-    pipe = store.redis.pipeline(transaction=False)
-    for w in infos:
-        pipe.hget(store.keys.load(w.id), "slots")
-    reserved = pipe.execute()
+    reserved = store.worker_reservations([w.id for w in infos])
     rows: list[dict[str, Any]] = [
         {
             "id": w.id,
             "model": w.model,
             "state": w.state.value,
-            "slots_used": int(r or 0),
+            "slots_used": reserved[w.id],
             "slots": w.slots,
             "in_flight": w.in_flight,
             "vram_free_mib": w.vram_free_mib,
@@ -63,7 +60,7 @@ def worker_rows(store: Store) -> list[dict[str, Any]]:
             "heartbeat_age_s": round(max(0.0, now - w.last_heartbeat), 2),
             "host": w.host,
         }
-        for w, r in zip(infos, reserved, strict=True)
+        for w in infos
     ]
     rows += [{"id": key, "state": "corrupt", "error": reason} for key, reason in bad]
     return rows

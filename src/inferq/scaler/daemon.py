@@ -45,8 +45,6 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TypeVar
 
-import redis
-
 from inferq import defaults
 from inferq.config import ScalingSettings, Settings
 from inferq.errors import ConfigError, CorruptRecord
@@ -71,12 +69,15 @@ from inferq.scaler.loads import (
     service_times,
     worker_activity,
 )
-from inferq.scheduler.dispatcher import quarantine_bad_queue_names
-from inferq.store import CONNECTION_ERRORS, Store
+from inferq.store import CONNECTION_ERRORS, REPLY_ERRORS, Store
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+#: A decision that failed on these is logged and skipped (a platform error, or Redis
+#: refusing a command); anything else is malformed data, repaired after logging.
+_STEP_ERRORS: tuple[type[BaseException], ...] = (ScalerBackendError, *REPLY_ERRORS)
 
 
 class Mode(StrEnum):
@@ -239,7 +240,7 @@ class Scaler:
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, 5.0)
                     continue
-                except (ScalerBackendError, redis.ResponseError) as exc:
+                except _STEP_ERRORS as exc:
                     log.warning("scaler step failed: %s", exc)
                 except Exception:  # malformed data the store let through: skip this decision
                     log.exception("scaler step failed on malformed data")
@@ -255,7 +256,7 @@ class Scaler:
         if self.mode is Mode.DRY_RUN:
             return
         try:
-            quarantine_bad_queue_names(self.store)
+            self.store.quarantine_bad_queue_names()
         except Exception:  # the repair must not end the loop either
             log.exception("could not look for malformed queue names")
 

@@ -27,15 +27,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import redis
-
 from inferq import defaults
 from inferq.config import Settings
+from inferq.delivery import BatchSender
 from inferq.intake import new_id
-from inferq.jobs import enqueue_batch, purge_worker_queue, rq_connection, worker_queue
 from inferq.policy.dispatch import DispatchPolicy, decide
 from inferq.policy.snapshot import Batch
-from inferq.store import CONNECTION_ERRORS, DispatchView, Store
+from inferq.store import CONNECTION_ERRORS, REDIS_ERRORS, DispatchView, Store
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +45,8 @@ BATCH_JOB_TIMEOUT_S = 3600
 QUEUE_NAMES_CHECK_S = 1.0
 #: Shortest wait after a Redis outage before reaping, seconds: workers reconnect
 #: through the client's retry backoff (50 ms doubling to 1.6 s between attempts, see
-#: ``store.connection_kwargs``), so a live one may need ~2 s and a beat to show up.
+#: ``inferq.store.connection.connection_kwargs``), so a live one may need ~2 s and a
+#: beat to show up.
 OUTAGE_GRACE_MIN_S = 3.0
 
 
@@ -90,7 +89,7 @@ class Dispatcher:
         self.policy = policy or DispatchPolicy.from_settings(store.settings)
         self.tick_s = tick_s
         self.queue_head = queue_head
-        self.rq = rq_connection(self.settings.redis_url)
+        self.sender = BatchSender(self.settings.redis_url, store.keys)
         self.classes = [c.name for c in self.policy.classes]
         self.heartbeat_ttl_s = self.settings.heartbeat_interval_s * defaults.HEARTBEAT_TTL_INTERVALS
         self._stop = threading.Event()
@@ -131,7 +130,7 @@ class Dispatcher:
         log.info("dispatcher stopped")
 
     def _wait(self) -> None:
-        self.store.redis.blpop([self.store.keys.wake], timeout=self.tick_s)
+        self.store.wait_for_work(self.tick_s)
 
     def step(self) -> StepReport:
         """One expire / recover / decide / claim round. Returns what it did."""
@@ -139,7 +138,7 @@ class Dispatcher:
         started = time.monotonic()
         report = StepReport()
         if time.monotonic() - self._names_checked_at >= QUEUE_NAMES_CHECK_S:
-            report.quarantined += quarantine_bad_queue_names(self.store)
+            report.quarantined += self.store.quarantine_bad_queue_names()
             self._names_checked_at = time.monotonic()
         if started - self._housekept_at >= self.tick_s:
             # Expiry and recovery once per tick, not on every wake-up: a burst of
@@ -177,18 +176,7 @@ class Dispatcher:
         claimed = self.store.assign(batch.worker_id, batch_id, items)
         if not claimed:
             return
-        queue = worker_queue(self.rq, self.store.keys, batch.worker_id)
-        pipe = self.rq.pipeline()
-        enqueue_batch(
-            queue,
-            self.store.keys,
-            batch_id=batch_id,
-            worker_id=batch.worker_id,
-            items=claimed,
-            timeout_s=BATCH_JOB_TIMEOUT_S,
-            pipeline=pipe,
-        )
-        pipe.execute()
+        self.sender.send(batch.worker_id, batch_id, claimed, timeout_s=BATCH_JOB_TIMEOUT_S)
         report.batches += 1
         report.dispatched += len(claimed)
         report.batch_sizes.append(len(claimed))
@@ -219,9 +207,7 @@ class Dispatcher:
     def _recover(self, report: StepReport) -> None:
         now = self.store.now()
         stale_before = now - self.heartbeat_ttl_s
-        for wid in self.store.redis.zrangebyscore(
-            self.store.keys.workers, "-inf", round(stale_before * 1000)
-        ):
+        for wid in self.store.silent_workers(stale_before):
             silent = now - stale_before
             requeued = self.store.remove_worker(
                 wid,
@@ -234,8 +220,8 @@ class Dispatcher:
             report.workers_lost += 1
             report.requeued += len(requeued)
             try:
-                purge_worker_queue(self.rq, self.store.keys, wid)
-            except redis.RedisError as exc:  # best effort: its jobs are fenced anyway
+                self.sender.purge(wid)
+            except REDIS_ERRORS as exc:  # best effort: its jobs are fenced anyway
                 log.warning("could not empty RQ queue of lost worker %s: %s", wid, exc)
             log.warning("worker %s lost; requeued %d requests", wid, len(requeued))
         report.requeued += sum(1 for _, v in self.store.reap_leases() if v == "queued")
@@ -248,59 +234,9 @@ class Dispatcher:
     def _repair(self) -> int:
         """After a failed step: quarantine what breaks the scripts and reads; returns how many."""
         try:
-            return quarantine_bad_queue_names(self.store) + quarantine_non_hash_requests(
-                self.store, self.classes, self.queue_head
+            return self.store.quarantine_bad_queue_names() + (
+                self.store.quarantine_non_hash_requests(self.classes, self.queue_head)
             )
         except Exception:  # the repair itself must not kill the loop either
             log.exception("could not look for corrupt records")
             return 0
-
-
-def quarantine_bad_queue_names(store: Store) -> int:
-    """Quarantine members of the ``queues`` set that are not ``<class>|<route>``.
-
-    The member is recorded in the quarantine hash as ``<queues key>:<member>``, then
-    removed from the set. Returns how many were found.
-    """
-    k = store.keys
-    bad = [n for n in store.redis.smembers(k.queues) if not all(n.partition("|")[::2])]
-    for name in bad:
-        store.quarantine(f"{k.queues}:{name}", f"queue name {name!r} is not <class>|<route>")
-        store.redis.srem(k.queues, name)
-    return len(bad)
-
-
-def quarantine_non_hash_requests(store: Store, classes: list[str], head: int) -> int:
-    """Quarantine request keys holding another type than a hash (every script fails on them).
-
-    Looks where the dispatcher's step meets request ids: the heads of the queues of
-    ``classes`` (``head`` each), the due deadlines and the lapsed leases. Returns how
-    many were found.
-    """
-    k = store.keys
-    now_ms = round(store.now() * 1000)
-    names = [n.split("|", 1) for n in store.redis.smembers(k.queues) if "|" in n]
-    pipe = store.redis.pipeline(transaction=False)
-    queue_keys = [k.queue(c, r) for c, r in names if c in classes]
-    for qk in queue_keys:
-        pipe.zrange(qk, 0, head - 1)
-    pipe.zrangebyscore(k.deadlines, "-inf", now_ms, start=0, num=head)
-    pipe.zrangebyscore(k.leases, "-inf", now_ms, start=0, num=head)
-    *heads, due, lapsed = pipe.execute()
-    found: dict[str, set[str]] = {}
-    for qk, ids in zip(queue_keys, heads, strict=True):
-        for rid in ids:
-            found.setdefault(rid, set()).add(qk)
-    for rid in [*due, *lapsed]:
-        found.setdefault(rid, set())
-    ids = list(found)
-    pipe = store.redis.pipeline(transaction=False)
-    for rid in ids:
-        pipe.type(k.req(rid))
-    types = pipe.execute()
-    bad = [(rid, t) for rid, t in zip(ids, types, strict=True) if t not in ("hash", "none")]
-    for rid, kind in bad:
-        members = [(qk, rid) for qk in sorted(found[rid])]
-        members += [(k.deadlines, rid), (k.leases, rid)]
-        store.quarantine(k.req(rid), f"request record is a {kind}, not a hash", members)
-    return len(bad)

@@ -1,6 +1,6 @@
 """The worker's engine: one asyncio loop running requests on the backend, and the heartbeat.
 
-RQ delivers batches (see :mod:`inferq.workers.batch`); the batch job only
+RQ delivers batches (see :mod:`inferq.delivery`); the batch job only
 *accepts* its requests — checks atomically that they are still this worker's
 under this attempt, expires the late ones — and hands them to this engine,
 which runs them concurrently up to the worker's slots, continuously: a new
@@ -33,13 +33,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
-
-from inferq import defaults
+from inferq import defaults, delivery
 from inferq.config import ModelSpec
 from inferq.errors import CorruptRecord, RequestNotFound
 from inferq.models import RequestRecord, WorkerInfo, WorkerState
-from inferq.store import CONNECTION_ERRORS, Completion, Store
+from inferq.store import CONNECTION_ERRORS, REPLY_ERRORS, Completion, Store
 from inferq.workers.backends import Backend, BackendError, BackendRequest
 from inferq.workers.gpu import GpuInfo
 
@@ -74,6 +72,9 @@ class WorkerConfig:
 class Engine:
     """Runs accepted requests on the backend in a private event loop thread.
 
+    It is the worker's :class:`~inferq.delivery.BatchHandler`: the delivery seam hands
+    it batches (:meth:`accept`) and drives its drain.
+
     Args:
         store: the deployment's store.
         config: identity and capacity.
@@ -104,6 +105,25 @@ class Engine:
         self.on_drain_requested: Callable[[], None] = lambda: os.kill(os.getpid(), signal.SIGTERM)
         self.finished = 0
         self.failed = 0
+        self._rq: Any = None  # RQ's connection, opened when a broken job must be inspected
+
+    # --- identity, as the delivery seam sees it ----------------------------------------
+
+    @property
+    def worker_id(self) -> str:
+        return self.config.worker_id
+
+    @property
+    def namespace(self) -> str:
+        return self.store.keys.namespace
+
+    @property
+    def lease_s(self) -> float:
+        return self.store.settings.lease_s
+
+    @property
+    def draining(self) -> bool:
+        return self.state is WorkerState.DRAINING
 
     # --- lifecycle ---------------------------------------------------------------
 
@@ -154,6 +174,12 @@ class Engine:
         self._unhold(rid for rid, _ in items)
         return len(items)
 
+    def cold_shutdown(self) -> None:
+        """A second stop signal: hand every in-flight request back at once and leave."""
+        n = self.hand_back("worker shut down before finishing")
+        log.warning("cold shutdown: handed %d requests back", n)
+        self.stop(reason="cold shutdown")
+
     def stop(self, reason: str = "drained") -> None:
         """Flush results, leave the fleet (anything still held is requeued), stop threads."""
         self._call(self._flush_all())
@@ -180,8 +206,7 @@ class Engine:
     def info(self) -> WorkerInfo:
         """The heartbeat as of now."""
         c = self.config
-        used = self.store.redis.hget(self.store.keys.load(c.worker_id), "mib")
-        reserved = int(float(used or 0))
+        reserved = int(self.store.reserved_mib(c.worker_id))
         return WorkerInfo(
             id=c.worker_id,
             host=socket.gethostname(),
@@ -236,20 +261,14 @@ class Engine:
         attempt, so a job arriving late finds it stale), and a broken RQ job of its batch
         is quarantined. Returns how many were requeued.
         """
-        k, wid = self.store.keys, self.config.worker_id
+        wid = self.config.worker_id
         unheld = sorted(self.unreceived())
         if not unheld:
             return 0
-        pipe = self.store.redis.pipeline(transaction=False)
-        pipe.time()
-        for rid in unheld:
-            pipe.hmget(k.req(rid), "state", "worker", "attempts", "dispatched_ms", "started_ms")
-            pipe.hget(k.req(rid), "batch")
-        (sec, usec), *rows = pipe.execute(raise_on_error=False)
-        oldest = int(sec) * 1000 + int(usec) // 1000 - round(self.store.settings.lease_s * 1000)
+        now_ms, rows = self.store.holdings(unheld)
+        oldest = now_ms - round(self.store.settings.lease_s * 1000)
         requeued = 0
-        for i, rid in enumerate(unheld):
-            row, batch = rows[2 * i], rows[2 * i + 1]
+        for rid, (row, batch) in zip(unheld, rows, strict=True):
             attempt = _orphan_attempt(row, wid, oldest)
             if attempt is None:
                 continue
@@ -263,7 +282,7 @@ class Engine:
     def unreceived(self) -> set[str]:
         """Requests Redis says this worker holds (``inflight:<id>``) that the engine does
         not: claimed for it, their batch not (yet) accepted."""
-        inflight = set(self.store.redis.smembers(self.store.keys.inflight(self.config.worker_id)))
+        inflight = self.store.held_by(self.config.worker_id)
         with self._held_lock:
             return inflight - self._held
 
@@ -276,7 +295,7 @@ class Engine:
                 [verdict] = self.store.requeue(
                     [(rid, attempt, self.config.worker_id, ORPHAN_ERROR)], penalize=False
                 )
-            except redis.ResponseError as exc:  # a record the script cannot read
+            except REPLY_ERRORS as exc:  # a record the script cannot read
                 log.warning("could not hand back %s: %s", rid, exc)
                 return False
         return verdict != "stale"
@@ -285,20 +304,12 @@ class Engine:
         """Quarantine the RQ job of ``batch`` when it exists and is broken (no data, failed)."""
         if not batch:
             return
-        from inferq.jobs import job_id
-
-        key = f"rq:job:{job_id(self.store.keys, batch)}"
-        fields = set(self.store.redis.hkeys(key))
-        if not fields:
-            return  # never enqueued, or gone: nothing to keep
-        status = self.store.redis.hget(key, "status")
-        if "data" not in fields:
-            reason = "RQ job without a data field"
-        elif status == "failed":
-            reason = "RQ job failed before accepting its batch (unreadable data?)"
-        else:
-            return
-        self.store.quarantine(key, f"{reason} (batch {batch}, worker {self.config.worker_id})")
+        if self._rq is None:
+            self._rq = delivery.rq_connection(self.store.settings.redis_url)
+        broken = delivery.broken_job(self._rq, self.store.keys, batch)
+        if broken is not None:
+            key, reason = broken
+            self.store.quarantine(key, f"{reason} (batch {batch}, worker {self.config.worker_id})")
 
     def _hold(self, ids: list[str]) -> None:
         with self._held_lock:

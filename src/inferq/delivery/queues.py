@@ -1,0 +1,130 @@
+"""The dispatcher's end of the seam: a worker's private RQ queue, sending a batch, purging.
+
+Each worker has its own RQ queue (``inferq:<namespace>:w:<worker id>``); the
+dispatcher enqueues one :class:`~inferq.delivery.jobs.BatchJob` per claimed batch on
+it. After a SIGKILL a job stays "started" forever on that private queue: the reaper
+calls :meth:`BatchSender.purge` when it removes a dead worker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from rq import Queue
+from rq.job import Job
+from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
+from rq.serializers import JSONSerializer
+
+from inferq.delivery.jobs import (
+    BATCH_FUNC,
+    JOB_FAILURE_TTL_S,
+    JOB_RESULT_TTL_S,
+    JOB_TTL_S,
+    BatchJob,
+    job_id,
+    rq_connection,
+)
+from inferq.store.keys import Keys
+
+
+def worker_queue(connection: redis.Redis, keys: Keys, worker_id: str) -> Queue:
+    """The worker's private RQ queue (JSON serializer, :class:`BatchJob`)."""
+    return Queue(
+        keys.rq_queue_name(worker_id),
+        connection=connection,
+        serializer=JSONSerializer,
+        job_class=BatchJob,
+    )
+
+
+def enqueue_batch(
+    queue: Queue,
+    keys: Keys,
+    *,
+    batch_id: str,
+    worker_id: str,
+    items: list[tuple[str, int]],
+    timeout_s: int,
+    pipeline: Any = None,
+) -> Job:
+    """Enqueue one batch job: ``items`` = [(request id, attempt)] claimed for ``worker_id``.
+
+    With ``pipeline`` the job is only queued on it (the caller executes it), so a
+    batch costs one pipelined round trip.
+    """
+    return queue.enqueue_call(
+        BATCH_FUNC,
+        kwargs={
+            "namespace": keys.namespace,
+            "batch_id": batch_id,
+            "worker_id": worker_id,
+            "items": [[rid, attempt] for rid, attempt in items],
+        },
+        job_id=job_id(keys, batch_id),
+        timeout=timeout_s,
+        result_ttl=JOB_RESULT_TTL_S,
+        failure_ttl=JOB_FAILURE_TTL_S,
+        ttl=JOB_TTL_S,
+        description=f"batch {batch_id} ({len(items)} requests)",
+        pipeline=pipeline,
+    )
+
+
+def purge_worker_queue(connection: redis.Redis, keys: Keys, worker_id: str) -> int:
+    """Empty a removed worker's RQ queue and registries; returns the jobs removed.
+
+    Their requests were already requeued by the store; these jobs must never run.
+    """
+    queue = worker_queue(connection, keys, worker_id)
+    removed = queue.count
+    queue.empty()  # type: ignore[no-untyped-call]
+    for registry_cls in (StartedJobRegistry, FinishedJobRegistry, FailedJobRegistry):
+        registry = registry_cls(queue=queue)
+        ids = registry.get_job_ids()
+        # StartedJobRegistry.remove raises NotImplementedError in RQ 2.12: delete the
+        # jobs and the registry key directly (nothing else refers to them).
+        if ids:
+            connection.delete(*(Job.key_for(jid) for jid in ids))
+        connection.delete(registry.key)
+        removed += len(ids)
+    queue.delete(delete_jobs=True)
+    return removed
+
+
+class BatchSender:
+    """Hands claimed batches to workers (the dispatcher holds one).
+
+    Args:
+        redis_url: the deployment's Redis (RQ gets its own bytes connection to it).
+        keys: the deployment's keys.
+
+    Raises:
+        ConfigError: the URL is malformed (password redacted).
+    """
+
+    def __init__(self, redis_url: str, keys: Keys) -> None:
+        self.connection = rq_connection(redis_url)
+        self.keys = keys
+
+    def send(
+        self, worker_id: str, batch_id: str, items: list[tuple[str, int]], *, timeout_s: int
+    ) -> None:
+        """Enqueue the batch ``items`` = [(request id, attempt)] on the worker's queue, in one
+        pipelined round trip (``timeout_s``: RQ's own job timeout, a backstop)."""
+        queue = worker_queue(self.connection, self.keys, worker_id)
+        pipe = self.connection.pipeline()
+        enqueue_batch(
+            queue,
+            self.keys,
+            batch_id=batch_id,
+            worker_id=worker_id,
+            items=items,
+            timeout_s=timeout_s,
+            pipeline=pipe,
+        )
+        pipe.execute()
+
+    def purge(self, worker_id: str) -> int:
+        """Empty a removed worker's queue and registries (see :func:`purge_worker_queue`)."""
+        return purge_worker_queue(self.connection, self.keys, worker_id)
