@@ -52,8 +52,8 @@ from inferq import defaults
 from inferq.client import Client
 from inferq.config import Settings
 from inferq.delivery import rq_connection
+from inferq.dispatcher.daemon import Dispatcher, StepReport
 from inferq.models import WorkerInfo, WorkerState
-from inferq.scheduler.dispatcher import Dispatcher, StepReport
 from inferq.store import Completion, Store, connect
 
 GOAL_MS_PER_BATCH = 2.0

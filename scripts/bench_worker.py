@@ -74,7 +74,7 @@ class Rig:
         self.store.complete = stamped  # type: ignore[method-assign]
         opts = WorkerOptions(
             model=MODEL,
-            backend_options={"time_scale": "0"},
+            server_options={"time_scale": "0"},
             slots=slots,
             vram_mib=81_920,
             worker_id=WORKER_ID,

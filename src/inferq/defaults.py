@@ -92,18 +92,18 @@ SCALE_IDLE_S = 300.0
 SCALE_UP_COOLDOWN_S = 15.0
 SCALE_DOWN_COOLDOWN_S = 60.0
 
-# --- worker backends (issue #4) ---
-#: The sim backend sleeps the latency model's times x this factor (1.0 = real time;
+# --- model servers of the workers (issue #4; inferq.workers.servers) ---
+#: The sim model server sleeps the latency model's times x this factor (1.0 = real time;
 #: 0 = never sleep, for tests and the per-batch overhead benchmark).
 SIM_TIME_SCALE = 1.0
-#: Where the openai backend finds its server: vLLM's default ``--port 8000`` on the host.
+#: Where the openai model server client finds its server: vLLM's default ``--port 8000`` on the host.
 OPENAI_BASE_URL = "http://127.0.0.1:8000"
 #: Longest wait for the model server to answer ``GET /v1/models`` at start, seconds:
 #: vLLM loading a 70B model from network storage takes minutes, not the 30-60 s
 #: of local NVMe (design brief), so allow ten.
-BACKEND_LOAD_TIMEOUT_S = 600.0
+SERVER_LOAD_TIMEOUT_S = 600.0
 #: Pause between two checks while waiting for the model server, seconds.
-BACKEND_LOAD_POLL_S = 0.5
+SERVER_LOAD_POLL_S = 0.5
 
 # --- traces (inferq.traces; simulator and demo load) ---
 #: Tenants a trace's requests are spread over when the trace names none (issue 7's
@@ -165,7 +165,7 @@ KEDA_LIST_LENGTH = 5
 KEDA_POLL_S = 30.0
 KEDA_COOLDOWN_S = 300.0
 
-# --- scaler backends (issue #5; inferq.scaler.backends) ---
+# --- scaler platforms (issue #5; inferq.scaler.platforms) ---
 #: Seconds ``docker stop`` waits before SIGKILL. The worker has drained and
 #: deregistered before stop is called, so this only bounds its clean exit; Docker's
 #: own default is 10 s.
@@ -194,7 +194,7 @@ SIM_PEAK_WINDOW_S = 60.0
 # --- scaler daemon (issue #5; inferq.scaler) ---
 #: Lease of the acting scaler replica, seconds: three decisions at the default 5 s
 #: interval, so a replica that dies is replaced within ~15 s and one slow decision
-#: (a backend call taking a few seconds) does not hand the lease over.
+#: (a platform call taking a few seconds) does not hand the lease over.
 SCALER_LEASE_S = 15.0
 #: Arrival rates and mean service times are measured over this much of the events
 #: stream, seconds: two decisions. The policy's Holt smoothing (15 s level) does the
@@ -204,12 +204,12 @@ SCALER_RATE_WINDOW_S = 10.0
 SCALER_EVENTS_CAP = 20_000
 #: A launched worker that has not registered within this many seconds failed to
 #: start (it is stopped and no longer counted as capacity on its way): the worker's
-#: own wait for its model server (BACKEND_LOAD_TIMEOUT_S, 600 s) plus a minute.
+#: own wait for its model server (SERVER_LOAD_TIMEOUT_S, 600 s) plus a minute.
 SCALER_START_TIMEOUT_S = 660.0
-#: ``local`` backend: seconds ``stop`` waits for a drained, deregistered worker to
+#: ``local`` platform: seconds ``stop`` waits for a drained, deregistered worker to
 #: exit on its own before signalling it (it leaves within a second of deregistering).
 LOCAL_STOP_TIMEOUT_S = 10.0
-#: ``local`` backend: seconds ``close`` gives each worker to drain after SIGTERM
+#: ``local`` platform: seconds ``close`` gives each worker to drain after SIGTERM
 #: before handing its in-flight requests back (a second SIGTERM): two minutes covers
 #: a 4,096-token answer at 40 tokens/s.
 LOCAL_DRAIN_TIMEOUT_S = 120.0

@@ -413,7 +413,7 @@ def zygote_main() -> None:
                     vram_mib=VRAM_MIB,
                     worker_id=wid,
                     heartbeat_interval_s=settings.heartbeat_interval_s,
-                    backend_options={"time_scale": time_scale},
+                    server_options={"time_scale": time_scale},
                 )
                 pid = os.fork()
                 if pid == 0:

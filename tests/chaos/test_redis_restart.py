@@ -203,7 +203,7 @@ def test_a_batch_whose_records_read_failed_is_handed_back(
         vram_mib=VRAM_MIB,
         worker_id="w1",
         heartbeat_interval_s=0.2,
-        backend_options={"time_scale": "0"},
+        server_options={"time_scale": "0"},
     )
     engine = build_engine(settings, opts, store=Store(redis_client, settings))
     engine.start()

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from inferq.cli.main import cli
 from inferq.config import Settings
-from inferq.scheduler.dispatcher import Dispatcher
+from inferq.dispatcher.daemon import Dispatcher
 from inferq.store import Completion, Store
 
 from ..conftest import REDIS_URL

@@ -25,11 +25,11 @@ from inferq.cli.main import cli
 from inferq.client import Client
 from inferq.config import Settings
 from inferq.delivery import job_id, rq_connection, worker_queue
+from inferq.dispatcher.daemon import Dispatcher
 from inferq.intake import new_id
 from inferq.models import WorkerState
 from inferq.policy.scaling import ModelLimits, ScalingConfig
 from inferq.scaler.daemon import Mode, Scaler, StepReport
-from inferq.scheduler.dispatcher import Dispatcher
 from inferq.store import Store
 
 from ..builders import inference_request, worker_info

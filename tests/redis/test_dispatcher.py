@@ -15,8 +15,8 @@ from rq.job import Job
 from inferq.client import Client
 from inferq.config import Settings
 from inferq.delivery import BATCH_FUNC, BatchJob, ForbiddenJob, rq_connection, worker_queue
+from inferq.dispatcher.daemon import Dispatcher
 from inferq.models import RequestState
-from inferq.scheduler.dispatcher import Dispatcher
 from inferq.store import Store
 
 from ..helpers import KeepAlive, ready_worker

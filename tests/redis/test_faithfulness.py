@@ -21,7 +21,7 @@ import pytest
 
 from inferq.client import Client
 from inferq.config import PriorityClass, Settings
-from inferq.scheduler.dispatcher import Dispatcher
+from inferq.dispatcher.daemon import Dispatcher
 from inferq.sim import SimConfig, fixed_latency, replay
 from inferq.store import Store, connect
 from inferq.traces import TraceRequest

@@ -7,8 +7,8 @@ import urllib.request
 from prometheus_client import generate_latest
 
 from inferq.config import Settings
+from inferq.dispatcher.daemon import Dispatcher
 from inferq.metrics import build_registry, serve_metrics
-from inferq.scheduler.dispatcher import Dispatcher
 from inferq.store import Completion, Store
 
 from ..builders import inference_request

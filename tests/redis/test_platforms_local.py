@@ -12,13 +12,13 @@ import redis
 
 from inferq.client import Client
 from inferq.config import Settings
+from inferq.dispatcher.daemon import Dispatcher
 from inferq.models import WorkerState
 from inferq.policy.scaling import ModelLimits, ScalingConfig
-from inferq.scaler.backends import backend_class
-from inferq.scaler.backends.base import ScalerBackendError
-from inferq.scaler.backends.local import LocalBackend
 from inferq.scaler.daemon import Scaler
-from inferq.scheduler.dispatcher import Dispatcher
+from inferq.scaler.platforms import platform_class
+from inferq.scaler.platforms.base import PlatformError
+from inferq.scaler.platforms.local import LocalPlatform
 from inferq.store import Store
 
 from ..conftest import REDIS_URL
@@ -42,8 +42,8 @@ def fast_store(redis_client, fast_settings: Settings) -> Store:  # type: ignore[
 
 
 @pytest.fixture
-def local(fast_store: Store, tmp_path: Path) -> Iterator[LocalBackend]:
-    backend = LocalBackend(
+def local(fast_store: Store, tmp_path: Path) -> Iterator[LocalPlatform]:
+    backend = LocalPlatform(
         redis_url=REDIS_URL,
         namespace=fast_store.settings.namespace,
         log_dir=tmp_path / "logs",
@@ -64,11 +64,11 @@ def state(store: Store, wid: str) -> str | None:
     return value
 
 
-def test_launch_list_and_stop_a_drained_worker(local: LocalBackend, fast_store: Store) -> None:
-    assert backend_class("local") is LocalBackend
+def test_launch_list_and_stop_a_drained_worker(local: LocalPlatform, fast_store: Store) -> None:
+    assert platform_class("local") is LocalPlatform
     handle = local.launch(MODEL, "w1")
     assert [h.worker_id for h in local.list()] == ["w1"] and local.list("other") == []
-    assert handle.backend_ref.isdigit()
+    assert handle.platform_ref.isdigit()
     cmd = local.command(MODEL, "w1")
     assert cmd[1:3] == ["-m", "inferq"] and cmd[-2:] == ["-o", "time_scale=0.5"]
     wait_for_30(lambda: state(fast_store, "w1") == WorkerState.READY.value, what="w1 ready")
@@ -82,19 +82,19 @@ def test_launch_list_and_stop_a_drained_worker(local: LocalBackend, fast_store: 
 
 
 def test_stop_never_signals_a_worker_still_registered(
-    local: LocalBackend, fast_store: Store
+    local: LocalPlatform, fast_store: Store
 ) -> None:
     local.stop_timeout_s = 0.3
     handle = local.launch(MODEL, "w1")
     wait_for_30(lambda: state(fast_store, "w1") == WorkerState.READY.value, what="w1 ready")
-    with pytest.raises(ScalerBackendError, match="still registered"):
+    with pytest.raises(PlatformError, match="still registered"):
         local.stop(handle)
     assert [h.worker_id for h in local.list()] == ["w1"]  # left running
     local.close()  # drains it: exit 0, deregistered
     assert local.exited == {"w1": 0} and not fast_store.worker_registered("w1")
 
 
-def test_close_drains_every_worker_it_started(local: LocalBackend, fast_store: Store) -> None:
+def test_close_drains_every_worker_it_started(local: LocalPlatform, fast_store: Store) -> None:
     for wid in ("a", "b"):
         local.launch(MODEL, wid)
     wait_for_30(
@@ -107,7 +107,7 @@ def test_close_drains_every_worker_it_started(local: LocalBackend, fast_store: S
 
 
 def test_burst_scales_up_drains_backlog_and_shrinks_back_without_killing(
-    local: LocalBackend, fast_store: Store, fast_settings: Settings, redis_client: redis.Redis
+    local: LocalPlatform, fast_store: Store, fast_settings: Settings, redis_client: redis.Redis
 ) -> None:
     config = ScalingConfig(
         limits={MODEL: ModelLimits(1, 3, 0)},
@@ -118,7 +118,7 @@ def test_burst_scales_up_drains_backlog_and_shrinks_back_without_killing(
         trend_level_s=1.0,
         trend_slope_s=2.0,
     )
-    scaler = Scaler(fast_store, config=config, backend=local, rate_window_s=2.0, default_slots=2)
+    scaler = Scaler(fast_store, config=config, platform=local, rate_window_s=2.0, default_slots=2)
     dispatcher = Dispatcher(Store(redis_client, fast_settings), tick_s=0.05)
     threads = [threading.Thread(target=t.run, daemon=True) for t in (dispatcher, scaler)]
     for t in threads:

@@ -15,11 +15,11 @@ from inferq.cli.scaler import parse_pool, scaler
 from inferq.config import ModelSpec, ScalingPool, ScalingSettings, Settings
 from inferq.models import Event
 from inferq.policy.scaling import ModelLimits, ScaleDecision, ScalingConfig
-from inferq.scaler.backends.base import ScalerBackend, WorkerHandle
 from inferq.scaler.daemon import Mode, Scaler, StepReport, scaling_config
 from inferq.scaler.loads import (
     Tracked,
 )
+from inferq.scaler.platforms.base import Platform, WorkerHandle
 from inferq.store import Store
 
 from ..builders import inference_request, worker_info
@@ -29,7 +29,7 @@ from ..helpers import ready_worker
 MODEL = "llama-3.1-8b"
 
 
-class RecordingBackend(ScalerBackend):
+class RecordingPlatform(Platform):
     """Launches nothing real: remembers handles, lists them until stopped."""
 
     name = "recording"
@@ -69,8 +69,8 @@ def config(**kw: object) -> ScalingConfig:
     return ScalingConfig(**args)  # type: ignore[arg-type]
 
 
-def make(store: Store, backend: ScalerBackend | None = None, **kw: object) -> Scaler:
-    args: dict[str, object] = {"config": config(), "backend": backend}
+def make(store: Store, platform: Platform | None = None, **kw: object) -> Scaler:
+    args: dict[str, object] = {"config": config(), "platform": platform}
     args.update(kw)
     return Scaler(store, **args)  # type: ignore[arg-type]
 
@@ -90,7 +90,7 @@ def scale_events(store: Store) -> list[Event]:
 def test_min_pool_then_backlog_launch_and_starting_workers_suppress_duplicates(
     store: Store, settings: Settings
 ) -> None:
-    backend = RecordingBackend()
+    backend = RecordingPlatform()
     s = make(store, backend)
     first = s.step()
     assert first.launched == backend.launched and len(first.launched) == 1  # the minimum pool
@@ -112,7 +112,7 @@ def test_min_pool_then_backlog_launch_and_starting_workers_suppress_duplicates(
 def test_scale_down_drains_an_idle_worker_and_stops_it_only_once_it_left(
     store: Store,
 ) -> None:
-    backend = RecordingBackend()
+    backend = RecordingPlatform()
     busy = worker_info("busy").model_copy(update={"in_flight": 2})
     store.heartbeat(busy, ttl_s=30)
     ready_worker(store, "idle")
@@ -142,7 +142,7 @@ def test_idle_time_is_kept_in_redis_so_another_replica_continues_it(store: Store
     ready_worker(store, "w1")
     ready_worker(store, "w2")
     slow = config(idle_s=3600.0)
-    a = make(store, RecordingBackend(), config=slow, replica_id="a")
+    a = make(store, RecordingPlatform(), config=slow, replica_id="a")
     assert a.step().drained == []  # idle for 0 s only
     tracked = store.scaler_hash(store.keys.scaler_workers)
     assert set(tracked) == {"w1", "w2"}
@@ -150,12 +150,12 @@ def test_idle_time_is_kept_in_redis_so_another_replica_continues_it(store: Store
     old = {w: Tracked(MODEL, last_busy_at=1.0, seen_live=True) for w in tracked}
     store.redis.hset(store.keys.scaler_workers, mapping={w: t.to_json() for w, t in old.items()})
     a.close()
-    b = make(store, RecordingBackend(), config=slow, replica_id="b")
+    b = make(store, RecordingPlatform(), config=slow, replica_id="b")
     assert b.step().drained == ["w1"]  # longest idle first, ties by id
 
 
 def test_only_the_lease_holder_acts(store: Store) -> None:
-    one, two = RecordingBackend(), RecordingBackend()
+    one, two = RecordingPlatform(), RecordingPlatform()
     a = make(store, one, replica_id="a")
     b = make(store, two, replica_id="b")
     assert a.step().acting and one.launched
@@ -172,7 +172,7 @@ def test_only_the_lease_holder_acts(store: Store) -> None:
 def test_dry_run_acts_on_nothing_and_writes_nothing(store: Store, settings: Settings) -> None:
     backlog_of(store, settings, 30)
     seen: list[ScaleDecision] = []
-    backend = RecordingBackend()
+    backend = RecordingPlatform()
     s = make(store, backend, mode=Mode.DRY_RUN, on_decision=seen.append)
     report = s.step()
     s.step()
@@ -189,7 +189,7 @@ def test_metrics_mode_publishes_desired_counts_and_launches_nothing(
 ) -> None:
     backlog_of(store, settings, 30)
     s = make(store, mode=Mode.METRICS)
-    assert s.backend is None
+    assert s.platform is None
     report = s.step()
     assert report.launched == []
     wanted = report.decisions[0].desired
@@ -222,7 +222,7 @@ def test_corrupt_records_are_quarantined_and_the_decision_goes_on(store: Store) 
     store.redis.set(k.scaler_workers, "a string, not a hash")
     store.redis.hset(k.worker("bad"), mapping={"id": "bad", "model": MODEL, "vram_total_mib": "x"})
     store.redis.zadd(k.workers, {"bad": 1})
-    backend = RecordingBackend()
+    backend = RecordingPlatform()
     report = make(store, backend).step()
     assert report.quarantined == 3
     assert set(store.quarantined()) == {k.scaler_state, k.scaler_workers, k.worker("bad")}
@@ -232,7 +232,7 @@ def test_corrupt_records_are_quarantined_and_the_decision_goes_on(store: Store) 
 
 
 def test_run_survives_redis_outages_with_backoff(store: Store) -> None:
-    s = make(store, RecordingBackend())
+    s = make(store, RecordingPlatform())
     calls: list[int] = []
 
     def flaky() -> StepReport:
@@ -253,7 +253,7 @@ def test_act_mode_needs_a_backend_and_known_models(store: Store) -> None:
     with pytest.raises(ValueError, match="needs a backend"):
         Scaler(store, config=config())
     with pytest.raises(ValueError, match="not in the registry"):
-        make(store, RecordingBackend(), models=["gpt-9"])
+        make(store, RecordingPlatform(), models=["gpt-9"])
 
 
 def test_settings_scaling_table_becomes_the_policy_config(namespace: str) -> None:

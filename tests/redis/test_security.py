@@ -115,7 +115,7 @@ def test_a_worker_process_never_loads_a_planted_pickle(namespace: str, tmp_path:
         )
         # Still healthy: it takes a real request afterwards.
         settings = Settings.load(redis_url=REDIS_URL, namespace=namespace)
-        from inferq.scheduler.dispatcher import Dispatcher
+        from inferq.dispatcher.daemon import Dispatcher
         from inferq.store import Store, connect
 
         store = Store(connect(REDIS_URL), settings)

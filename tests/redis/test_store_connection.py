@@ -21,8 +21,8 @@ import redis
 
 from inferq.client import AsyncClient, Client
 from inferq.config import Settings
+from inferq.dispatcher.daemon import Dispatcher
 from inferq.errors import RedisUnavailable
-from inferq.scheduler.dispatcher import Dispatcher
 from inferq.store import Store, connect, connection
 from inferq.store.connection import (
     open_redis,

@@ -29,9 +29,9 @@ import redis
 
 from inferq.client import Client
 from inferq.config import Settings
+from inferq.dispatcher.daemon import Dispatcher
 from inferq.errors import InferqError, RequestNotFound
 from inferq.models import FINAL_STATES, RequestState
-from inferq.scheduler.dispatcher import Dispatcher
 from inferq.store import Store, connect
 
 from ..fakes.servers import (

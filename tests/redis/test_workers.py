@@ -14,8 +14,8 @@ import pytest
 
 from inferq.client import Client
 from inferq.config import Settings
+from inferq.dispatcher.daemon import Dispatcher
 from inferq.models import RequestState, WorkerState
-from inferq.scheduler.dispatcher import Dispatcher
 from inferq.store import Store
 
 from ..conftest import REDIS_URL

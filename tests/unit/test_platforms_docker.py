@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from inferq.scaler.backends import backend_class
-from inferq.scaler.backends.base import ScalerBackendError, WorkerHandle
-from inferq.scaler.backends.docker import DockerBackend
+from inferq.scaler.platforms import platform_class
+from inferq.scaler.platforms.base import PlatformError, WorkerHandle
+from inferq.scaler.platforms.docker import DockerPlatform
 from tests.fakes.standin_docker import DockerStandIn
 
 MODEL = "llama-3.1-8b"
@@ -21,7 +21,7 @@ def standin() -> Iterator[DockerStandIn]:
         yield s
 
 
-def backend(s: DockerStandIn, **kw: object) -> DockerBackend:
+def backend(s: DockerStandIn, **kw: object) -> DockerPlatform:
     args: dict[str, object] = {
         "image": "inferq:test",
         "redis_url": "redis://redis:6379/0",
@@ -29,7 +29,7 @@ def backend(s: DockerStandIn, **kw: object) -> DockerBackend:
         "base_url": s.url,
     }
     args.update(kw)
-    return DockerBackend(**args)  # type: ignore[arg-type]
+    return DockerPlatform(**args)  # type: ignore[arg-type]
 
 
 def test_launch_runs_a_labelled_gpu_container_with_the_worker_command(
@@ -54,8 +54,8 @@ def test_launch_runs_a_labelled_gpu_container_with_the_worker_command(
     assert body["HostConfig"]["NetworkMode"] == "inferq-net"
 
     assert handle == WorkerHandle("w-1", MODEL, standin.find("inferq-prod-w-1")["Id"])  # type: ignore[index]
-    assert len(standin.calls("POST", f"/containers/{handle.backend_ref}/start")) == 1
-    assert standin.find(handle.backend_ref)["State"]["Running"]  # type: ignore[index]
+    assert len(standin.calls("POST", f"/containers/{handle.platform_ref}/start")) == 1
+    assert standin.find(handle.platform_ref)["State"]["Running"]  # type: ignore[index]
 
 
 def test_no_gpus_means_no_device_request_and_labels_cannot_be_overridden(
@@ -95,18 +95,18 @@ def test_stop_stops_then_removes_and_a_gone_container_is_fine(standin: DockerSta
     b = backend(standin, stop_timeout_s=45)
     handle = b.launch(MODEL, "w-4")
     b.stop(handle)
-    [stop] = standin.calls("POST", f"/containers/{handle.backend_ref}/stop")
+    [stop] = standin.calls("POST", f"/containers/{handle.platform_ref}/stop")
     assert stop.query["t"] == ["45"]
-    assert len(standin.calls("DELETE", f"/containers/{handle.backend_ref}")) == 1
+    assert len(standin.calls("DELETE", f"/containers/{handle.platform_ref}")) == 1
     assert standin.containers == {} and b.list() == []
     b.stop(handle)  # already gone: no error, nothing else sent
-    assert len(standin.calls("DELETE", f"/containers/{handle.backend_ref}")) == 1
+    assert len(standin.calls("DELETE", f"/containers/{handle.platform_ref}")) == 1
 
 
 def test_a_refused_launch_names_the_worker(standin: DockerStandIn) -> None:
     b = backend(standin)
     b.launch(MODEL, "dup")
-    with pytest.raises(ScalerBackendError, match=r"cannot launch worker dup: .*already in use"):
+    with pytest.raises(PlatformError, match=r"cannot launch worker dup: .*already in use"):
         b.launch(MODEL, "dup")
 
 
@@ -114,8 +114,8 @@ def test_an_unreachable_daemon_is_a_clear_error() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    with pytest.raises(ScalerBackendError, match="cannot reach the daemon"):
-        DockerBackend(
+    with pytest.raises(PlatformError, match="cannot reach the daemon"):
+        DockerPlatform(
             image="inferq:test",
             redis_url="redis://r",
             namespace="prod",
@@ -124,6 +124,6 @@ def test_an_unreachable_daemon_is_a_clear_error() -> None:
 
 
 def test_the_backend_is_found_by_name() -> None:
-    assert backend_class("docker") is DockerBackend
+    assert platform_class("docker") is DockerPlatform
     with pytest.raises(ValueError, match="unknown scaler backend 'swarm'; choose one of docker"):
-        backend_class("swarm")
+        platform_class("swarm")

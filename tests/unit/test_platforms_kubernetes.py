@@ -6,9 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from inferq.scaler.backends import backend_class
-from inferq.scaler.backends.base import ScalerBackendError, WorkerHandle
-from inferq.scaler.backends.kubernetes import DELETION_COST, KubernetesBackend
+from inferq.scaler.platforms import platform_class
+from inferq.scaler.platforms.base import PlatformError, WorkerHandle
+from inferq.scaler.platforms.kubernetes import DELETION_COST, KubernetesPlatform
 from tests.fakes.standin_kubernetes import Deployment, K8sStandIn
 
 MODEL = "llama-3.1-8b"
@@ -24,8 +24,8 @@ def standin() -> Iterator[K8sStandIn]:
         yield s
 
 
-def backend(s: K8sStandIn, **kw: object) -> KubernetesBackend:
-    return KubernetesBackend(namespace="prod", host=s.url, **kw)  # type: ignore[arg-type]
+def backend(s: K8sStandIn, **kw: object) -> KubernetesPlatform:
+    return KubernetesPlatform(namespace="prod", host=s.url, **kw)  # type: ignore[arg-type]
 
 
 def ready_fleet(s: K8sStandIn, n: int) -> Deployment:
@@ -39,11 +39,11 @@ def handle(pod: str) -> WorkerHandle:
 
 
 def test_deployment_names_are_sanitised_model_names() -> None:
-    b = KubernetesBackend(namespace="prod", host="http://127.0.0.1:1")
+    b = KubernetesPlatform(namespace="prod", host="http://127.0.0.1:1")
     assert b.deployment_name(MODEL) == DEPLOY
     assert b.deployment_name("Mixtral_8x7B.v2") == "inferq-worker-mixtral-8x7b-v2"
     assert len(b.deployment_name("m" * 64)) == 63
-    custom = KubernetesBackend(namespace="prod", host="http://x", deployments={MODEL: "gpu-8b"})
+    custom = KubernetesPlatform(namespace="prod", host="http://x", deployments={MODEL: "gpu-8b"})
     assert custom.deployment_name(MODEL) == "gpu-8b"
 
 
@@ -64,7 +64,7 @@ def test_launch_raises_replicas_with_a_tested_patch_and_the_pod_is_listed(
     assert d.replicas == 3
     # The new pod is listed while still pending: worker ids are pod names.
     assert [w.worker_id for w in b.list(MODEL)] == standin.active(d)
-    assert all(w.backend_ref == w.worker_id for w in b.list())
+    assert all(w.platform_ref == w.worker_id for w in b.list())
 
 
 def test_launch_from_zero_adds_the_omitted_replicas_field(standin: K8sStandIn) -> None:
@@ -145,10 +145,10 @@ def test_stop_on_a_gone_or_terminating_pod_leaves_the_replicas_alone(
 
 def test_a_missing_or_foreign_deployment_is_a_clear_error(standin: K8sStandIn) -> None:
     b = backend(standin)
-    with pytest.raises(ScalerBackendError, match=f"deployment default/{DEPLOY} does not exist"):
+    with pytest.raises(PlatformError, match=f"deployment default/{DEPLOY} does not exist"):
         b.launch(MODEL, "w")
     standin.add_deployment(DEPLOY, {"inferq.model": "other", "inferq.namespace": "prod"})
-    with pytest.raises(ScalerBackendError, match=r"not the pods of model 'llama-3\.1-8b'"):
+    with pytest.raises(PlatformError, match=r"not the pods of model 'llama-3\.1-8b'"):
         b.launch(MODEL, "w")
     assert not standin.calls("PATCH", SCALE)
 
@@ -171,9 +171,9 @@ def test_list_selects_this_namespace_and_model(standin: K8sStandIn) -> None:
     assert standin.calls("GET", "/api/v1/namespaces/default/pods")[0].query["labelSelector"] == [
         f"inferq.namespace=prod,inferq.model={MODEL}"
     ]
-    with pytest.raises(ScalerBackendError, match="not a valid label value"):
+    with pytest.raises(PlatformError, match="not a valid label value"):
         b.list("model-ending-with-dot.")
 
 
 def test_the_backend_is_found_by_name() -> None:
-    assert backend_class("kubernetes") is KubernetesBackend
+    assert platform_class("kubernetes") is KubernetesPlatform

@@ -13,8 +13,8 @@ import pytest
 from inferq.config import ModelSpec
 from inferq.errors import ConfigError
 from inferq.models import ChatMessage, Payload
-from inferq.workers.backends import BackendError, BackendRequest, make_backend
-from inferq.workers.backends.openai import OpenAIBackend, error_message, sse_data
+from inferq.workers.servers import ServerError, ServerRequest, make_server
+from inferq.workers.servers.openai import OpenAIServer, error_message, sse_data
 from tests.fakes.standin_openai import StandIn, free_port
 
 SPEC = ModelSpec(
@@ -33,15 +33,15 @@ def standin() -> Iterator[StandIn]:
         yield server
 
 
-def backend(server: StandIn | str, **options: Any) -> OpenAIBackend:
+def backend(server: StandIn | str, **options: Any) -> OpenAIServer:
     url = server if isinstance(server, str) else server.url
-    return OpenAIBackend(SPEC, base_url=url, load_poll_s=0.02, **options)
+    return OpenAIServer(SPEC, base_url=url, load_poll_s=0.02, **options)
 
 
 def prompt_request(
     prompt: str = "hello there", timeout_s: float = 10.0, **params: Any
-) -> BackendRequest:
-    return BackendRequest(
+) -> ServerRequest:
+    return ServerRequest(
         id="r1",
         model=SPEC.name,
         payload=Payload(prompt=prompt, params=params),
@@ -51,12 +51,12 @@ def prompt_request(
     )
 
 
-def chat_request(**params: Any) -> BackendRequest:
+def chat_request(**params: Any) -> ServerRequest:
     messages = (
         ChatMessage(role="system", content="be brief"),
         ChatMessage(role="user", content="hi"),
     )
-    return BackendRequest(
+    return ServerRequest(
         id="c1",
         model=SPEC.name,
         payload=Payload(messages=messages, params=params),
@@ -66,7 +66,7 @@ def chat_request(**params: Any) -> BackendRequest:
     )
 
 
-def generate(b: OpenAIBackend, request: BackendRequest) -> Any:
+def generate(b: OpenAIServer, request: ServerRequest) -> Any:
     async def go() -> Any:
         try:
             return await b.generate(request, concurrency=1)
@@ -76,8 +76,8 @@ def generate(b: OpenAIBackend, request: BackendRequest) -> Any:
     return asyncio.run(go())
 
 
-def generate_error(b: OpenAIBackend, request: BackendRequest) -> BackendError:
-    with pytest.raises(BackendError) as info:
+def generate_error(b: OpenAIServer, request: ServerRequest) -> ServerError:
+    with pytest.raises(ServerError) as info:
         generate(b, request)
     return info.value
 
@@ -278,14 +278,14 @@ def test_load_waits_for_a_server_that_starts_later() -> None:
 
 def test_load_gives_up_after_its_bound() -> None:
     b = backend(f"http://127.0.0.1:{free_port()}", load_timeout_s=0.2)
-    with pytest.raises(BackendError, match=r"not ready after 0.2 s .*ConnectError") as info:
+    with pytest.raises(ServerError, match=r"not ready after 0.2 s .*ConnectError") as info:
         asyncio.run(b.load())
     assert info.value.retryable
 
 
 def test_load_fails_at_once_when_the_server_refuses_the_check(standin: StandIn) -> None:
     standin.models_status = 401
-    with pytest.raises(BackendError, match=r"HTTP 401.*invalid api key") as info:
+    with pytest.raises(ServerError, match=r"HTTP 401.*invalid api key") as info:
         asyncio.run(backend(standin, load_timeout_s=30).load())
     assert not info.value.retryable
     assert len(standin.requests) == 1
@@ -295,7 +295,7 @@ def test_load_warns_when_the_model_is_not_listed(
     standin: StandIn, caplog: pytest.LogCaptureFixture
 ) -> None:
     standin.models = ["/models/other.gguf"]
-    with caplog.at_level(logging.WARNING, logger="inferq.workers.backends.openai"):
+    with caplog.at_level(logging.WARNING, logger="inferq.workers.servers.openai"):
         asyncio.run(backend(standin).load())
     assert "/models/other.gguf" in caplog.text
     assert "set served_model_name" in caplog.text
@@ -304,7 +304,7 @@ def test_load_warns_when_the_model_is_not_listed(
 def test_load_is_quiet_when_the_model_is_listed(
     standin: StandIn, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="inferq.workers.backends.openai"):
+    with caplog.at_level(logging.WARNING, logger="inferq.workers.servers.openai"):
         asyncio.run(backend(standin).load())
     assert caplog.text == ""
 
@@ -370,19 +370,19 @@ def test_sse_parser_joins_data_lines_and_skips_comments() -> None:
 
 
 def test_make_backend_builds_openai_with_options(standin: StandIn) -> None:
-    b = make_backend("openai", SPEC, base_url=standin.url + "/", served_model_name="m")
-    assert isinstance(b, OpenAIBackend)
+    b = make_server("openai", SPEC, base_url=standin.url + "/", served_model_name="m")
+    assert isinstance(b, OpenAIServer)
     assert b.base_url == standin.url
     assert b.served_model_name == "m"
 
 
 def test_invalid_options_name_the_option() -> None:
     with pytest.raises(ConfigError, match="load_timeout_s: must be >= 0"):
-        OpenAIBackend(SPEC, load_timeout_s=-1)
+        OpenAIServer(SPEC, load_timeout_s=-1)
     with pytest.raises(ConfigError, match="stream: expected true or false"):
-        OpenAIBackend(SPEC, stream="maybe")
+        OpenAIServer(SPEC, stream="maybe")
 
 
 def test_repr_redacts_credentials_in_the_url() -> None:
-    b = OpenAIBackend(SPEC, base_url="http://user:pw@127.0.0.1:8000")
+    b = OpenAIServer(SPEC, base_url="http://user:pw@127.0.0.1:8000")
     assert "pw" not in repr(b)

@@ -333,7 +333,7 @@ def dispatcher(obj: Context, tick: float, metrics_port: int | None) -> None:
     """Run a dispatcher replica (any number may run)."""
     import signal
 
-    from inferq.scheduler.dispatcher import Dispatcher
+    from inferq.dispatcher.daemon import Dispatcher
 
     d = Dispatcher(obj.store, tick_s=tick)
     if metrics_port is not None:
@@ -349,9 +349,17 @@ def dispatcher(obj: Context, tick: float, metrics_port: int | None) -> None:
 
 @cli.command()
 @click.option("--model", required=True, help="Registry name of the loaded model.")
-@click.option("--backend", default="sim", show_default=True, help="sim, openai, or a plugin.")
 @click.option(
-    "--backend-option", "-o", multiple=True, metavar="KEY=VALUE", help="Backend option (repeat)."
+    "--backend", "server", default="sim", show_default=True,
+    help="Model server: sim, openai, or a plugin.",
+)  # fmt: skip
+@click.option(
+    "--backend-option",
+    "server_options",
+    "-o",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Model server option (repeat).",
 )
 @click.option("--slots", default=8, show_default=True, help="Concurrent requests at most.")
 @click.option("--vram-mib", type=int, help="Card VRAM, MiB (when NVML is unavailable).")
@@ -364,8 +372,8 @@ def dispatcher(obj: Context, tick: float, metrics_port: int | None) -> None:
 def worker(
     obj: Context,
     model: str,
-    backend: str,
-    backend_option: tuple[str, ...],
+    server: str,
+    server_options: tuple[str, ...],
     slots: int,
     vram_mib: int | None,
     gpu_index: int | None,
@@ -378,8 +386,8 @@ def worker(
 
     opts = WorkerOptions(
         model=model,
-        backend=backend,
-        backend_options=_pairs("--backend-option", backend_option),
+        server=server,
+        server_options=_pairs("--backend-option", server_options),
         slots=slots,
         vram_mib=vram_mib,
         gpu_index=gpu_index,

@@ -109,10 +109,11 @@ def scaling_settings(base: ScalingSettings, options: dict[str, Any]) -> ScalingS
 @click.command("scaler")
 @click.option(
     "--backend",
+    "platform",
     type=click.Choice(["local", "docker", "kubernetes"]),
     default="local",
     show_default=True,
-    help="Where workers run.",
+    help="Where workers run: the platform.",
 )
 @click.option("--interval", type=float, help="Seconds between decisions [default: 5].")
 @click.option("--dry-run", is_flag=True, help="Print decisions; start, drain and write nothing.")
@@ -134,7 +135,10 @@ def scaling_settings(base: ScalingSettings, options: dict[str, Any]) -> ScalingS
 @click.option("--up-cooldown-s", type=float, help="Seconds between a scale action and an up [15].")
 @click.option("--down-cooldown-s", type=float, help="Seconds between an action and a down [60].")
 @click.option("--replica-id", help="This replica's lease id [host-pid-random].")
-@click.option("--worker-backend", default="sim", show_default=True, help="local: model backend.")
+@click.option(
+    "--worker-backend", "worker_server", default="sim", show_default=True,
+    help="local: the workers' model server (their --backend).",
+)  # fmt: skip
 @click.option("--slots", type=int, default=8, show_default=True, help="local: worker slots.")
 @click.option(
     "--vram-mib",
@@ -170,11 +174,11 @@ def _run(obj: _Obj, options: dict[str, Any]) -> None:
         mode = Mode.METRICS
     scaling = scaling_settings(obj.settings.scaling, options)
     store = obj.store
-    backend = None if mode is Mode.METRICS else _backend(obj, store, options)
+    platform = None if mode is Mode.METRICS else _platform(obj, store, options)
     daemon = Scaler(
         store,
         config=scaling_config(scaling),
-        backend=backend,
+        platform=platform,
         mode=mode,
         replica_id=options["replica_id"],
         default_slots=options["slots"],
@@ -193,17 +197,17 @@ def _run(obj: _Obj, options: dict[str, Any]) -> None:
         with contextlib.suppress(KeyboardInterrupt):
             daemon.run()  # releases the lease on the way out
     finally:
-        if backend is not None:
-            backend.close()  # local: drains and stops the workers this replica started
+        if platform is not None:
+            platform.close()  # local: drains and stops the workers this replica started
 
 
-def _backend(obj: _Obj, store: Store, options: dict[str, Any]) -> Any:
-    """The chosen backend, built from the options (raises click.UsageError when one is missing)."""
-    from inferq.scaler.backends import backend_class
+def _platform(obj: _Obj, store: Store, options: dict[str, Any]) -> Any:
+    """The chosen platform, built from the options (raises click.UsageError when one is missing)."""
+    from inferq.scaler.platforms import platform_class
 
     settings = obj.settings
-    name = options["backend"]
-    cls: Any = backend_class(name)
+    name = options["platform"]
+    cls: Any = platform_class(name)
     if name == "local":
         root = click.get_current_context().find_root().params
         return cls(
@@ -211,7 +215,7 @@ def _backend(obj: _Obj, store: Store, options: dict[str, Any]) -> Any:
             namespace=settings.namespace,
             config_path=root.get("config_path"),
             log_dir=options["log_dir"],
-            worker_backend=options["worker_backend"],
+            worker_server=options["worker_server"],
             slots=options["slots"],
             vram_mib=parse_vram(options["vram_mib"]),
             worker_options=_pairs(options["worker_option"]),

@@ -1,1 +1,1 @@
-"""The scaler daemon: desired workers per model, started and drained through a backend."""
+"""The scaler daemon: desired workers per model, started and drained on a platform."""

@@ -1,4 +1,4 @@
-"""The scaler daemon: Redis facts -> :func:`~inferq.policy.scaling.decide_scale` -> a backend.
+"""The scaler daemon: Redis facts -> :func:`~inferq.policy.scaling.decide_scale` -> a platform.
 
 Each decision (every ``interval_s``, default 5 s):
 
@@ -8,9 +8,9 @@ Each decision (every ``interval_s``, default 5 s):
 2. read queues, heartbeats, reservations, the events stream of the last
    ``rate_window_s`` and the scaler's own state (``P scaler:state``: trend and
    cooldowns; ``P scaler:workers``: per-worker idle and drain tracking), and the
-   backend's listing; merge them (:func:`~inferq.scaler.loads.reconcile`);
+   platform's listing; merge them (:func:`~inferq.scaler.loads.reconcile`);
 3. stop the workers that drained and deregistered (or left, or never started):
-   ``backend.prepare_scale_down`` then ``backend.stop``;
+   ``platform.prepare_scale_down`` then ``platform.stop``;
 4. build one :class:`~inferq.policy.scaling.ModelLoad` per managed model, decide;
 5. carry the decisions out: launch workers; for a scale-down, ask the chosen
    idle workers to drain through Redis (``Store.request_drain``) and remember
@@ -22,7 +22,7 @@ Each decision (every ``interval_s``, default 5 s):
 
 Modes: ``act`` (the above), ``dry-run`` (no lease, nothing written, nothing
 started or drained: decisions go to ``on_decision``; state stays in memory) and
-``metrics`` (no backend: only the desired counts are written, for KEDA or an
+``metrics`` (no platform: only the desired counts are written, for KEDA or an
 HPA; a hold keeps the last published count so the external scaler sees a
 steady target, not one that flips back while it acts).
 
@@ -56,7 +56,6 @@ from inferq.policy.scaling import (
     ScalingConfig,
     decide_scale,
 )
-from inferq.scaler.backends.base import ScalerBackend, ScalerBackendError, WorkerHandle
 from inferq.scaler.loads import (
     Fleet,
     LiveWorker,
@@ -69,6 +68,7 @@ from inferq.scaler.loads import (
     service_times,
     worker_activity,
 )
+from inferq.scaler.platforms.base import Platform, PlatformError, WorkerHandle
 from inferq.store import CONNECTION_ERRORS, REPLY_ERRORS, Store
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ T = TypeVar("T")
 
 #: A decision that failed on these is logged and skipped (a platform error, or Redis
 #: refusing a command); anything else is malformed data, repaired after logging.
-_STEP_ERRORS: tuple[type[BaseException], ...] = (ScalerBackendError, *REPLY_ERRORS)
+_STEP_ERRORS: tuple[type[BaseException], ...] = (PlatformError, *REPLY_ERRORS)
 
 
 class Mode(StrEnum):
@@ -155,7 +155,7 @@ class Scaler:
         store: the deployment's store.
         config: the policy's knobs (see :func:`scaling_config`); ``config.interval_s``
             is the loop period.
-        backend: where workers run; required in ``act`` mode, optional in ``dry-run``
+        platform: where workers run; required in ``act`` mode, optional in ``dry-run``
             (its listing counts starting workers), unused in ``metrics`` mode.
         mode: ``act``, ``dry-run`` or ``metrics``.
         models: the managed models, in priority order (default: the models of
@@ -168,7 +168,7 @@ class Scaler:
         on_decision: called with every decision (the CLI prints them in dry-run).
 
     Raises:
-        ConfigError: ``act`` mode without a backend, or an unknown managed model.
+        ConfigError: ``act`` mode without a platform, or an unknown managed model.
     """
 
     def __init__(
@@ -176,7 +176,7 @@ class Scaler:
         store: Store,
         *,
         config: ScalingConfig,
-        backend: ScalerBackend | None = None,
+        platform: Platform | None = None,
         mode: Mode = Mode.ACT,
         models: Sequence[str] | None = None,
         replica_id: str | None = None,
@@ -186,12 +186,12 @@ class Scaler:
         default_slots: int = defaults.SIM_WORKER_SLOTS,
         on_decision: Callable[[ScaleDecision], None] | None = None,
     ) -> None:
-        if mode is Mode.ACT and backend is None:
+        if mode is Mode.ACT and platform is None:
             raise ConfigError("backend: the scaler needs a backend unless --dry-run/--metrics-only")
         self.store = store
         self.settings: Settings = store.settings
         self.config = config
-        self.backend = backend if mode is not Mode.METRICS else None
+        self.platform = platform if mode is not Mode.METRICS else None
         self.mode = mode
         registry = [m.name for m in self.settings.models]
         self.models = tuple(models or config.limits or registry)
@@ -363,9 +363,9 @@ class Scaler:
         ]
 
     def _listed(self) -> dict[str, WorkerHandle]:
-        if self.backend is None:
+        if self.platform is None:
             return {}
-        return {h.worker_id: h for h in self.backend.list() if h.model in self.models}
+        return {h.worker_id: h for h in self.platform.list() if h.model in self.models}
 
     def _events(self, now: float) -> tuple[list[Event], float]:
         """Events of the last ``rate_window_s`` and the seconds they span."""
@@ -417,13 +417,13 @@ class Scaler:
         tracked: dict[str, Tracked],
         report: StepReport,
     ) -> None:
-        assert self.backend is not None
+        assert self.platform is not None
         for wid, why in to_stop.items():
             handle = handles[wid]
             try:
-                self.backend.prepare_scale_down(handle)
-                self.backend.stop(handle)
-            except ScalerBackendError as exc:
+                self.platform.prepare_scale_down(handle)
+                self.platform.stop(handle)
+            except PlatformError as exc:
                 log.warning("could not stop worker %s (%s): %s; retrying", wid, why, exc)
                 continue
             tracked.pop(wid, None)
@@ -461,13 +461,13 @@ class Scaler:
         return {d.model: d.desired for d in decisions}
 
     def _launch(self, d: ScaleDecision, report: StepReport) -> None:
-        assert self.backend is not None
+        assert self.platform is not None
         launched = []
         for _ in range(d.launch):
             wid = new_worker_id(d.model)
             try:
-                self.backend.launch(d.model, wid)
-            except ScalerBackendError as exc:
+                self.platform.launch(d.model, wid)
+            except PlatformError as exc:
                 log.warning("could not launch a %s worker: %s", d.model, exc)
                 break
             launched.append(wid)

@@ -1,1 +1,1 @@
-"""GPU worker processes: heartbeats, batch execution through a backend, drain."""
+"""GPU worker processes: heartbeats, batch execution on a model server, drain."""

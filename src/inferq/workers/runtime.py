@@ -1,4 +1,4 @@
-"""The worker's engine: one asyncio loop running requests on the backend, and the heartbeat.
+"""The worker's engine: one asyncio loop running requests on the model server, and the heartbeat.
 
 RQ delivers batches (see :mod:`inferq.delivery`); the batch job only
 *accepts* its requests — checks atomically that they are still this worker's
@@ -38,8 +38,8 @@ from inferq.config import ModelSpec
 from inferq.errors import CorruptRecord, RequestNotFound
 from inferq.models import RequestRecord, WorkerInfo, WorkerState
 from inferq.store import CONNECTION_ERRORS, REPLY_ERRORS, Completion, Store
-from inferq.workers.backends import Backend, BackendError, BackendRequest
 from inferq.workers.gpu import GpuInfo
+from inferq.workers.servers import ModelServer, ServerError, ServerRequest
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class WorkerConfig:
 
 
 class Engine:
-    """Runs accepted requests on the backend in a private event loop thread.
+    """Runs accepted requests on the model server in a private event loop thread.
 
     It is the worker's :class:`~inferq.delivery.BatchHandler`: the delivery seam hands
     it batches (:meth:`accept`) and drives its drain.
@@ -78,13 +78,13 @@ class Engine:
     Args:
         store: the deployment's store.
         config: identity and capacity.
-        backend: the model server.
+        server: the model server (sim, openai, a plugin).
     """
 
-    def __init__(self, store: Store, config: WorkerConfig, backend: Backend) -> None:
+    def __init__(self, store: Store, config: WorkerConfig, server: ModelServer) -> None:
         self.store = store
         self.config = config
-        self.backend = backend
+        self.server = server
         self.state = WorkerState.STARTING
         self.started_at = time.time()
         self.kv_cache_mib = config.spec.kv_cache_mib(config.gpu.total_mib)
@@ -131,7 +131,7 @@ class Engine:
         """Start the loop and heartbeat, load the model (state ``starting``), then ``ready``.
 
         Raises:
-            BackendError: the backend could not load the model.
+            ServerError: the model server could not load the model.
         """
         self._thread.start()
         self._call(self._init_loop())
@@ -140,7 +140,7 @@ class Engine:
             target=self._beat_forever, name="heartbeat", daemon=True
         )
         self._beat_thread.start()
-        self._call(self.backend.load())
+        self._call(self.server.load())
         self.state = WorkerState.READY
         self.beat()
         log.info(
@@ -388,7 +388,7 @@ class Engine:
     async def _run(self, record: RequestRecord, attempt: int) -> None:
         req = record.request
         remaining = req.deadline - time.time()
-        breq = BackendRequest(
+        breq = ServerRequest(
             id=req.id,
             model=self.config.spec.name,
             payload=req.payload,
@@ -399,7 +399,7 @@ class Engine:
         t0 = time.time()
         try:
             result = await asyncio.wait_for(
-                self.backend.generate(breq, concurrency=self.in_flight),
+                self.server.generate(breq, concurrency=self.in_flight),
                 timeout=max(0.001, remaining),
             )
         except TimeoutError:
@@ -407,15 +407,15 @@ class Engine:
                 Completion(req.id, attempt, "expired", error="deadline passed while running")
             )
             return
-        except BackendError as exc:
+        except ServerError as exc:
             await self._failed(req.id, attempt, exc)
             return
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # a backend bug must not kill the worker: retry elsewhere
+        except Exception as exc:  # a model server bug must not kill the worker: retry elsewhere
             log.exception("backend raised on request %s", req.id)
             await self._failed(
-                req.id, attempt, BackendError(f"backend crashed: {exc!r}", retryable=True)
+                req.id, attempt, ServerError(f"backend crashed: {exc!r}", retryable=True)
             )
             return
         first = t0 + result.ttft_s if result.ttft_s is not None else None
@@ -430,7 +430,7 @@ class Engine:
         )
         self._queue(outcome, req.task_type)
 
-    async def _failed(self, rid: str, attempt: int, exc: BackendError) -> None:
+    async def _failed(self, rid: str, attempt: int, exc: ServerError) -> None:
         self.failed += 1
         if not exc.retryable:
             self._queue(Completion(rid, attempt, "failed", error=str(exc)))
@@ -509,7 +509,7 @@ class Engine:
         if self._flusher is not None:
             self._flusher.cancel()
             await asyncio.gather(self._flusher, return_exceptions=True)
-        await self.backend.close()
+        await self.server.close()
 
     def _call(self, coro: Any) -> Any:
         future: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self._loop)

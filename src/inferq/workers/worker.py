@@ -25,9 +25,9 @@ from inferq.config import Settings
 from inferq.errors import ConfigError
 from inferq.models import WORKER_ID_PATTERN
 from inferq.store import Store, connect
-from inferq.workers.backends import make_backend
 from inferq.workers.gpu import probe_gpu
 from inferq.workers.runtime import Engine, WorkerConfig
+from inferq.workers.servers import make_server
 
 
 @dataclass
@@ -35,8 +35,8 @@ class WorkerOptions:
     """Options of ``inferq worker`` (see the CLI for their meaning)."""
 
     model: str
-    backend: str = "sim"
-    backend_options: dict[str, Any] = field(default_factory=dict)
+    server: str = "sim"
+    server_options: dict[str, Any] = field(default_factory=dict)
     slots: int = 8
     vram_mib: int | None = None
     gpu_index: int | None = None
@@ -46,7 +46,7 @@ class WorkerOptions:
 
 
 def build_engine(settings: Settings, opts: WorkerOptions, store: Store | None = None) -> Engine:
-    """Resolve the model, probe the GPU, build the backend and the engine.
+    """Resolve the model, probe the GPU, build the model server and the engine.
 
     Raises:
         ConfigError: unknown model, bad slots, or the weights do not fit the card.
@@ -75,8 +75,8 @@ def build_engine(settings: Settings, opts: WorkerOptions, store: Store | None = 
         labels=opts.labels,
         heartbeat_interval_s=opts.heartbeat_interval_s,
     )
-    backend = make_backend(opts.backend, spec, **opts.backend_options)
-    return Engine(store or Store(connect(settings.redis_url), settings), config, backend)
+    server = make_server(opts.server, spec, **opts.server_options)
+    return Engine(store or Store(connect(settings.redis_url), settings), config, server)
 
 
 def run_worker(settings: Settings, opts: WorkerOptions) -> int:

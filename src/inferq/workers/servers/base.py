@@ -1,13 +1,13 @@
-"""The backend interface: what a worker calls to run one request on its model.
+"""The model server interface: what a worker calls to run one request on its model.
 
-A backend is async because the requests of one batch run concurrently, up to
-the worker's slots. The worker calls :meth:`Backend.load` once (it stays
-``starting`` until that returns), then :meth:`Backend.generate` per request,
-then :meth:`Backend.close` on exit. Backends are built by name through
-:func:`make_backend`: the built-in ones (``sim``, ``openai``), those added with
-:func:`register_backend`, and those installed under the entry-point group
-``inferq.backends`` (a ``Callable[..., Backend]`` called as ``factory(spec, **options)``).
-Adding an in-process backend never touches the worker loop.
+A model server is async because the requests of one batch run concurrently, up to
+the worker's slots. The worker calls :meth:`ModelServer.load` once (it stays
+``starting`` until that returns), then :meth:`ModelServer.generate` per request,
+then :meth:`ModelServer.close` on exit. Model servers are built by name through
+:func:`make_server`: the built-in ones (``sim``, ``openai``), those added with
+:func:`register_server`, and those installed under the entry-point group
+``inferq.backends`` (a ``Callable[..., ModelServer]`` called as ``factory(spec, **options)``).
+Adding an in-process model server never touches the worker loop.
 """
 
 from __future__ import annotations
@@ -25,15 +25,15 @@ from inferq.config import ModelSpec
 from inferq.errors import ConfigError, InferqError
 from inferq.models import Payload
 
-#: Entry-point group scanned for third-party backends.
+#: Entry-point group scanned for third-party model servers.
 ENTRY_POINT_GROUP = "inferq.backends"
 
-BackendFactory = Callable[..., "Backend"]
+ServerFactory = Callable[..., "ModelServer"]
 
 
 @dataclass(frozen=True, slots=True)
-class BackendRequest:
-    """One request as a backend sees it.
+class ServerRequest:
+    """One request as a model server sees it.
 
     Attributes:
         id: the request id (for error messages and logs).
@@ -53,15 +53,15 @@ class BackendRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class BackendResult:
-    """What a backend produced for one request.
+class ServerResult:
+    """What a model server produced for one request.
 
     Attributes:
         output: the generated text.
-        prompt_tokens / completion_tokens: token counts, as the backend counted
+        prompt_tokens / completion_tokens: token counts, as the model server counted
             them (or estimated, when it reports none).
         ttft_s: seconds from the ``generate`` call to the first output token,
-            when the backend measures it; ``None`` otherwise.
+            when the model server measures it; ``None`` otherwise.
     """
 
     output: str
@@ -70,8 +70,8 @@ class BackendResult:
     ttft_s: float | None = None
 
 
-class BackendError(InferqError):
-    """A backend could not produce a result for a request.
+class ServerError(InferqError):
+    """A model server could not produce a result for a request.
 
     Attributes:
         retryable: True when another attempt (on another worker) may succeed:
@@ -87,7 +87,7 @@ class BackendError(InferqError):
         super().__init__(message)
 
 
-class Backend(ABC):
+class ModelServer(ABC):
     """A model server a worker runs requests on.
 
     Subclasses set :attr:`name` and implement :meth:`generate`; :meth:`load`
@@ -101,20 +101,20 @@ class Backend(ABC):
         """Load or check the model; the worker is ``starting`` until this returns.
 
         Raises:
-            BackendError: the model cannot be served.
+            ServerError: the model cannot be served.
         """
 
     @abstractmethod
-    async def generate(self, request: BackendRequest, *, concurrency: int) -> BackendResult:
+    async def generate(self, request: ServerRequest, *, concurrency: int) -> ServerResult:
         """Run one request.
 
         Args:
             request: the request, with the time left before its deadline.
             concurrency: requests the worker is running at once, this one
-                included (>= 1); a backend may use it to model batching.
+                included (>= 1); a model server may use it to model batching.
 
         Raises:
-            BackendError: the request failed; ``retryable`` says whether to retry it.
+            ServerError: the request failed; ``retryable`` says whether to retry it.
         """
 
     async def close(self) -> None:  # noqa: B027 - an optional hook, not abstract
@@ -135,45 +135,45 @@ class Backend(ABC):
 
 # --- registry -----------------------------------------------------------------
 
-#: Built-in backends as ``module:attribute``, imported on first use (so a sim
+#: Built-in model servers as ``module:attribute``, imported on first use (so a sim
 #: worker never imports httpx).
 _BUILTIN: dict[str, str] = {
-    "sim": "inferq.workers.backends.sim:SimBackend",
-    "openai": "inferq.workers.backends.openai:OpenAIBackend",
+    "sim": "inferq.workers.servers.sim:SimServer",
+    "openai": "inferq.workers.servers.openai:OpenAIServer",
 }
-_REGISTERED: dict[str, BackendFactory] = {}
+_REGISTERED: dict[str, ServerFactory] = {}
 
 
-def register_backend(name: str, factory: BackendFactory) -> None:
-    """Make ``factory`` buildable as ``make_backend(name, ...)``; replaces any earlier one.
+def register_server(name: str, factory: ServerFactory) -> None:
+    """Make ``factory`` buildable as ``make_server(name, ...)``; replaces any earlier one.
 
     Args:
-        name: the backend's name (``--backend NAME`` on the worker).
-        factory: called as ``factory(spec, **options)``; returns a :class:`Backend`.
+        name: the model server's name (``--backend NAME`` on the worker).
+        factory: called as ``factory(spec, **options)``; returns a :class:`ModelServer`.
     """
     _REGISTERED[name] = factory
 
 
-def backend_names() -> list[str]:
-    """Names :func:`make_backend` accepts, sorted (entry points included)."""
+def server_names() -> list[str]:
+    """Names :func:`make_server` accepts, sorted (entry points included)."""
     names = set(_BUILTIN) | set(_REGISTERED)
     names.update(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
     return sorted(names)
 
 
-def make_backend(name: str, spec: ModelSpec, **options: Any) -> Backend:
-    """Build the backend called ``name`` for the model ``spec``.
+def make_server(name: str, spec: ModelSpec, **options: Any) -> ModelServer:
+    """Build the model server called ``name`` for the model ``spec``.
 
-    Lookup order: :func:`register_backend`, the built-ins, then the
+    Lookup order: :func:`register_server`, the built-ins, then the
     ``inferq.backends`` entry points.
 
     Args:
-        name: ``"sim"``, ``"openai"`` or a registered / installed backend.
+        name: ``"sim"``, ``"openai"`` or a registered / installed model server.
         spec: the registry entry of the model the worker serves.
-        **options: the backend's keyword options (see each backend's docstring).
+        **options: the model server's keyword options (see each model server's docstring).
 
     Raises:
-        ConfigError: no backend has this name, or an option is unknown or invalid.
+        ConfigError: no model server has this name, or an option is unknown or invalid.
     """
     factory = _find_factory(name)
     try:
@@ -185,18 +185,18 @@ def make_backend(name: str, spec: ModelSpec, **options: Any) -> Backend:
     return factory(spec, **options)
 
 
-def _find_factory(name: str) -> BackendFactory:
+def _find_factory(name: str) -> ServerFactory:
     if name in _REGISTERED:
         return _REGISTERED[name]
     if name in _BUILTIN:
         module, _, attr = _BUILTIN[name].partition(":")
-        factory: BackendFactory = getattr(importlib.import_module(module), attr)
+        factory: ServerFactory = getattr(importlib.import_module(module), attr)
         return factory
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == name:
-            loaded: BackendFactory = ep.load()
+            loaded: ServerFactory = ep.load()
             return loaded
-    raise ConfigError(f"backend {name!r} is unknown; known backends: {', '.join(backend_names())}")
+    raise ConfigError(f"backend {name!r} is unknown; known backends: {', '.join(server_names())}")
 
 
 # --- option parsing (options may arrive as strings from the command line) -------

@@ -1,4 +1,4 @@
-"""The ``sim`` backend: a model server that only takes time, per :mod:`inferq.latency`.
+"""The ``sim`` model server: a model server that only takes time, per :mod:`inferq.latency`.
 
 It sleeps for the latency model's time to first token, then for the decode
 time at the worker's current concurrency, and returns synthetic text of the
@@ -14,11 +14,11 @@ from collections.abc import Awaitable, Callable
 from inferq import defaults
 from inferq.config import ModelSpec
 from inferq.latency import service_time
-from inferq.workers.backends.base import (
-    Backend,
-    BackendError,
-    BackendRequest,
-    BackendResult,
+from inferq.workers.servers.base import (
+    ModelServer,
+    ServerError,
+    ServerRequest,
+    ServerResult,
     bool_option,
     float_option,
 )
@@ -68,7 +68,7 @@ _WORDS = (
 Sleep = Callable[[float], Awaitable[None]]
 
 
-class SimBackend(Backend):
+class SimServer(ModelServer):
     """Simulated model server.
 
     Output tokens are ``min(max_tokens, payload.params["sim_output_tokens"])``
@@ -82,7 +82,7 @@ class SimBackend(Backend):
         seed: seeds the generator of failures and output words; with a seed,
             the same sequence of calls gives the same results.
         failure_rate: probability (0..1) that a request fails with a retryable
-            ``BackendError("simulated failure")`` after its prefill.
+            ``ServerError("simulated failure")`` after its prefill.
         cold_start: when true, :meth:`load` sleeps ``spec.cold_start_s x time_scale``.
         sleep: the sleep function (tests pass a recorder). Default ``asyncio.sleep``.
 
@@ -111,7 +111,7 @@ class SimBackend(Backend):
 
     def __repr__(self) -> str:
         return (
-            f"SimBackend(model={self.spec.name!r}, time_scale={self.time_scale}, "
+            f"SimServer(model={self.spec.name!r}, time_scale={self.time_scale}, "
             f"failure_rate={self.failure_rate})"
         )
 
@@ -120,7 +120,7 @@ class SimBackend(Backend):
         if self.cold_start:
             await self._pause(self.spec.cold_start_s * self.time_scale)
 
-    async def generate(self, request: BackendRequest, *, concurrency: int) -> BackendResult:
+    async def generate(self, request: ServerRequest, *, concurrency: int) -> ServerResult:
         """Sleep the latency model's ttft and decode time, then return synthetic text.
 
         Timings: :func:`inferq.latency.service_time` with ``concurrency``
@@ -128,7 +128,7 @@ class SimBackend(Backend):
         exceeds ``request.timeout_s`` sleeps ``timeout_s`` and times out.
 
         Raises:
-            BackendError: retryable on a simulated failure or a timeout; not
+            ServerError: retryable on a simulated failure or a timeout; not
                 retryable when ``sim_output_tokens`` is not an integer >= 0.
         """
         n_out = _output_tokens(request)
@@ -141,16 +141,16 @@ class SimBackend(Backend):
         total_s = st.total_s * self.time_scale
         if total_s > request.timeout_s or request.timeout_s <= 0:
             await self._pause(max(0.0, request.timeout_s))
-            raise BackendError(
+            raise ServerError(
                 f"sim: request {request.id} timed out after {max(0.0, request.timeout_s):.3f} s "
                 f"(it needs {total_s:.3f} s)",
                 retryable=True,
             )
         await self._pause(ttft_s)
         if fails:
-            raise BackendError(f"sim: simulated failure of request {request.id}", retryable=True)
+            raise ServerError(f"sim: simulated failure of request {request.id}", retryable=True)
         await self._pause(st.decode_s * self.time_scale)
-        return BackendResult(
+        return ServerResult(
             output=" ".join(words),
             prompt_tokens=request.prompt_tokens,
             completion_tokens=n_out,
@@ -163,10 +163,10 @@ class SimBackend(Backend):
             await self._sleep(seconds)
 
 
-def _output_tokens(request: BackendRequest) -> int:
+def _output_tokens(request: ServerRequest) -> int:
     raw = request.payload.params.get(OUTPUT_TOKENS_PARAM, request.max_tokens)
     if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
-        raise BackendError(
+        raise ServerError(
             f"sim: request {request.id}: payload.params.{OUTPUT_TOKENS_PARAM} must be an "
             f"integer >= 0, got {raw!r}",
             retryable=False,

@@ -1,8 +1,8 @@
-"""Docker backend: one container per worker, through the Docker SDK for Python.
+"""Docker platform: one container per worker, through the Docker SDK for Python.
 
 Each worker is a detached container of a configured image running
 ``inferq worker --model M --id ID``, labelled ``inferq.model``, ``inferq.worker``
-and ``inferq.namespace`` (so :meth:`DockerBackend.list` finds exactly this
+and ``inferq.namespace`` (so :meth:`DockerPlatform.list` finds exactly this
 deployment's workers), with ``INFERQ_REDIS_URL`` and ``INFERQ_NAMESPACE`` in its
 environment and, when ``gpus_per_worker > 0``, a GPU device request (the
 ``--gpus N`` of ``docker run``; needs the NVIDIA container toolkit on the host).
@@ -19,13 +19,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from inferq import defaults
-from inferq.scaler.backends.base import (
+from inferq.scaler.platforms.base import (
     LABEL_MODEL,
     LABEL_NAMESPACE,
     LABEL_WORKER,
     WORKER_COMMAND,
-    ScalerBackend,
-    ScalerBackendError,
+    Platform,
+    PlatformError,
     WorkerHandle,
     worker_command,
     worker_environment,
@@ -37,11 +37,11 @@ try:
     from docker.types import DeviceRequest
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "the docker scaler backend needs the Docker SDK: pip install 'inferq[docker]'"
+        "the docker scaler platform needs the Docker SDK: pip install 'inferq[docker]'"
     ) from exc
 
 
-class DockerBackend(ScalerBackend):
+class DockerPlatform(Platform):
     """Workers as Docker containers.
 
     Args:
@@ -60,7 +60,7 @@ class DockerBackend(ScalerBackend):
         stop_timeout_s: seconds ``docker stop`` waits for a clean exit before SIGKILL.
 
     Raises:
-        ScalerBackendError: the Docker daemon cannot be reached.
+        PlatformError: the Docker daemon cannot be reached.
     """
 
     name: ClassVar[str] = "docker"
@@ -98,7 +98,7 @@ class DockerBackend(ScalerBackend):
         """Run one detached worker container (pulls the image when it is missing).
 
         Raises:
-            ScalerBackendError: Docker refused (unknown image, no GPU runtime, ...).
+            PlatformError: Docker refused (unknown image, no GPU runtime, ...).
         """
         kwargs: dict[str, Any] = {
             "command": worker_command(model, worker_id, self.command, self.extra_args),
@@ -121,31 +121,31 @@ class DockerBackend(ScalerBackend):
         try:
             container = self._client.containers.run(self.image, **kwargs)
         except DockerException as exc:
-            raise ScalerBackendError(f"docker: cannot launch worker {worker_id}: {exc}") from exc
-        return WorkerHandle(worker_id=worker_id, model=model, backend_ref=str(container.id))
+            raise PlatformError(f"docker: cannot launch worker {worker_id}: {exc}") from exc
+        return WorkerHandle(worker_id=worker_id, model=model, platform_ref=str(container.id))
 
     def stop(self, handle: WorkerHandle) -> None:
         """``docker stop`` then ``docker rm`` the worker's container; gone already is fine.
 
         Raises:
-            ScalerBackendError: Docker refused.
+            PlatformError: Docker refused.
         """
         try:
-            container = self._client.containers.get(handle.backend_ref)
+            container = self._client.containers.get(handle.platform_ref)
             container.stop(timeout=round(self.stop_timeout_s))
             container.remove()
         except NotFound:
             return
         except DockerException as exc:
-            raise ScalerBackendError(
-                f"docker: cannot stop worker {handle.worker_id} ({handle.backend_ref}): {exc}"
+            raise PlatformError(
+                f"docker: cannot stop worker {handle.worker_id} ({handle.platform_ref}): {exc}"
             ) from exc
 
     def list(self, model: str | None = None) -> builtins.list[WorkerHandle]:
         """This namespace's worker containers (any state), optionally of one model.
 
         Raises:
-            ScalerBackendError: Docker cannot be asked.
+            PlatformError: Docker cannot be asked.
         """
         wanted = [f"{LABEL_NAMESPACE}={self.namespace}"]
         if model is not None:
@@ -153,7 +153,7 @@ class DockerBackend(ScalerBackend):
         try:
             containers = self._client.containers.list(all=True, filters={"label": wanted})
         except DockerException as exc:
-            raise ScalerBackendError(f"docker: cannot list workers: {exc}") from exc
+            raise PlatformError(f"docker: cannot list workers: {exc}") from exc
         handles = []
         for c in containers:
             labels: Mapping[str, str] = c.labels or {}
@@ -176,4 +176,4 @@ def _connect(base_url: str | None) -> Any:
             return docker.from_env()
         return docker.DockerClient(base_url=base_url)
     except DockerException as exc:
-        raise ScalerBackendError(f"docker: cannot reach the daemon: {exc}") from exc
+        raise PlatformError(f"docker: cannot reach the daemon: {exc}") from exc

@@ -1,7 +1,7 @@
-"""Kubernetes backend: one Deployment per model, scaled through its ``scale`` subresource.
+"""Kubernetes platform: one Deployment per model, scaled through its ``scale`` subresource.
 
 The Deployments are created by the operator (Helm, kustomize, plain YAML); the
-backend only changes their replica count and reads their pods. Each model's
+platform only changes their replica count and reads their pods. Each model's
 Deployment is ``inferq-worker-<model>`` (the model name lowercased, every
 character outside ``[a-z0-9-]`` replaced by ``-``; or the name given in
 ``deployments``), and its pods carry the labels ``inferq.model: <model>`` and
@@ -32,7 +32,7 @@ the downward API, because the ReplicaSet and not the scaler names the pods::
 
 Scale-up raises ``spec.replicas`` by one with a JSON patch that first tests the
 value it read (so two writers never lose an increment: a failed test is a 422,
-and the backend re-reads and retries).
+and the platform re-reads and retries).
 
 Scale-down, after the scaler drained the worker: ``prepare_scale_down`` sets the
 pod's ``controller.kubernetes.io/pod-deletion-cost`` to -1000 (every other pod
@@ -51,7 +51,7 @@ changes nothing: the ReplicaSet has replaced it, and the replacement is drained
 by a later scale-down.
 
 ``launch`` cannot name the pod: its handle carries the requested id and
-``backend_ref = "deployment/<name>"``; the new pod appears in :meth:`list`
+``platform_ref = "deployment/<name>"``; the new pod appears in :meth:`list`
 (pending pods included) and registers under its pod name.
 
 Needs the ``kubernetes`` package (``pip install inferq[kubernetes]``) and RBAC
@@ -67,11 +67,11 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from inferq import defaults
-from inferq.scaler.backends.base import (
+from inferq.scaler.platforms.base import (
     LABEL_MODEL,
     LABEL_NAMESPACE,
-    ScalerBackend,
-    ScalerBackendError,
+    Platform,
+    PlatformError,
     WorkerHandle,
 )
 
@@ -82,7 +82,7 @@ try:
     from kubernetes.client.exceptions import ApiException
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "the kubernetes scaler backend needs the Kubernetes client: "
+        "the kubernetes scaler platform needs the Kubernetes client: "
         "pip install 'inferq[kubernetes]'"
     ) from exc
 
@@ -93,7 +93,7 @@ CONFLICT_RETRIES = 5
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 
 
-class KubernetesBackend(ScalerBackend):
+class KubernetesPlatform(Platform):
     """Workers as the pods of one Deployment per model (see the module docstring).
 
     Args:
@@ -107,7 +107,7 @@ class KubernetesBackend(ScalerBackend):
         deletion_cost: pod-deletion-cost given to the pod chosen for scale-down.
 
     Raises:
-        ScalerBackendError: no Kubernetes configuration could be loaded.
+        PlatformError: no Kubernetes configuration could be loaded.
     """
 
     name: ClassVar[str] = "kubernetes"
@@ -142,33 +142,33 @@ class KubernetesBackend(ScalerBackend):
 
         Returns:
             A handle with the requested ``worker_id`` (the pod registers under its
-            own name) and ``backend_ref = "deployment/<name>"``.
+            own name) and ``platform_ref = "deployment/<name>"``.
 
         Raises:
-            ScalerBackendError: the Deployment is missing, selects other pods, or
+            PlatformError: the Deployment is missing, selects other pods, or
                 the API server refused.
         """
         name = self.deployment_name(model)
         self._change_replicas(model, name, +1)
-        return WorkerHandle(worker_id=worker_id, model=model, backend_ref=f"deployment/{name}")
+        return WorkerHandle(worker_id=worker_id, model=model, platform_ref=f"deployment/{name}")
 
     def prepare_scale_down(self, handle: WorkerHandle) -> None:
         """Give the worker's pod the lowest deletion cost (a pod already gone is fine).
 
         Raises:
-            ScalerBackendError: the API server refused.
+            PlatformError: the API server refused.
         """
         body = {"metadata": {"annotations": {DELETION_COST: str(self.deletion_cost)}}}
         try:
             self._core.patch_namespaced_pod(
-                name=handle.backend_ref, namespace=self.k8s_namespace, body=body
+                name=handle.platform_ref, namespace=self.k8s_namespace, body=body
             )
         except ApiException as exc:
             if exc.status == 404:
                 return
-            raise _error(f"cannot mark pod {handle.backend_ref} for scale-down", exc) from exc
+            raise _error(f"cannot mark pod {handle.platform_ref} for scale-down", exc) from exc
         except urllib3.exceptions.HTTPError as exc:
-            raise _error(f"cannot mark pod {handle.backend_ref} for scale-down", exc) from exc
+            raise _error(f"cannot mark pod {handle.platform_ref} for scale-down", exc) from exc
 
     def stop(self, handle: WorkerHandle) -> None:
         """Lower the Deployment by one and delete the (drained) pod.
@@ -177,22 +177,22 @@ class KubernetesBackend(ScalerBackend):
         docstring for why both steps, and why in this order).
 
         Raises:
-            ScalerBackendError: the API server refused.
+            PlatformError: the API server refused.
         """
-        pod = self._read_pod(handle.backend_ref)
+        pod = self._read_pod(handle.platform_ref)
         if pod is None or pod.metadata.deletion_timestamp is not None:
             return
         annotations = pod.metadata.annotations or {}
         if annotations.get(DELETION_COST) != str(self.deletion_cost):
             self.prepare_scale_down(handle)
         self._change_replicas(handle.model, self.deployment_name(handle.model), -1)
-        self._delete_pod(handle.backend_ref)
+        self._delete_pod(handle.platform_ref)
 
     def list(self, model: str | None = None) -> builtins.list[WorkerHandle]:
         """Pods of this namespace's workers (pending ones included, terminating ones not).
 
         Raises:
-            ScalerBackendError: the API server could not be asked.
+            PlatformError: the API server could not be asked.
         """
         selector = f"{LABEL_NAMESPACE}={self.namespace}"
         if model is not None:
@@ -249,14 +249,14 @@ class KubernetesBackend(ScalerBackend):
                 if exc.status == 422:  # the test failed: someone else changed it; re-read
                     continue
                 if exc.status == 404:
-                    raise ScalerBackendError(
+                    raise PlatformError(
                         f"kubernetes: {what} does not exist: create it for model {model!r} "
-                        "(see inferq.scaler.backends.kubernetes)"
+                        "(see inferq.scaler.platforms.kubernetes)"
                     ) from exc
                 raise _error(f"cannot scale {what}", exc) from exc
             except urllib3.exceptions.HTTPError as exc:
                 raise _error(f"cannot scale {what}", exc) from exc
-        raise ScalerBackendError(
+        raise PlatformError(
             f"kubernetes: {what}: replicas changed under us {CONFLICT_RETRIES} times in a row"
         )
 
@@ -264,7 +264,7 @@ class KubernetesBackend(ScalerBackend):
         selector = (scale.status.selector if scale.status is not None else None) or ""
         wanted = {f"{LABEL_MODEL}={_label_value(model)}", f"{LABEL_NAMESPACE}={self.namespace}"}
         if not wanted <= set(selector.split(",")):
-            raise ScalerBackendError(
+            raise PlatformError(
                 f"kubernetes: deployment {self.k8s_namespace}/{name} selects {selector!r}, "
                 f"not the pods of model {model!r} ({', '.join(sorted(wanted))}); "
                 "fix its labels or map the model to its deployment with deployments="
@@ -297,7 +297,7 @@ def _set_replicas(current: int, delta: int) -> list[dict[str, Any]]:
 
 def _label_value(model: str) -> str:
     if not _LABEL_VALUE.match(model):
-        raise ScalerBackendError(
+        raise PlatformError(
             f"kubernetes: model name {model!r} is not a valid label value "
             "(at most 63 characters of [A-Za-z0-9._-], starting and ending alphanumeric)"
         )
@@ -318,14 +318,14 @@ def _api_client(host: str | None) -> Any:
         try:
             load_kube()
         except (k8s_config.ConfigException, OSError) as exc:
-            raise ScalerBackendError(
+            raise PlatformError(
                 "kubernetes: no configuration: not in a cluster and no usable ~/.kube/config "
                 f"({exc}); pass host= or api_client="
             ) from exc
     return k8s.ApiClient()
 
 
-def _error(what: str, exc: BaseException) -> ScalerBackendError:
+def _error(what: str, exc: BaseException) -> PlatformError:
     if isinstance(exc, ApiException):
-        return ScalerBackendError(f"kubernetes: {what}: HTTP {exc.status} {exc.reason}")
-    return ScalerBackendError(f"kubernetes: {what}: {exc}")
+        return PlatformError(f"kubernetes: {what}: HTTP {exc.status} {exc.reason}")
+    return PlatformError(f"kubernetes: {what}: {exc}")

@@ -1,11 +1,11 @@
-"""The ``openai`` backend: any OpenAI-compatible server (vLLM, TGI, llama.cpp, Ollama).
+"""The ``openai`` model server: any OpenAI-compatible server (vLLM, TGI, llama.cpp, Ollama).
 
 A prompt goes to ``POST /v1/completions``, chat messages to
 ``POST /v1/chat/completions``, through one ``httpx.AsyncClient``. Each request
-is bounded by its remaining time (``BackendRequest.timeout_s``). Error mapping:
+is bounded by its remaining time (``ServerRequest.timeout_s``). Error mapping:
 
 ==========================================  ==========================================
-server answer                               ``BackendError``
+server answer                               ``ServerError``
 ==========================================  ==========================================
 4xx (except 408, 429)                       ``retryable=False``, the server's message
 408, 429, 5xx                               ``retryable=True``, the server's message
@@ -36,22 +36,22 @@ import httpx
 from inferq import defaults
 from inferq.config import ModelSpec
 from inferq.errors import redact_url
-from inferq.workers.backends.base import (
-    Backend,
-    BackendError,
-    BackendRequest,
-    BackendResult,
+from inferq.workers.servers.base import (
+    ModelServer,
+    ServerError,
+    ServerRequest,
+    ServerResult,
     bool_option,
     float_option,
 )
 
 log = logging.getLogger(__name__)
 
-#: Request fields the backend sets itself; ``payload.params`` cannot override them.
+#: Request fields the model server sets itself; ``payload.params`` cannot override them.
 RESERVED_PARAMS = frozenset(
     {"model", "prompt", "messages", "max_tokens", "stream", "stream_options"}
 )
-#: Prefix of parameters meant for the sim backend; never forwarded.
+#: Prefix of parameters meant for the sim model server; never forwarded.
 SIM_PARAM_PREFIX = "sim_"
 #: 4xx statuses that say "try again" rather than "this request is invalid".
 RETRYABLE_4XX = frozenset({408, 429})
@@ -59,7 +59,7 @@ RETRYABLE_4XX = frozenset({408, 429})
 MAX_MESSAGE_CHARS = 1000
 
 
-class OpenAIBackend(Backend):
+class OpenAIServer(ModelServer):
     """Client of an OpenAI-compatible model server on the host.
 
     Args:
@@ -86,8 +86,8 @@ class OpenAIBackend(Backend):
         api_key: str | None = None,
         served_model_name: str | None = None,
         stream: bool | str = False,
-        load_timeout_s: float | str = defaults.BACKEND_LOAD_TIMEOUT_S,
-        load_poll_s: float | str = defaults.BACKEND_LOAD_POLL_S,
+        load_timeout_s: float | str = defaults.SERVER_LOAD_TIMEOUT_S,
+        load_poll_s: float | str = defaults.SERVER_LOAD_POLL_S,
     ) -> None:
         self.spec = spec
         self.base_url = base_url.rstrip("/")
@@ -102,7 +102,7 @@ class OpenAIBackend(Backend):
 
     def __repr__(self) -> str:
         return (
-            f"OpenAIBackend(base_url={redact_url(self.base_url)!r}, "
+            f"OpenAIServer(base_url={redact_url(self.base_url)!r}, "
             f"served_model_name={self.served_model_name!r}, stream={self.stream})"
         )
 
@@ -115,7 +115,7 @@ class OpenAIBackend(Backend):
         (llama.cpp lists its file name yet answers to any name, so it is no error).
 
         Raises:
-            BackendError: not retryable when the server refuses the check (4xx,
+            ServerError: not retryable when the server refuses the check (4xx,
                 e.g. a wrong API key); retryable when it is not up in time.
         """
         loop = asyncio.get_running_loop()
@@ -133,7 +133,7 @@ class OpenAIBackend(Backend):
                         next_note = loop.time() + 30.0
                     await asyncio.sleep(self.load_poll_s)
         except TimeoutError:
-            raise BackendError(
+            raise ServerError(
                 f"openai: server at {redact_url(self.base_url)} not ready after "
                 f"{self.load_timeout_s:g} s (last check: {self._last_probe})",
                 retryable=True,
@@ -149,14 +149,14 @@ class OpenAIBackend(Backend):
 
     # -- requests ----------------------------------------------------------------
 
-    async def generate(self, request: BackendRequest, *, concurrency: int) -> BackendResult:
+    async def generate(self, request: ServerRequest, *, concurrency: int) -> ServerResult:
         """Send one request and read its answer (the server batches; ``concurrency`` is unused).
 
         Raises:
-            BackendError: see the module docstring for which errors are retryable.
+            ServerError: see the module docstring for which errors are retryable.
         """
         if request.timeout_s <= 0:
-            raise BackendError(
+            raise ServerError(
                 f"openai: request {request.id} has no time left before its deadline",
                 retryable=True,
             )
@@ -172,15 +172,13 @@ class OpenAIBackend(Backend):
         except httpx.TimeoutException:
             raise self._timeout_error(request) from None
         except httpx.HTTPError as exc:
-            raise BackendError(
+            raise ServerError(
                 f"openai: request {request.id}: connection to {redact_url(self.base_url)} "
                 f"failed: {type(exc).__name__}: {exc}",
                 retryable=True,
             ) from None
 
-    async def _post(
-        self, request: BackendRequest, path: str, body: dict[str, Any]
-    ) -> BackendResult:
+    async def _post(self, request: ServerRequest, path: str, body: dict[str, Any]) -> ServerResult:
         response = await self._client().post(path, json=body, timeout=request.timeout_s)
         if not response.is_success:
             raise status_error(request.id, response)
@@ -189,8 +187,8 @@ class OpenAIBackend(Backend):
         return _result(request, output, usage, ttft_s=None)
 
     async def _post_stream(
-        self, request: BackendRequest, path: str, body: dict[str, Any], start: float
-    ) -> BackendResult:
+        self, request: ServerRequest, path: str, body: dict[str, Any], start: float
+    ) -> ServerResult:
         client = self._client()
         chat = path.endswith("chat/completions")
         parts: list[str] = []
@@ -205,7 +203,7 @@ class OpenAIBackend(Backend):
                     break
                 chunk = _json_object(request.id, data)
                 if "error" in chunk:
-                    raise BackendError(
+                    raise ServerError(
                         f"openai: request {request.id}: error in stream: {error_message(chunk)}",
                         retryable=True,
                     )
@@ -257,14 +255,14 @@ class OpenAIBackend(Backend):
             return
         if ids and self.served_model_name not in ids:
             log.warning(
-                "openai backend: server %s lists %s, not %r (set served_model_name)",
+                "openai model server: server %s lists %s, not %r (set served_model_name)",
                 redact_url(self.base_url),
                 ids,
                 self.served_model_name,
             )
 
-    def _timeout_error(self, request: BackendRequest) -> BackendError:
-        return BackendError(
+    def _timeout_error(self, request: ServerRequest) -> ServerError:
+        return ServerError(
             f"openai: request {request.id} timed out after {request.timeout_s:.3f} s "
             f"(its remaining time) at {redact_url(self.base_url)}",
             retryable=True,
@@ -272,7 +270,7 @@ class OpenAIBackend(Backend):
 
 
 def build_body(
-    request: BackendRequest, served_model_name: str, *, stream: bool
+    request: ServerRequest, served_model_name: str, *, stream: bool
 ) -> tuple[str, dict[str, Any]]:
     """The endpoint path and JSON body for ``request``.
 
@@ -301,8 +299,8 @@ def build_body(
     return "/v1/completions", body
 
 
-def status_error(request_id: str, response: httpx.Response) -> BackendError:
-    """The ``BackendError`` for a non-2xx answer: retryable for 5xx, 408 and 429."""
+def status_error(request_id: str, response: httpx.Response) -> ServerError:
+    """The ``ServerError`` for a non-2xx answer: retryable for 5xx, 408 and 429."""
     status = response.status_code
     retryable = status >= 500 or status in RETRYABLE_4XX
     try:
@@ -310,7 +308,7 @@ def status_error(request_id: str, response: httpx.Response) -> BackendError:
     except ValueError:
         message = response.text.strip()
     message = (message or response.reason_phrase)[:MAX_MESSAGE_CHARS]
-    return BackendError(
+    return ServerError(
         f"openai: request {request_id}: HTTP {status} from "
         f"{redact_url(str(response.request.url))}: {message}",
         retryable=retryable,
@@ -362,7 +360,7 @@ def _json_object(request_id: str, text: str) -> dict[str, Any]:
     except ValueError:
         data = None
     if not isinstance(data, dict):
-        raise BackendError(
+        raise ServerError(
             f"openai: request {request_id}: malformed answer (not a JSON object): {text[:200]!r}",
             retryable=True,
         )
@@ -374,7 +372,7 @@ def _read_completion(request_id: str, data: dict[str, Any], *, chat: bool) -> tu
         choice = data["choices"][0]
         text = choice["message"]["content"] if chat else choice["text"]
     except (KeyError, IndexError, TypeError):
-        raise BackendError(
+        raise ServerError(
             f"openai: request {request_id}: malformed answer (no choices[0] text): "
             f"{json.dumps(data)[:200]}",
             retryable=True,
@@ -389,7 +387,7 @@ def _chunk_text(request_id: str, chunk: dict[str, Any], *, chat: bool) -> str:
     try:
         piece = choices[0]["delta"].get("content") if chat else choices[0]["text"]
     except (KeyError, TypeError, AttributeError):
-        raise BackendError(
+        raise ServerError(
             f"openai: request {request_id}: malformed stream chunk: {json.dumps(chunk)[:200]}",
             retryable=True,
         ) from None
@@ -397,8 +395,8 @@ def _chunk_text(request_id: str, chunk: dict[str, Any], *, chat: bool) -> str:
 
 
 def _result(
-    request: BackendRequest, output: str, usage: Any, *, ttft_s: float | None
-) -> BackendResult:
+    request: ServerRequest, output: str, usage: Any, *, ttft_s: float | None
+) -> ServerResult:
     """Token counts from ``usage`` when present, else estimates (the scheduler's, and
     ``CHARS_PER_TOKEN`` characters per output token)."""
     usage = usage if isinstance(usage, dict) else {}
@@ -408,6 +406,6 @@ def _result(
         prompt = request.prompt_tokens
     if not isinstance(completion, int) or completion < 0:
         completion = math.ceil(len(output) / defaults.CHARS_PER_TOKEN)
-    return BackendResult(
+    return ServerResult(
         output=output, prompt_tokens=prompt, completion_tokens=completion, ttft_s=ttft_s
     )

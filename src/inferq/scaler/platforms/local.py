@@ -1,19 +1,19 @@
-"""Local backend: workers as subprocesses of the scaler on this host.
+"""Local platform: workers as subprocesses of the scaler on this host.
 
 Each worker is ``<python> -m inferq --log-level L worker --model M --id ID
 --backend B --slots S --heartbeat-interval H [--vram-mib N] [-o KEY=VALUE ...]``
 in its own session (a Ctrl-C at the scaler's terminal does not reach it: only
-the signals this backend sends do), with ``INFERQ_REDIS_URL``,
+the signals this platform sends do), with ``INFERQ_REDIS_URL``,
 ``INFERQ_NAMESPACE`` and, when given, ``INFERQ_CONFIG`` in its environment, and
 its output appended to ``<log_dir>/<worker id>.log``.
 
-- :meth:`LocalBackend.list`: the children still running (exited ones are reaped
-  and their exit codes kept in :attr:`LocalBackend.exited`).
-- :meth:`LocalBackend.stop`: the scaler calls it after the worker drained and
+- :meth:`LocalPlatform.list`: the children still running (exited ones are reaped
+  and their exit codes kept in :attr:`LocalPlatform.exited`).
+- :meth:`LocalPlatform.stop`: the scaler calls it after the worker drained and
   deregistered, so it waits for the process to exit on its own; only if it has
   not after ``stop_timeout_s`` *and* its heartbeat is gone from Redis, SIGTERM,
   then SIGKILL. A worker still registered is never signalled (the call raises).
-- :meth:`LocalBackend.close`: drain and stop everything this backend started:
+- :meth:`LocalPlatform.close`: drain and stop everything this platform started:
   SIGTERM (the worker drains: finishes what runs, leaves, exits 0), then after
   ``drain_timeout_s`` a second SIGTERM (it hands its in-flight requests back to
   their queues), then SIGKILL. The demo uses it on shutdown.
@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import ClassVar
 
 from inferq import defaults
-from inferq.scaler.backends.base import (
+from inferq.scaler.platforms.base import (
     WORKER_COMMAND,
-    ScalerBackend,
-    ScalerBackendError,
+    Platform,
+    PlatformError,
     WorkerHandle,
     worker_command,
     worker_environment,
@@ -48,7 +48,7 @@ from inferq.scaler.backends.base import (
 log = logging.getLogger(__name__)
 
 
-class LocalBackend(ScalerBackend):
+class LocalPlatform(Platform):
     """Workers as local subprocesses.
 
     Args:
@@ -57,11 +57,11 @@ class LocalBackend(ScalerBackend):
         config_path: ``INFERQ_CONFIG`` of the workers (None: inherit the environment's).
         log_dir: directory of the per-worker log files (default: ``inferq-<namespace>-workers``
             in the system temp directory); created at the first launch.
-        worker_backend: the worker's model backend (``sim``, ``openai``, ...).
+        worker_server: the worker's model platform (``sim``, ``openai``, ...).
         slots: the worker's concurrent requests at most.
-        vram_mib: the card's VRAM, MiB, when NVML is unavailable (the ``sim`` backend needs
+        vram_mib: the card's VRAM, MiB, when NVML is unavailable (the ``sim`` platform needs
             it): one figure for every model, or model -> MiB (a mixed fleet).
-        worker_options: ``-o KEY=VALUE`` options of the worker backend (``time_scale=0.1``).
+        worker_options: ``-o KEY=VALUE`` options of the worker platform (``time_scale=0.1``).
         heartbeat_interval_s: the workers' heartbeat period, s (match the settings').
         log_level: the workers' log level.
         extra_args: more arguments appended to the worker command.
@@ -82,7 +82,7 @@ class LocalBackend(ScalerBackend):
         namespace: str,
         config_path: str | None = None,
         log_dir: str | Path | None = None,
-        worker_backend: str = "sim",
+        worker_server: str = "sim",
         slots: int = defaults.SIM_WORKER_SLOTS,
         vram_mib: int | Mapping[str, int] | None = None,
         worker_options: Mapping[str, str] | None = None,
@@ -104,7 +104,7 @@ class LocalBackend(ScalerBackend):
         default_dir = Path(tempfile.gettempdir()) / f"inferq-{namespace}-workers"
         self.log_dir = Path(log_dir) if log_dir is not None else default_dir
         self.template = (python, "-m", "inferq", "--log-level", log_level, *WORKER_COMMAND[1:])
-        args = ["--backend", worker_backend, "--slots", str(slots)]
+        args = ["--backend", worker_server, "--slots", str(slots)]
         args += ["--heartbeat-interval", repr(heartbeat_interval_s)]
         self.vram_mib = vram_mib
         for key, value in (worker_options or {}).items():
@@ -130,11 +130,11 @@ class LocalBackend(ScalerBackend):
         """Start one worker process (returns at once; it registers on its own).
 
         Raises:
-            ScalerBackendError: the id is taken by a running child, or the process
+            PlatformError: the id is taken by a running child, or the process
                 could not be started (the message names the command's first part).
         """
         if worker_id in self._procs and self._procs[worker_id][1].poll() is None:
-            raise ScalerBackendError(f"local: worker {worker_id} is already running")
+            raise PlatformError(f"local: worker {worker_id} is already running")
         try:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             with self.log_path(worker_id).open("ab") as out:
@@ -147,12 +147,12 @@ class LocalBackend(ScalerBackend):
                     start_new_session=True,
                 )
         except OSError as exc:
-            raise ScalerBackendError(
+            raise PlatformError(
                 f"local: cannot start worker {worker_id} ({self.template[0]}): {exc}"
             ) from exc
         self._procs[worker_id] = (model, proc)
         log.info("launched worker %s (%s), pid %d", worker_id, model, proc.pid)
-        return WorkerHandle(worker_id=worker_id, model=model, backend_ref=str(proc.pid))
+        return WorkerHandle(worker_id=worker_id, model=model, platform_ref=str(proc.pid))
 
     def list(self, model: str | None = None) -> builtins.list[WorkerHandle]:
         """The children still running (of ``model`` only, when given)."""
@@ -167,7 +167,7 @@ class LocalBackend(ScalerBackend):
         """Wait for a drained worker to exit; signal it only once it is gone from Redis.
 
         Raises:
-            ScalerBackendError: it has not exited after ``stop_timeout_s`` and is
+            PlatformError: it has not exited after ``stop_timeout_s`` and is
                 still registered (or registration cannot be checked): it is left running.
         """
         entry = self._procs.get(handle.worker_id)
@@ -178,7 +178,7 @@ class LocalBackend(ScalerBackend):
             self._reap()
             return
         if self.registered is None or self.registered(handle.worker_id):
-            raise ScalerBackendError(
+            raise PlatformError(
                 f"local: worker {handle.worker_id} (pid {proc.pid}) has not exited "
                 f"{self.stop_timeout_s:.0f} s after its drain and is still registered; "
                 "not signalling a live worker"
@@ -186,7 +186,7 @@ class LocalBackend(ScalerBackend):
         self._terminate(handle.worker_id, proc)
 
     def close(self) -> None:
-        """Drain and stop every worker this backend started (see the module docstring)."""
+        """Drain and stop every worker this platform started (see the module docstring)."""
         running = [(wid, proc) for wid, (_, proc) in self._procs.items() if proc.poll() is None]
         for wid, proc in running:
             log.info("draining worker %s (pid %d)", wid, proc.pid)

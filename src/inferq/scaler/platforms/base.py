@@ -1,13 +1,13 @@
-"""The interface every scaler backend implements: launch, list and stop workers.
+"""The interface every scaler platform implements: launch, list and stop workers.
 
-The scaler daemon decides (:mod:`inferq.policy.scaling`) and a backend acts:
+The scaler daemon decides (:mod:`inferq.policy.scaling`) and a platform acts:
 ``launch`` starts one worker running ``inferq worker --model M --id ID``; a
 scale-down first drains the worker through Redis and only once it has finished
 its in-flight requests and deregistered calls ``prepare_scale_down`` and
-``stop``. A backend never decides which worker goes, and never stops a worker
+``stop``. A platform never decides which worker goes, and never stops a worker
 the daemon has not drained, so no in-flight request is ever killed by scaling.
 
-``list`` is the backend's view of what exists (including workers that have not
+``list`` is the platform's view of what exists (including workers that have not
 registered a heartbeat yet): the daemon counts a listed worker without a
 heartbeat as ``starting``, so a slow start never triggers a second launch.
 """
@@ -22,7 +22,7 @@ from typing import ClassVar
 
 from inferq.errors import InferqError
 
-#: The worker command each backend runs; ``{model}`` and ``{worker_id}`` are filled in.
+#: The worker command each platform runs; ``{model}`` and ``{worker_id}`` are filled in.
 WORKER_COMMAND: tuple[str, ...] = ("inferq", "worker", "--model", "{model}", "--id", "{worker_id}")
 
 #: Labels (Docker) and pod labels (Kubernetes) that mark inferq's workers.
@@ -31,26 +31,26 @@ LABEL_WORKER = "inferq.worker"
 LABEL_NAMESPACE = "inferq.namespace"
 
 
-class ScalerBackendError(InferqError):
+class PlatformError(InferqError):
     """The orchestrator refused or failed an operation; the message says which and why."""
 
 
 @dataclass(frozen=True, slots=True)
 class WorkerHandle:
-    """A worker as a backend knows it.
+    """A worker as a platform knows it.
 
     Attributes:
         worker_id: the id the worker registers under (its heartbeat, its RQ queue).
         model: the model it serves.
-        backend_ref: the backend's own name for it: a pid, a container id, a pod name.
+        platform_ref: the platform's own name for it: a pid, a container id, a pod name.
     """
 
     worker_id: str
     model: str
-    backend_ref: str
+    platform_ref: str
 
 
-class ScalerBackend(ABC):
+class Platform(ABC):
     """Starts and stops worker processes, containers or replicas.
 
     Implementations must be safe to call from one thread at a time (the scaler
@@ -67,7 +67,7 @@ class ScalerBackend(ABC):
         on its own after its cold start.
 
         Raises:
-            ScalerBackendError: the orchestrator refused the launch.
+            PlatformError: the orchestrator refused the launch.
         """
 
     @abstractmethod
@@ -77,15 +77,15 @@ class ScalerBackend(ABC):
         Stopping a worker that is already gone is not an error.
 
         Raises:
-            ScalerBackendError: the orchestrator refused the operation.
+            PlatformError: the orchestrator refused the operation.
         """
 
     @abstractmethod
     def list(self, model: str | None = None) -> builtins.list[WorkerHandle]:
-        """Workers this backend runs (of ``model`` only, when given), starting ones included.
+        """Workers this platform runs (of ``model`` only, when given), starting ones included.
 
         Raises:
-            ScalerBackendError: the orchestrator could not be asked.
+            PlatformError: the orchestrator could not be asked.
         """
 
     def prepare_scale_down(self, handle: WorkerHandle) -> None:  # noqa: B027 - optional hook
