@@ -1,10 +1,11 @@
 """Builders of the data every test layer hands around: one place, plain functions.
 
-The policy's inputs (:class:`QueuedRequest`, :class:`WorkerView`, :class:`Snapshot`,
-:class:`DispatchPolicy`, :class:`Assignment`), the client's request
-(:class:`InferenceRequest`) and a heartbeat (:class:`WorkerInfo`), with defaults a test
-overrides by keyword. A test module that wants other defaults binds them once with
-:func:`functools.partial` instead of copying a constructor.
+The dispatch policy's inputs (:class:`QueuedRequest`, :class:`WorkerView`,
+:class:`Snapshot`, :class:`DispatchPolicy`, :class:`Assignment`), the scaling policy's
+(:class:`ModelLoad`), the client's request (:class:`InferenceRequest`) and a heartbeat
+(:class:`WorkerInfo`), with defaults a test overrides by keyword. A test module that
+wants other defaults binds them once with :func:`functools.partial` instead of copying
+a constructor.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from typing import Any
 from inferq.config import PriorityClass, Settings
 from inferq.intake import build_request
 from inferq.models import InferenceRequest, WorkerInfo, WorkerState
-from inferq.policy.dispatch import DispatchPolicy
+from inferq.policy.scaling import ModelLoad
 from inferq.policy.snapshot import (
     Assignment,
     Decision,
+    DispatchPolicy,
     FairnessState,
     QueuedRequest,
     Snapshot,
@@ -133,6 +135,25 @@ def placed(decision: Decision) -> list[tuple[str, str]]:
 def assigned(decision: Decision) -> dict[str, str]:
     """Request id -> worker id."""
     return dict(placed(decision))
+
+
+# --- the scaling policy's input ---------------------------------------------------------
+
+
+def model_load(**kw: Any) -> ModelLoad:
+    """A one-model load (``m``): 4 slots x 4 s per request = 1 request/s per worker, 1 ready."""
+    base: dict[str, Any] = {
+        "model": "m",
+        "queued": {},
+        "oldest_wait_s": {},
+        "arrival_rate": 0.0,
+        "mean_service_s": 4.0,
+        "slots_per_worker": 4,
+        "cold_start_s": 30.0,
+        "ready": 1,
+    }
+    base.update(kw)
+    return ModelLoad(**base)
 
 
 # --- the client's request and the worker's heartbeat ------------------------------------

@@ -96,7 +96,7 @@ SCALE_DOWN_COOLDOWN_S = 60.0
 #: The sim model server sleeps the latency model's times x this factor (1.0 = real time;
 #: 0 = never sleep, for tests and the per-batch overhead benchmark).
 SIM_TIME_SCALE = 1.0
-#: Where the openai model server client finds its server: vLLM's default ``--port 8000`` on the host.
+#: Where the openai model server client connects: vLLM's default ``--port 8000`` on the host.
 OPENAI_BASE_URL = "http://127.0.0.1:8000"
 #: Longest wait for the model server to answer ``GET /v1/models`` at start, seconds:
 #: vLLM loading a 70B model from network storage takes minutes, not the 30-60 s

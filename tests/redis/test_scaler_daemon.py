@@ -15,10 +15,10 @@ from inferq.cli.scaler import parse_pool, scaler
 from inferq.config import ModelSpec, ScalingPool, ScalingSettings, Settings
 from inferq.models import Event
 from inferq.policy.scaling import ModelLimits, ScaleDecision, ScalingConfig
-from inferq.scaler.daemon import Mode, Scaler, StepReport, scaling_config
-from inferq.scaler.loads import (
+from inferq.policy.scaling_inputs import (
     Tracked,
 )
+from inferq.scaler.daemon import Mode, Scaler, StepReport
 from inferq.scaler.platforms.base import Platform, WorkerHandle
 from inferq.store import Store
 
@@ -266,7 +266,7 @@ def test_settings_scaling_table_becomes_the_policy_config(namespace: str) -> Non
         idle_s=30,
     )
     settings = Settings.load(redis_url=REDIS_URL, namespace=namespace, scaling=scaling)
-    cfg = scaling_config(settings.scaling)
+    cfg = ScalingConfig.from_settings(settings.scaling)
     assert cfg.model_priority == ("llama-3.1-70b", MODEL)
     assert cfg.limits_for("llama-3.1-70b") == ModelLimits(0, 2, 4)
     assert (cfg.gpu_budget, cfg.idle_s) == (8, 30)

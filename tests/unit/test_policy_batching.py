@@ -6,8 +6,8 @@ import pytest
 
 from inferq.config import Settings
 from inferq.policy.batching import OpenBatch, held_back
-from inferq.policy.dispatch import DispatchPolicy, decide
-from inferq.policy.snapshot import QueuedRequest, Snapshot, WorkerView
+from inferq.policy.dispatch import decide
+from inferq.policy.snapshot import DispatchPolicy, QueuedRequest, Snapshot, WorkerView
 
 from ..builders import assignment, queued_request, worker_view
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import random
 from collections import Counter
@@ -17,16 +18,17 @@ from hypothesis import strategies as st
 import inferq.policy
 from inferq.config import PriorityClass, Settings
 from inferq.errors import ConfigError
-from inferq.policy.dispatch import DispatchPolicy, decide
-from inferq.policy.fairness import seed_ratio_classes, strict_priority_classes
+from inferq.policy.dispatch import decide
 from inferq.policy.routing import eligible, need_mib
 from inferq.policy.snapshot import (
     Decision,
+    DispatchPolicy,
     FairnessState,
     QueuedRequest,
     Snapshot,
     WorkerView,
 )
+from inferq.sim.baselines import seed_ratio_classes, strict_priority_classes
 
 from ..builders import assigned, dispatch_policy, queued_request, worker_view
 
@@ -287,6 +289,22 @@ def test_decide_is_deterministic(case: tuple[Snapshot, DispatchPolicy], rnd: ran
     rnd.shuffle(workers)
     fresh = dataclasses.replace(pol)  # a new policy object: no cache carried over
     assert decide(dataclasses.replace(snapshot, workers=workers), fresh) == first
+
+
+@PROPS
+@given(case_st())
+def test_decide_never_changes_its_inputs(case: tuple[Snapshot, DispatchPolicy]) -> None:
+    """The policy is frozen and stays so: no cache is written into it (nor into the snapshot)."""
+    snapshot, pol = case
+    snapshot_before, policy_before = copy.deepcopy(snapshot), copy.deepcopy(pol)
+    attributes = dict(vars(pol))
+    decide(snapshot, pol)
+    assert snapshot == snapshot_before
+    assert pol == policy_before
+    assert vars(pol).keys() == attributes.keys()
+    assert all(vars(pol)[name] is value for name, value in attributes.items())
+    assert pol.class_by_name == policy_before.class_by_name
+    assert pol.model_by_name == policy_before.model_by_name
 
 
 # --- simulations ----------------------------------------------------------------

@@ -13,8 +13,6 @@ from inferq.policy.fairness import (
     VirtualTokenCounter,
     lift_new_tenants,
     overdue_s,
-    seed_ratio_classes,
-    strict_priority_classes,
     swrr_charge,
     swrr_winner,
     vtc_cost,
@@ -66,23 +64,6 @@ def test_swrr_ties_go_to_the_earlier_class_and_round_sums_to_zero() -> None:
     assert swrr_winner(credit, {"x": 1}, []) is None
     with pytest.raises(ValueError, match="winner 'z' is not in the round"):
         swrr_charge(credit, {"x": 1}, ["x"], "z")
-
-
-def test_strict_priority_classes_are_1_0_0_without_aging() -> None:
-    strict = strict_priority_classes(CLASSES)
-    assert [c.weight for c in strict] == [1.0, 0.0, 0.0]
-    assert all(c.aging_s is None for c in strict)
-    assert [c.name for c in strict] == [c.name for c in CLASSES]
-    assert strict[1].sla_s == CLASSES[1].sla_s
-
-
-def test_seed_ratio_classes_keep_aging() -> None:
-    seed = seed_ratio_classes(CLASSES, ratio=5)
-    assert [c.weight for c in seed] == [5.0, 1.0, 0.0]
-    assert [c.aging_s for c in seed] == [c.aging_s for c in CLASSES]
-    assert [c.weight for c in seed_ratio_classes(CLASSES[:1], 3)] == [3.0]
-    with pytest.raises(ValueError, match="ratio must be > 0, got 0"):
-        seed_ratio_classes(CLASSES, 0)
 
 
 def test_overdue_counts_seconds_past_the_bound() -> None:

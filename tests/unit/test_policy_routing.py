@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferq.config import Settings
-from inferq.policy.dispatch import DispatchPolicy
 from inferq.policy.routing import (
     WorkerIndex,
     choose_worker,
@@ -19,7 +18,7 @@ from inferq.policy.routing import (
     serving_models,
     unschedulable_reason,
 )
-from inferq.policy.snapshot import Assignment, QueuedRequest, WorkerView
+from inferq.policy.snapshot import Assignment, DispatchPolicy, QueuedRequest, WorkerView
 
 from ..builders import PARAMS_B, queued_request, worker_view
 

@@ -20,28 +20,16 @@ from inferq.policy.scaling import (
     ScalerState,
     ScalingConfig,
     decide_scale,
-    keda_zcard_scale,
-    seed_scale,
 )
+from inferq.sim.baselines import seed_scale
+
+from ..builders import model_load
 
 CLASSES = Settings().classes
 NOW = 10_000.0
 
 
-def load(**kw: object) -> ModelLoad:
-    """A one-model load: 4 slots x 4 s per request = 1 request/s per worker."""
-    base: dict[str, object] = {
-        "model": "m",
-        "queued": {},
-        "oldest_wait_s": {},
-        "arrival_rate": 0.0,
-        "mean_service_s": 4.0,
-        "slots_per_worker": 4,
-        "cold_start_s": 30.0,
-        "ready": 1,
-    }
-    base.update(kw)
-    return ModelLoad(**base)  # type: ignore[arg-type]
+load = model_load
 
 
 def decide(
@@ -229,40 +217,6 @@ def test_invalid_configuration_names_the_field() -> None:
         load(slots_per_worker=0)
     with pytest.raises(ValueError, match="appears twice"):
         decide(load(), load())
-
-
-# --- baselines ------------------------------------------------------------------
-
-
-def test_seed_scales_up_one_at_a_time_when_pending_and_all_full() -> None:
-    full = load(ready=2, busy={"a": 4, "b": 4}, queued={"standard": 21})
-    decisions, state = seed_scale([full], ScalerState(), ScalingConfig(), CLASSES, NOW)
-    assert (decisions[0].action, decisions[0].desired) == ("up", 3)
-    # Checked every 30 s; a starting worker does not stop the next launch.
-    again = replace(full, starting=1)
-    held, _ = seed_scale([again], state, ScalingConfig(), CLASSES, NOW + 29)
-    assert held[0].action == "hold" and "poll" in held[0].reasons[0]
-    later, _ = seed_scale([again], state, ScalingConfig(), CLASSES, NOW + 30)
-    assert (later[0].action, later[0].desired) == ("up", 4)
-
-
-def test_seed_holds_when_a_worker_has_room_and_drains_idle_ones() -> None:
-    roomy = load(ready=2, busy={"a": 4, "b": 3}, queued={"standard": 50})
-    assert seed_scale([roomy], ScalerState(), ScalingConfig(), CLASSES, NOW)[0][0].action == "hold"
-    idle = load(ready=3, idle_workers={"a": 301.0, "b": 299.0}, busy={"c": 1})
-    [d], _ = seed_scale([idle], ScalerState(), ScalingConfig(), CLASSES, NOW)
-    assert (d.action, d.drain) == ("down", ("a",))
-
-
-def test_keda_desired_is_queue_length_over_target_with_a_down_cooldown() -> None:
-    q = load(ready=1, queued={"batch": 21})
-    [d], state = keda_zcard_scale([q], ScalerState(), ScalingConfig(), CLASSES, NOW)
-    assert (d.action, d.desired) == ("up", 5)
-    empty = load(ready=5, idle_workers={"a": 1.0}, busy={"b": 1, "c": 2, "d": 1, "e": 1})
-    [d], _ = keda_zcard_scale([empty], state, ScalingConfig(), CLASSES, NOW + 60)
-    assert d.action == "hold" and has(d, "cooldown")
-    [d], _ = keda_zcard_scale([empty], state, ScalingConfig(), CLASSES, NOW + 300)
-    assert (d.action, d.desired, d.drain) == ("down", 1, ("a", "b", "d", "e"))
 
 
 # --- properties -------------------------------------------------------------------

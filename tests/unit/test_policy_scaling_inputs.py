@@ -9,8 +9,7 @@ from hypothesis import strategies as st
 
 from inferq.config import ModelSpec, Settings
 from inferq.models import Event, WorkerState
-from inferq.scaler.daemon import new_worker_id
-from inferq.scaler.loads import (
+from inferq.policy.scaling_inputs import (
     LiveWorker,
     Tracked,
     arrival_rates,
@@ -19,6 +18,7 @@ from inferq.scaler.loads import (
     route_model,
     service_times,
 )
+from inferq.scaler.daemon import new_worker_id
 
 MODEL = "llama-3.1-8b"
 

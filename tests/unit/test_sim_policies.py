@@ -9,11 +9,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inferq.config import Settings
-from inferq.policy.dispatch import DispatchPolicy, decide
-from inferq.policy.fairness import seed_ratio_classes, strict_priority_classes
+from inferq.policy.dispatch import decide
 from inferq.policy.routing import need_mib
-from inferq.policy.scaling import decide_scale, keda_zcard_scale, seed_scale
-from inferq.policy.snapshot import FairnessState, QueuedRequest, Snapshot, WorkerView
+from inferq.policy.scaling import decide_scale
+from inferq.policy.snapshot import (
+    DispatchPolicy,
+    FairnessState,
+    QueuedRequest,
+    Snapshot,
+    WorkerView,
+)
+from inferq.sim.baselines import (
+    keda_zcard_scale,
+    seed_ratio_classes,
+    seed_scale,
+    strict_priority_classes,
+)
 from inferq.sim.policies import POLICIES, SEED_RATIO, FifoDispatch
 
 from ..builders import placed, queued_request, snapshot, worker_view

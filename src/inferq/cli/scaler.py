@@ -165,7 +165,8 @@ def scaler(obj: _Obj, /, **options: Any) -> None:
 
 
 def _run(obj: _Obj, options: dict[str, Any]) -> None:
-    from inferq.scaler.daemon import Mode, Scaler, describe, scaling_config
+    from inferq.policy.scaling import ScalingConfig
+    from inferq.scaler.daemon import Mode, Scaler, describe
 
     if options["dry_run"] and options["metrics_only"]:
         raise click.UsageError("--dry-run and --metrics-only exclude each other")
@@ -177,7 +178,7 @@ def _run(obj: _Obj, options: dict[str, Any]) -> None:
     platform = None if mode is Mode.METRICS else _platform(obj, store, options)
     daemon = Scaler(
         store,
-        config=scaling_config(scaling),
+        config=ScalingConfig.from_settings(scaling),
         platform=platform,
         mode=mode,
         replica_id=options["replica_id"],

@@ -31,8 +31,8 @@ from inferq import defaults
 from inferq.config import Settings
 from inferq.delivery import BatchSender
 from inferq.intake import new_id
-from inferq.policy.dispatch import DispatchPolicy, decide
-from inferq.policy.snapshot import Batch
+from inferq.policy.dispatch import decide
+from inferq.policy.snapshot import Batch, DispatchPolicy
 from inferq.store import CONNECTION_ERRORS, REDIS_ERRORS, DispatchView, Store
 
 log = logging.getLogger(__name__)

@@ -32,17 +32,12 @@ The caller applies the result: claims the batches, expires and reports, stores
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
+from collections.abc import Sequence
+from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any
 
-from inferq import defaults
-from inferq.config import ModelSpec, PriorityClass, Settings
-from inferq.errors import ConfigError, InvalidRequest
+from inferq.config import PriorityClass
 from inferq.latency import service_time
 from inferq.policy.batching import OpenBatch, held_back
 from inferq.policy.estimate import estimate_output_tokens
@@ -64,102 +59,10 @@ from inferq.policy.routing import (
 from inferq.policy.snapshot import (
     Assignment,
     Decision,
+    DispatchPolicy,
     QueuedRequest,
     Snapshot,
 )
-
-
-@dataclass(frozen=True)
-class DispatchPolicy:
-    """Everything :func:`decide` needs besides the snapshot.
-
-    Attributes:
-        classes: priority classes, highest first (weights, aging, delays...).
-        models: the model registry (routes, KV bytes per token, latency profile).
-        max_batch: requests per batch at most.
-        batch_token_budget: ``prompt + max_tokens`` summed over a batch, tokens.
-        vtc_output_weight: weight of an output token in a tenant's counter
-            (VTC's w_q; an input token weighs 1).
-        tenant_weights: tenant -> fair-share weight (> 0; missing = 1).
-        chars_per_token: the fast prompt-token estimate's characters per token.
-
-    Raises:
-        ConfigError: a value is out of range or names repeat; the message
-            names the field and the limit.
-    """
-
-    classes: tuple[PriorityClass, ...]
-    models: tuple[ModelSpec, ...]
-    max_batch: int = defaults.MAX_BATCH
-    batch_token_budget: int = defaults.BATCH_TOKEN_BUDGET
-    vtc_output_weight: float = defaults.VTC_OUTPUT_WEIGHT
-    tenant_weights: Mapping[str, float] = field(default_factory=dict, hash=False)
-    chars_per_token: float = defaults.CHARS_PER_TOKEN
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "classes", tuple(self.classes))
-        object.__setattr__(self, "models", tuple(self.models))
-        object.__setattr__(self, "tenant_weights", dict(self.tenant_weights))
-        _check_unique("classes", [c.name for c in self.classes])
-        _check_unique("models", [m.name for m in self.models])
-        _check_min("max_batch", self.max_batch, 1)
-        _check_min("batch_token_budget", self.batch_token_budget, 1)
-        _check_min("vtc_output_weight", self.vtc_output_weight, 0)
-        if self.chars_per_token <= 0:
-            raise ConfigError(f"policy.chars_per_token must be > 0, got {self.chars_per_token}")
-        for tenant, weight in self.tenant_weights.items():
-            if not weight > 0:
-                raise ConfigError(f"policy.tenant_weights[{tenant!r}] must be > 0, got {weight}")
-
-    @classmethod
-    def from_settings(cls, settings: Settings, **overrides: Any) -> DispatchPolicy:
-        """The policy of ``settings`` (classes, registry, chars per token), with overrides.
-
-        Raises:
-            ConfigError: an override names no field, or a value is out of range.
-        """
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(overrides) - names)
-        if unknown:
-            raise ConfigError(f"policy has no field {unknown[0]!r} (fields: {sorted(names)})")
-        values: dict[str, Any] = {
-            "classes": tuple(settings.classes),
-            "models": tuple(settings.models),
-            "chars_per_token": settings.chars_per_token,
-        }
-        values.update(overrides)
-        return cls(**values)
-
-    @cached_property
-    def class_by_name(self) -> dict[str, PriorityClass]:
-        """Classes by name, in priority order."""
-        return {c.name: c for c in self.classes}
-
-    @cached_property
-    def model_by_name(self) -> dict[str, ModelSpec]:
-        """Registry models by name."""
-        return {m.name: m for m in self.models}
-
-    @cached_property
-    def route_cache(self) -> dict[tuple[str, bool], tuple[str, ...] | InvalidRequest]:
-        """(route, degrade) -> serving models, filled by :func:`routing.route_models`."""
-        return {}
-
-    def tenant_weight(self, tenant: str) -> float:
-        """A tenant's fair-share weight (1 unless configured)."""
-        return self.tenant_weights.get(tenant, 1.0)
-
-
-def _check_unique(what: str, names: Sequence[str]) -> None:
-    if not names:
-        raise ConfigError(f"policy.{what} must not be empty")
-    if len(set(names)) != len(names):
-        raise ConfigError(f"policy.{what} names must be unique, got {list(names)}")
-
-
-def _check_min(what: str, value: float, least: float) -> None:
-    if value < least:
-        raise ConfigError(f"policy.{what} must be >= {least}, got {value}")
 
 
 def decide(snapshot: Snapshot, policy: DispatchPolicy) -> Decision:

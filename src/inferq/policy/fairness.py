@@ -25,13 +25,14 @@ Aging
     Aging picks leave the credits alone, so they neither earn nor cost a class
     its round share; they do charge the tenant's counter.
 
-The two classic policies are configurations of this one mechanism:
+The two classic policies are configurations of this one mechanism (the simulator's
+baselines, :mod:`inferq.sim.baselines`):
 
 - strict priority (Triton, vLLM's priority scheduling): weights (1, 0, 0, ...)
-  and no aging -- :func:`strict_priority_classes`;
+  and no aging -- :func:`~inferq.sim.baselines.strict_priority_classes`;
 - the seed's "every 5 realtime dispatches serve one lower": weights
   (5, 1, 0, ...) with the classes' aging bounds kept, so the third class
-  progresses through aging alone -- :func:`seed_ratio_classes`.
+  progresses through aging alone -- :func:`~inferq.sim.baselines.seed_ratio_classes`.
 
 Within a class: Virtual Token Counter (Sheng et al., "Fairness in Serving Large
 Language Models", OSDI 2024)
@@ -54,39 +55,6 @@ import heapq
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 
 from inferq.config import PriorityClass
-
-
-def strict_priority_classes(classes: Sequence[PriorityClass]) -> tuple[PriorityClass, ...]:
-    """The classes turned into strict priority: weights (1, 0, 0, ...), aging off.
-
-    The first class takes every slot it can use; each lower class only what no
-    class above it can use.
-    """
-    return tuple(
-        c.model_copy(update={"weight": 1.0 if i == 0 else 0.0, "aging_s": None})
-        for i, c in enumerate(classes)
-    )
-
-
-def seed_ratio_classes(
-    classes: Sequence[PriorityClass], ratio: float = 5
-) -> tuple[PriorityClass, ...]:
-    """The seed's rule: every ``ratio`` dispatches of the first class serve one of the second.
-
-    Weights become (ratio, 1, 0, ...); the aging bounds are kept, so classes
-    below the second progress when idle capacity or their aging bound lets them.
-
-    Raises:
-        ValueError: ``ratio`` is not positive.
-    """
-    if ratio <= 0:
-        raise ValueError(f"ratio must be > 0, got {ratio}")
-    weights = [float(ratio), 1.0]
-    return tuple(
-        c.model_copy(update={"weight": weights[i] if i < len(weights) else 0.0})
-        for i, c in enumerate(classes)
-    )
-
 
 # --- across classes -----------------------------------------------------------
 

@@ -25,16 +25,13 @@ sorted by utilisation, so a pick scans a few workers instead of the fleet.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from functools import lru_cache
 
 from inferq.config import ModelSpec, PriorityClass
 from inferq.errors import InvalidRequest
 from inferq.policy.batching import OpenBatch
-from inferq.policy.snapshot import Assignment, QueuedRequest, WorkerView
+from inferq.policy.snapshot import Assignment, DispatchPolicy, QueuedRequest, WorkerView
 from inferq.routes import candidates, parse_route
-
-if TYPE_CHECKING:
-    from inferq.policy.dispatch import DispatchPolicy
 
 MIB = 1024 * 1024
 
@@ -52,24 +49,31 @@ def may_degrade(cls: PriorityClass | None, request: QueuedRequest, now: float) -
 
 
 def route_models(policy: DispatchPolicy, route: str, degrade: bool) -> tuple[str, ...]:
-    """Registry models serving ``route``, most preferred first (cached on the policy).
+    """Registry models serving ``route``, most preferred first.
+
+    A pure function of the registry, the route and ``degrade``, remembered per
+    (registry, route, degrade) outside the policy, which stays immutable.
 
     Raises:
         InvalidRequest: (field ``model``) the route text does not parse.
     """
-    key = (route, degrade)
-    cached = policy.route_cache.get(key)
-    if cached is None:
-        try:
-            parsed = parse_route(route)
-            names = candidates(parsed, policy.models, degrade=degrade)
-            cached = tuple(n for n in names if n in policy.model_by_name)
-        except InvalidRequest as exc:
-            cached = exc
-        policy.route_cache[key] = cached
-    if isinstance(cached, InvalidRequest):
-        raise cached
-    return cached
+    found = _route_models(policy.models, route, degrade)
+    if isinstance(found, InvalidRequest):
+        raise found
+    return found
+
+
+@lru_cache(maxsize=4096)
+def _route_models(
+    models: tuple[ModelSpec, ...], route: str, degrade: bool
+) -> tuple[str, ...] | InvalidRequest:
+    """:func:`route_models`, memoised; a route that does not parse gives its error."""
+    try:
+        names = candidates(parse_route(route), models, degrade=degrade)
+    except InvalidRequest as exc:
+        return exc
+    registry = {m.name for m in models}
+    return tuple(n for n in names if n in registry)
 
 
 def serving_models(request: QueuedRequest, policy: DispatchPolicy, now: float) -> tuple[str, ...]:

@@ -32,20 +32,20 @@ launches. Then, in order:
 6. GPU budget: scale-ups are granted in model priority order, minimum pools
    first, while ``sum (ready + starting + draining) x gpus_per_worker <= gpu_budget``.
 
-:func:`seed_scale` and :func:`keda_zcard_scale` are the baselines the
-simulator compares against (issue 7), with the same inputs and outputs.
+:mod:`inferq.sim.baselines` holds the baselines the simulator compares this rule
+against (issue 7), with the same inputs and outputs.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 from inferq import defaults
-from inferq.config import PriorityClass
+from inferq.config import PriorityClass, ScalingSettings
 from inferq.errors import ConfigError, CorruptRecord
 
 Action = Literal["up", "down", "hold"]
@@ -155,6 +155,31 @@ class ScalingConfig:
         for cls, weight in self.class_weights.items():
             if weight < 0:
                 raise ConfigError(f"class_weights[{cls!r}] must be >= 0, got {weight}")
+
+    @classmethod
+    def from_settings(cls, scaling: ScalingSettings) -> ScalingConfig:
+        """The knobs of the ``[scaling]`` settings table (its pools in priority order).
+
+        Raises:
+            ConfigError: a pool's bounds are inconsistent.
+        """
+        limits = {
+            m: ModelLimits(p.min_workers, p.max_workers, p.gpus_per_worker)
+            for m, p in scaling.pools.items()
+        }
+        return cls(
+            limits=limits,
+            gpu_budget=scaling.gpu_budget,
+            model_priority=tuple(scaling.pools),
+            up_cooldown_s=scaling.up_cooldown_s,
+            down_cooldown_s=scaling.down_cooldown_s,
+            idle_s=scaling.idle_s,
+            interval_s=scaling.interval_s,
+            backlog_drain_s=scaling.backlog_drain_s,
+            trend_level_s=scaling.trend_level_s,
+            trend_slope_s=scaling.trend_slope_s,
+            service_smoothing_s=scaling.service_smoothing_s,
+        )
 
     def limits_for(self, model: str) -> ModelLimits:
         """The bounds of ``model`` (its own, else ``default_limits``)."""
@@ -371,7 +396,7 @@ def decide_scale(
     Raises:
         ValueError: a model appears twice in ``loads``.
     """
-    _check_unique(loads)
+    check_unique_models(loads)
     sla = {c.name: c.sla_s for c in classes}
     models = dict(state.models)
     plans: list[ScaleDecision] = []
@@ -382,8 +407,8 @@ def decide_scale(
         plan, ms = _plan(replace(load, mean_service_s=ms.service_s), ms, config, sla, now)
         models[load.model] = ms
         plans.append(plan)
-    decisions = _grant_budget(plans, loads, config)
-    return decisions, _record(decisions, models, now)
+    decisions = grant_budget(plans, loads, config)
+    return decisions, stamp_decisions(decisions, models, now)
 
 
 def _plan(
@@ -399,7 +424,7 @@ def _plan(
     want = _within_tolerance(need, current, config.tolerance, reasons)
     floor = _sla_floor(load, config, sla, reasons)
     want = max(want, floor)
-    target = _bounded(want, limits, reasons)
+    target = bounded(want, limits, reasons)
     surplus = target < current and load.starting == 0
     ms = replace(ms, surplus_since=(ms.surplus_since or now) if surplus else None)
     if target > current:
@@ -482,7 +507,8 @@ def _sla_floor(
     return load.ready + 1
 
 
-def _bounded(want: int, limits: ModelLimits, reasons: list[str]) -> int:
+def bounded(want: int, limits: ModelLimits, reasons: list[str]) -> int:
+    """``want`` workers within ``limits`` (min, max); the bound that applied joins ``reasons``."""
     if want < limits.min_workers:
         reasons.append(f"bounds: min {limits.min_workers}")
         return limits.min_workers
@@ -492,7 +518,8 @@ def _bounded(want: int, limits: ModelLimits, reasons: list[str]) -> int:
     return want
 
 
-def _cooldown_left(ms: ModelScaleState, cooldown_s: float, now: float) -> float:
+def cooldown_left(ms: ModelScaleState, cooldown_s: float, now: float) -> float:
+    """Seconds until ``cooldown_s`` after the model's last scale action has passed (0: past)."""
     last = ms.last_action_at
     return 0.0 if last is None else max(0.0, last + cooldown_s - now)
 
@@ -507,7 +534,7 @@ def _scale_up(
     reasons: list[str],
 ) -> ScaleDecision:
     current = load.current
-    left = _cooldown_left(ms, config.up_cooldown_s, now)
+    left = cooldown_left(ms, config.up_cooldown_s, now)
     if left > 0:
         reasons.append(f"cooldown: no scale-up for {left:.1f} s")
         if current >= limits.min_workers:
@@ -530,7 +557,7 @@ def _scale_down(
     idle = drain_order(load)
     forced = max(0, current - limits.max_workers)  # over max: any idle worker may go
     wanted = 0
-    left = _cooldown_left(ms, config.down_cooldown_s, now)
+    left = cooldown_left(ms, config.down_cooldown_s, now)
     if left > 0:
         reasons.append(f"cooldown: no scale-down for {left:.1f} s")
     else:
@@ -579,7 +606,7 @@ def drain_order(load: ModelLoad) -> list[str]:
     return sorted(candidates, key=lambda w: (-load.idle_workers[w], load.busy.get(w, 0), w))
 
 
-def _grant_budget(
+def grant_budget(
     plans: Sequence[ScaleDecision], loads: Sequence[ModelLoad], config: ScalingConfig
 ) -> list[ScaleDecision]:
     """Trim scale-ups to the GPU budget: minimum pools first, then by model priority."""
@@ -644,7 +671,7 @@ def _smooth_service(
     return replace(ms, service_s=a * measured_s + (1.0 - a) * ms.service_s)
 
 
-def _record(
+def stamp_decisions(
     decisions: Iterable[ScaleDecision], models: dict[str, ModelScaleState], now: float
 ) -> ScalerState:
     """Stamp each model's state with this decision (time checked, action taken)."""
@@ -658,150 +685,10 @@ def _record(
     return ScalerState(models=models)
 
 
-def _check_unique(loads: Sequence[ModelLoad]) -> None:
+def check_unique_models(loads: Sequence[ModelLoad]) -> None:
+    """Raises ValueError when a model appears twice in ``loads``."""
     seen: set[str] = set()
     for load in loads:
         if load.model in seen:
             raise ValueError(f"model {load.model!r} appears twice in loads")
         seen.add(load.model)
-
-
-# --- baselines (issue 7) ------------------------------------------------------
-
-_Rule = Callable[[ModelLoad, ModelScaleState, ModelLimits, list[str]], ScaleDecision]
-
-
-def seed_scale(
-    loads: Sequence[ModelLoad],
-    state: ScalerState,
-    config: ScalingConfig,
-    classes: Sequence[PriorityClass],
-    now: float,
-    *,
-    pending_threshold: int = defaults.SEED_PENDING_THRESHOLD,
-    idle_s: float = defaults.SEED_IDLE_S,
-    check_s: float = defaults.SEED_CHECK_S,
-) -> tuple[list[ScaleDecision], ScalerState]:
-    """Baseline ``seed``: the seed text's autoscaler.
-
-    Every ``check_s`` seconds per model: one more worker when more than
-    ``pending_threshold`` requests are queued and every ready worker is full
-    (starting workers are not looked at, so a long cold start launches again);
-    every worker idle ``>= idle_s`` is drained. Bounds and the GPU budget of
-    ``config`` apply; cooldowns, trend and SLAs do not (``classes`` is unused).
-    """
-    del classes
-
-    def rule(
-        load: ModelLoad, ms: ModelScaleState, limits: ModelLimits, reasons: list[str]
-    ) -> ScaleDecision:
-        current = load.current
-        if current < limits.min_workers or current > limits.max_workers:
-            return _to_bounds(load, limits, reasons)
-        full = not load.idle_workers and all(n >= load.slots_per_worker for n in load.busy.values())
-        if load.total_queued > pending_threshold and full:
-            reasons.append(f"{load.total_queued} pending > {pending_threshold}, all full")
-            target = _bounded(current + 1, limits, reasons)
-            action: Action = "up" if target > current else "hold"
-            return ScaleDecision(load.model, current, target, action, tuple(reasons))
-        idle = [w for w in drain_order(load) if load.idle_workers[w] >= idle_s]
-        drain = tuple(idle[: max(0, current - limits.min_workers)])
-        if drain:
-            reasons.append(f"{len(drain)} idle >= {idle_s:.0f} s")
-            return ScaleDecision(
-                load.model, current, current - len(drain), "down", tuple(reasons), drain
-            )
-        return ScaleDecision(load.model, current, current, "hold", tuple(reasons))
-
-    return _run_baseline(loads, state, config, now, check_s, rule)
-
-
-def keda_zcard_scale(
-    loads: Sequence[ModelLoad],
-    state: ScalerState,
-    config: ScalingConfig,
-    classes: Sequence[PriorityClass],
-    now: float,
-    *,
-    list_length: int = defaults.KEDA_LIST_LENGTH,
-    poll_s: float = defaults.KEDA_POLL_S,
-    cooldown_s: float = defaults.KEDA_COOLDOWN_S,
-) -> tuple[list[ScaleDecision], ScalerState]:
-    """Baseline ``keda-zcard``: a KEDA-style scaler on the total queue length.
-
-    Every ``poll_s`` seconds: ``desired = ceil(total queued / list_length)``
-    within the bounds; up at once, down only ``cooldown_s`` after the model's
-    last scale action. Scale-down drains idle workers first, then the least busy
-    ones (like a ReplicaSet, it does not wait for idleness; draining still kills
-    nothing). The GPU budget of ``config`` applies; ``classes`` is unused.
-
-    Raises:
-        ValueError: ``list_length`` is not positive.
-    """
-    del classes
-    if list_length < 1:
-        raise ValueError(f"list_length must be >= 1, got {list_length}")
-
-    def rule(
-        load: ModelLoad, ms: ModelScaleState, limits: ModelLimits, reasons: list[str]
-    ) -> ScaleDecision:
-        current = load.current
-        want = math.ceil(load.total_queued / list_length)
-        reasons.append(f"ceil({load.total_queued} queued / {list_length}) = {want}")
-        target = _bounded(want, limits, reasons)
-        if target > current:
-            return ScaleDecision(load.model, current, target, "up", tuple(reasons))
-        left = _cooldown_left(ms, cooldown_s, now)
-        if target == current or left > 0:
-            if target < current:
-                reasons.append(f"cooldown: no scale-down for {left:.1f} s")
-            return ScaleDecision(load.model, current, current, "hold", tuple(reasons))
-        ranked = drain_order(load) + sorted(load.busy, key=lambda w: (load.busy[w], w))
-        drain = tuple(ranked[: current - target])
-        if not drain:
-            return ScaleDecision(load.model, current, current, "hold", tuple(reasons))
-        return ScaleDecision(
-            load.model, current, current - len(drain), "down", tuple(reasons), drain
-        )
-
-    return _run_baseline(loads, state, config, now, poll_s, rule)
-
-
-def _to_bounds(load: ModelLoad, limits: ModelLimits, reasons: list[str]) -> ScaleDecision:
-    """Move a pool that is outside its bounds back inside (draining never takes busy workers)."""
-    current = load.current
-    target = _bounded(current, limits, reasons)
-    if target > current:
-        return ScaleDecision(load.model, current, target, "up", tuple(reasons))
-    drain = tuple(drain_order(load)[: current - target])
-    if not drain:
-        return ScaleDecision(load.model, current, current, "hold", tuple(reasons))
-    return ScaleDecision(load.model, current, current - len(drain), "down", tuple(reasons), drain)
-
-
-def _run_baseline(
-    loads: Sequence[ModelLoad],
-    state: ScalerState,
-    config: ScalingConfig,
-    now: float,
-    period_s: float,
-    rule: _Rule,
-) -> tuple[list[ScaleDecision], ScalerState]:
-    """Apply ``rule`` to each model whose poll period has passed, then the GPU budget."""
-    _check_unique(loads)
-    plans: list[ScaleDecision] = []
-    polled: list[ScaleDecision] = []
-    for load in loads:
-        ms = state.model(load.model)
-        if ms.checked_at is not None and now - ms.checked_at < period_s:
-            wait = ms.checked_at + period_s - now
-            reason = f"poll: next check in {wait:.1f} s"
-            plans.append(ScaleDecision(load.model, load.current, load.current, "hold", (reason,)))
-            continue
-        plan = rule(load, ms, config.limits_for(load.model), [])
-        plans.append(plan)
-        polled.append(plan)
-    decisions = _grant_budget(plans, loads, config)
-    checked = {d.model for d in polled}
-    stamped = _record([d for d in decisions if d.model in checked], dict(state.models), now)
-    return decisions, stamped

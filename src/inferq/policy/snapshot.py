@@ -1,14 +1,22 @@
-"""What the dispatch policy sees and what it decides: plain frozen dataclasses.
+"""What the dispatch policy sees, how it is configured and what it decides: frozen dataclasses.
 
 The dispatcher builds a :class:`Snapshot` from Redis, the simulator from its
-virtual state; both hand it to :func:`inferq.policy.dispatch.decide` and carry
-out the :class:`Decision`. Times are epoch (or virtual) seconds; VRAM is MiB.
+virtual state; both hand it with a :class:`DispatchPolicy` to
+:func:`inferq.policy.dispatch.decide` and carry out the :class:`Decision`. Times are
+epoch (or virtual) seconds; VRAM is MiB. Every module of the policy reads these
+types from here, so none of them needs another's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+from inferq import defaults
+from inferq.config import ModelSpec, PriorityClass, Settings
+from inferq.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,9 +157,88 @@ class Decision:
     active_tenants: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
-def eligible_models_note(workers: Sequence[WorkerView]) -> str:
-    """Short description of a fleet for error reasons, e.g. ``"2 x llama-3.1-8b"``."""
-    counts: dict[str, int] = {}
-    for w in workers:
-        counts[w.model] = counts.get(w.model, 0) + 1
-    return ", ".join(f"{n} x {m}" for m, n in sorted(counts.items())) or "no workers"
+@dataclass(frozen=True)
+class DispatchPolicy:
+    """Everything :func:`~inferq.policy.dispatch.decide` needs besides the snapshot.
+
+    Immutable: a decision reads it, never writes it (the lookups by name are built
+    once, when it is made).
+
+    Attributes:
+        classes: priority classes, highest first (weights, aging, delays...).
+        models: the model registry (routes, KV bytes per token, latency profile).
+        max_batch: requests per batch at most.
+        batch_token_budget: ``prompt + max_tokens`` summed over a batch, tokens.
+        vtc_output_weight: weight of an output token in a tenant's counter
+            (VTC's w_q; an input token weighs 1).
+        tenant_weights: tenant -> fair-share weight (> 0; missing = 1).
+        chars_per_token: the fast prompt-token estimate's characters per token.
+        class_by_name: classes by name, in priority order (derived).
+        model_by_name: registry models by name (derived).
+
+    Raises:
+        ConfigError: a value is out of range or names repeat; the message
+            names the field and the limit.
+    """
+
+    classes: tuple[PriorityClass, ...]
+    models: tuple[ModelSpec, ...]
+    max_batch: int = defaults.MAX_BATCH
+    batch_token_budget: int = defaults.BATCH_TOKEN_BUDGET
+    vtc_output_weight: float = defaults.VTC_OUTPUT_WEIGHT
+    tenant_weights: Mapping[str, float] = field(default_factory=dict, hash=False)
+    chars_per_token: float = defaults.CHARS_PER_TOKEN
+    class_by_name: Mapping[str, PriorityClass] = field(init=False, repr=False, compare=False)
+    model_by_name: Mapping[str, ModelSpec] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "classes", tuple(self.classes))
+        object.__setattr__(self, "models", tuple(self.models))
+        object.__setattr__(self, "tenant_weights", dict(self.tenant_weights))
+        _check_unique("classes", [c.name for c in self.classes])
+        _check_unique("models", [m.name for m in self.models])
+        _check_min("max_batch", self.max_batch, 1)
+        _check_min("batch_token_budget", self.batch_token_budget, 1)
+        _check_min("vtc_output_weight", self.vtc_output_weight, 0)
+        if self.chars_per_token <= 0:
+            raise ConfigError(f"policy.chars_per_token must be > 0, got {self.chars_per_token}")
+        for tenant, weight in self.tenant_weights.items():
+            if not weight > 0:
+                raise ConfigError(f"policy.tenant_weights[{tenant!r}] must be > 0, got {weight}")
+        object.__setattr__(self, "class_by_name", {c.name: c for c in self.classes})
+        object.__setattr__(self, "model_by_name", {m.name: m for m in self.models})
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> DispatchPolicy:
+        """The policy of ``settings`` (classes, registry, chars per token), with overrides.
+
+        Raises:
+            ConfigError: an override names no field, or a value is out of range.
+        """
+        names = {f.name for f in dataclasses.fields(cls) if f.init}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise ConfigError(f"policy has no field {unknown[0]!r} (fields: {sorted(names)})")
+        values: dict[str, Any] = {
+            "classes": tuple(settings.classes),
+            "models": tuple(settings.models),
+            "chars_per_token": settings.chars_per_token,
+        }
+        values.update(overrides)
+        return cls(**values)
+
+    def tenant_weight(self, tenant: str) -> float:
+        """A tenant's fair-share weight (1 unless configured)."""
+        return self.tenant_weights.get(tenant, 1.0)
+
+
+def _check_unique(what: str, names: Sequence[str]) -> None:
+    if not names:
+        raise ConfigError(f"policy.{what} must not be empty")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"policy.{what} names must be unique, got {list(names)}")
+
+
+def _check_min(what: str, value: float, least: float) -> None:
+    if value < least:
+        raise ConfigError(f"policy.{what} must be >= {least}, got {value}")

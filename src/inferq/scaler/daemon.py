@@ -8,7 +8,7 @@ Each decision (every ``interval_s``, default 5 s):
 2. read queues, heartbeats, reservations, the events stream of the last
    ``rate_window_s`` and the scaler's own state (``P scaler:state``: trend and
    cooldowns; ``P scaler:workers``: per-worker idle and drain tracking), and the
-   platform's listing; merge them (:func:`~inferq.scaler.loads.reconcile`);
+   platform's listing; merge them (:func:`~inferq.policy.scaling_inputs.reconcile`);
 3. stop the workers that drained and deregistered (or left, or never started):
    ``platform.prepare_scale_down`` then ``platform.stop``;
 4. build one :class:`~inferq.policy.scaling.ModelLoad` per managed model, decide;
@@ -46,20 +46,19 @@ from enum import StrEnum
 from typing import TypeVar
 
 from inferq import defaults
-from inferq.config import ScalingSettings, Settings
+from inferq.config import Settings
 from inferq.errors import ConfigError, CorruptRecord
 from inferq.models import Event
 from inferq.policy.scaling import (
-    ModelLimits,
     ScaleDecision,
     ScalerState,
     ScalingConfig,
     decide_scale,
 )
-from inferq.scaler.loads import (
-    Fleet,
+from inferq.policy.scaling_inputs import (
     LiveWorker,
     LoadInputs,
+    ReconciledFleet,
     Tracked,
     arrival_rates,
     build_loads,
@@ -109,31 +108,6 @@ class StepReport:
     quarantined: int = 0
 
 
-def scaling_config(scaling: ScalingSettings) -> ScalingConfig:
-    """The policy's knobs from the ``[scaling]`` settings (pools in priority order).
-
-    Raises:
-        ConfigError: a pool's bounds are inconsistent.
-    """
-    limits = {
-        m: ModelLimits(p.min_workers, p.max_workers, p.gpus_per_worker)
-        for m, p in scaling.pools.items()
-    }
-    return ScalingConfig(
-        limits=limits,
-        gpu_budget=scaling.gpu_budget,
-        model_priority=tuple(scaling.pools),
-        up_cooldown_s=scaling.up_cooldown_s,
-        down_cooldown_s=scaling.down_cooldown_s,
-        idle_s=scaling.idle_s,
-        interval_s=scaling.interval_s,
-        backlog_drain_s=scaling.backlog_drain_s,
-        trend_level_s=scaling.trend_level_s,
-        trend_slope_s=scaling.trend_slope_s,
-        service_smoothing_s=scaling.service_smoothing_s,
-    )
-
-
 def new_worker_id(model: str) -> str:
     """A fresh worker id for ``model``: ``llama-3-1-8b-3f9a0c1e`` (fits ``[A-Za-z0-9_-]{1,64}``)."""
     slug = re.sub(r"[^A-Za-z0-9_-]+", "-", model).strip("-")[:50] or "worker"
@@ -153,7 +127,7 @@ class Scaler:
 
     Args:
         store: the deployment's store.
-        config: the policy's knobs (see :func:`scaling_config`); ``config.interval_s``
+        config: the policy's knobs (:meth:`ScalingConfig.from_settings`); ``config.interval_s``
             is the loop period.
         platform: where workers run; required in ``act`` mode, optional in ``dry-run``
             (its listing counts starting workers), unused in ``metrics`` mode.
@@ -379,7 +353,7 @@ class Scaler:
     def _inputs(
         self,
         live: Sequence[LiveWorker],
-        fleet: Fleet,
+        fleet: ReconciledFleet,
         events: Sequence[Event],
         span: float,
     ) -> LoadInputs:

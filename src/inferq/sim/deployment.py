@@ -14,7 +14,6 @@ from inferq import defaults
 from inferq.config import ModelSpec, Settings
 from inferq.latency import ServiceTime, service_time
 from inferq.policy.scaling import ModelLimits, ScalingConfig
-from inferq.scaler.daemon import scaling_config as daemon_scaling_config
 from inferq.sim.capacity import peak_fleet
 from inferq.sim.policies import SimPolicy
 from inferq.sim.workload import SimRequest
@@ -56,12 +55,12 @@ def scaling_for_fleet(
     """The scaler's knobs from ``settings.scaling``, with bounds for a simulated fleet.
 
     Cooldowns, idle time, interval, trend and backlog constants and the GPU
-    budget come from the ``[scaling]`` table (:func:`inferq.scaler.daemon.scaling_config`,
+    budget come from the ``[scaling]`` table (:meth:`ScalingConfig.from_settings`,
     as the daemon reads them). Bounds: the configured pools when any; else the
     models of ``fleet`` keep ``1 <= workers <= max(max_workers, initial)`` and any
     other model may go from 0 to ``max_workers``.
     """
-    base = daemon_scaling_config(settings.scaling)
+    base = ScalingConfig.from_settings(settings.scaling)
     if settings.scaling.pools:
         return base
     return replace(

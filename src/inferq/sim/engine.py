@@ -60,11 +60,10 @@ from itertools import islice
 from inferq import defaults
 from inferq.errors import ConfigError, InvalidRequest
 from inferq.models import WorkerState
-from inferq.policy.dispatch import DispatchPolicy
 from inferq.policy.estimate import estimate_key, update_moving_mean
 from inferq.policy.routing import route_models
 from inferq.policy.scaling import ScalerState
-from inferq.policy.snapshot import Decision, FairnessState, QueuedRequest, Snapshot
+from inferq.policy.snapshot import Decision, DispatchPolicy, FairnessState, QueuedRequest, Snapshot
 from inferq.sim.deployment import (
     LatencyFn,
     SimConfig,

@@ -1,11 +1,11 @@
 """What the simulated scaler sees: one :class:`~inferq.policy.scaling.ModelLoad` per model.
 
 Built the way the scaler daemon builds it (:mod:`inferq.scaler.daemon`,
-:mod:`inferq.scaler.loads`), from the simulator's own facts instead of Redis:
+:mod:`inferq.policy.scaling_inputs`), from the simulator's own facts instead of Redis:
 
 - managed models: the ``[scaling.pools]`` of the settings when any, else the
   initial fleet's models plus every model a request is routed to;
-- backlog: :func:`inferq.scaler.loads.backlog` over ``(class, route, queued,
+- backlog: :func:`inferq.policy.scaling_inputs.backlog` over ``(class, route, queued,
   oldest wait)`` rows, so a route is charged to its first managed model;
 - arrival rate: requests routed to the model in the last ``window_s`` seconds
   (``defaults.SCALER_RATE_WINDOW_S``), over ``window_s``;
@@ -26,7 +26,7 @@ from inferq.config import Settings
 from inferq.latency import saturation_factor
 from inferq.models import WorkerState
 from inferq.policy.scaling import ModelLoad
-from inferq.scaler.loads import QueueDepth, backlog, estimated_service_s, route_model
+from inferq.policy.scaling_inputs import QueueDepth, backlog, estimated_service_s, route_model
 from inferq.sim.fleet import SimWorker
 
 

@@ -29,8 +29,7 @@ from typing import Literal
 
 from inferq.config import PriorityClass, Settings
 from inferq.errors import InvalidRequest
-from inferq.policy.dispatch import DispatchPolicy, decide
-from inferq.policy.fairness import seed_ratio_classes, strict_priority_classes
+from inferq.policy.dispatch import decide
 from inferq.policy.routing import FleetCapacity, need_mib, serving_models
 from inferq.policy.scaling import (
     ModelLoad,
@@ -38,10 +37,21 @@ from inferq.policy.scaling import (
     ScalerState,
     ScalingConfig,
     decide_scale,
-    keda_zcard_scale,
-    seed_scale,
 )
-from inferq.policy.snapshot import Assignment, Batch, Decision, QueuedRequest, Snapshot
+from inferq.policy.snapshot import (
+    Assignment,
+    Batch,
+    Decision,
+    DispatchPolicy,
+    QueuedRequest,
+    Snapshot,
+)
+from inferq.sim.baselines import (
+    keda_zcard_scale,
+    seed_ratio_classes,
+    seed_scale,
+    strict_priority_classes,
+)
 
 #: ``(snapshot) -> decision``: what the simulator calls where the dispatcher calls ``decide``.
 DispatchFn = Callable[[Snapshot], Decision]

@@ -10,7 +10,7 @@ passes them here, with ``now`` from the Redis clock.
 - **Arrival rate**: submit events in the window per model, over the window, req/s.
 - **Service time**: mean of ``e2e_ms - queue_ms`` (dispatch -> finish) of the
   finish events in the window; without any, the caller's fallback.
-- **Fleet**: :func:`reconcile` merges heartbeats, the backend's listing and the
+- **Fleet**: :func:`reconcile` merges heartbeats, the platform's listing and the
   scaler's per-worker tracking (:class:`Tracked`, kept in Redis so any replica
   continues it) into starting / draining counts, idle times, and the workers to
   stop now.
@@ -67,7 +67,7 @@ class Tracked:
         model: the model it serves.
         last_busy_at: when it was last seen with work (or first seen), epoch s.
         seen_live: it has had a heartbeat.
-        absent_since: since when the backend lists it without a heartbeat, epoch s.
+        absent_since: since when the platform lists it without a heartbeat, epoch s.
         draining_since: when the scaler asked it to drain (or first saw it draining on
             its own), epoch s; None while it serves.
     """
@@ -98,11 +98,11 @@ class Tracked:
 
 
 @dataclass(frozen=True, slots=True)
-class Fleet:
-    """Heartbeats, backend listing and tracking, merged (output of :func:`reconcile`).
+class ReconciledFleet:
+    """Heartbeats, platform listing and tracking, merged (output of :func:`reconcile`).
 
     Attributes:
-        tracked: the tracking to keep (workers gone from both Redis and the backend dropped).
+        tracked: the tracking to keep (workers gone from both Redis and the platform dropped).
         starting: model -> workers on their way: listed without a heartbeat yet (or
             briefly absent), within the start timeout; heartbeats saying ``starting``
             are counted by :func:`build_loads`.
@@ -124,13 +124,13 @@ def reconcile(
     activity: Mapping[str, float] | None = None,
     start_timeout_s: float,
     lost_grace_s: float,
-) -> Fleet:
-    """Merge what Redis, the backend and the scaler's memory say of each worker.
+) -> ReconciledFleet:
+    """Merge what Redis, the platform and the scaler's memory say of each worker.
 
     Args:
         tracked: the tracking carried from the previous decision.
         live: workers with a heartbeat.
-        listed: worker id -> model, as the backend lists them (empty without a backend).
+        listed: worker id -> model, as the platform lists them (empty without a platform).
         now: epoch seconds (Redis clock).
         activity: worker id -> last dispatch or finish seen in the events stream,
             so work between two decisions still counts as busy.
@@ -140,7 +140,7 @@ def reconcile(
             as starting (a missed beat comes back).
 
     Returns:
-        The merged :class:`Fleet`.
+        The merged :class:`ReconciledFleet`.
     """
     out: dict[str, Tracked] = {}
     starting: dict[str, int] = {}
@@ -177,7 +177,7 @@ def reconcile(
         else:
             starting[t.model] = starting.get(t.model, 0) + 1
         out[wid] = t
-    return Fleet(tracked=out, starting=starting, to_stop=to_stop)
+    return ReconciledFleet(tracked=out, starting=starting, to_stop=to_stop)
 
 
 def route_model(route: str, registry: Sequence[ModelSpec], managed: Sequence[str]) -> str | None:
@@ -281,7 +281,7 @@ class LoadInputs:
 
     depths: Sequence[QueueDepth]
     live: Sequence[LiveWorker]
-    fleet: Fleet
+    fleet: ReconciledFleet
     arrivals: Mapping[str, float]
     service: Mapping[str, ServiceStats]
     fallback_service_s: Mapping[str, float]
