@@ -38,7 +38,7 @@ from inferq.client import Client
 from inferq.config import Settings
 from inferq.delivery import BatchJob, InferqWorker, enqueue_batch, rq_connection, worker_queue
 from inferq.delivery.consumer import RQ_WORKER_TTL_S
-from inferq.intake import new_id
+from inferq.ids import new_id
 from inferq.store import Store, connect
 from inferq.workers.runtime import Engine
 from inferq.workers.worker import WorkerOptions, build_engine

@@ -43,7 +43,7 @@ from pydantic_settings import (
 )
 
 from inferq import defaults
-from inferq.errors import ConfigError
+from inferq.errors import ConfigError, UnknownPriorityClass
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
@@ -101,10 +101,6 @@ class ModelSpec(BaseModel):
     batch_efficiency: float = Field(
         default=0.85, gt=0, le=1, description="decode speed kept per extra concurrent sequence"
     )
-
-    def kv_mib(self, tokens: int) -> float:
-        """KV-cache need of ``tokens`` tokens, MiB."""
-        return tokens * self.kv_bytes_per_token / (1024 * 1024)
 
     def kv_cache_mib(self, vram_total_mib: int) -> int:
         """KV-cache room on a card of ``vram_total_mib``: the usable share minus the weights.
@@ -360,8 +356,6 @@ class Settings(BaseSettings):
         Raises:
             UnknownPriorityClass: no such name, or the level is outside 0..N-1.
         """
-        from inferq.errors import UnknownPriorityClass
-
         if isinstance(name_or_level, bool):
             raise UnknownPriorityClass("priority", f"{name_or_level!r} is not a class or level")
         if isinstance(name_or_level, int):

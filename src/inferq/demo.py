@@ -74,8 +74,10 @@ class FleetEntry:
     vram_mib: int
 
 
-def parse_fleet(text: str, settings: Settings) -> list[FleetEntry]:
-    """Parse ``"llama-3.1-8b:3@24576,llama-3.1-70b:1@81920"``.
+def parse_fleet_cards(text: str, settings: Settings) -> list[FleetEntry]:
+    """Parse the demo's ``--workers``: ``model:count@vram_mib,...``, each worker with its card,
+    e.g. ``"llama-3.1-8b:3@24576,llama-3.1-70b:1@81920"`` (the simulator's ``--fleet`` is
+    plain ``model:count``, :func:`inferq.sim.fleet.parse_fleet`).
 
     Raises:
         ConfigError: a part is malformed, names an unknown model, or the card is too small.
@@ -222,7 +224,7 @@ class Processes:
 
 
 @dataclass
-class Sample:
+class LiveSample:
     """One sample of the system, wall seconds since the replay started."""
 
     t: float
@@ -239,10 +241,10 @@ class Sampler(threading.Thread):
     def __init__(self, store: Store, t0: float, period_s: float = 0.25) -> None:
         super().__init__(name="demo-sampler", daemon=True)
         self.store, self.t0, self.period_s = store, t0, period_s
-        self.samples: list[Sample] = []
+        self.samples: list[LiveSample] = []
         self.stop_event = threading.Event()
 
-    def sample(self) -> Sample:
+    def sample(self) -> LiveSample:
         queued: dict[str, int] = {}
         for cls, _, n, _ in self.store.queue_depths():
             queued[cls] = queued.get(cls, 0) + n
@@ -256,7 +258,7 @@ class Sampler(threading.Thread):
             slots += w.slots
             used += min(w.slots, w.in_flight)
             busy += w.in_flight > 0
-        return Sample(
+        return LiveSample(
             time.monotonic() - self.t0,
             queued,
             ready,
@@ -285,7 +287,7 @@ def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[str, Any
         raise ConfigError("speedup: must be > 0")
     if opts.duration_s <= 0:
         raise ConfigError("duration: must be > 0 seconds of trace")
-    fleet = parse_fleet(opts.fleet, base)
+    fleet = parse_fleet_cards(opts.fleet, base)
     workload = build_workload(opts, base)
     if not workload:
         raise ConfigError("the chosen trace window holds no requests")
@@ -413,7 +415,7 @@ def _replay(
     return ids
 
 
-def _live_table(sample: Sample | None) -> Table:
+def _live_table(sample: LiveSample | None) -> Table:
     table = Table.grid(padding=(0, 3))
     if sample is None:
         table.add_row("waiting for the first sample")
@@ -448,7 +450,7 @@ def _report(
     store: Store,
     workload: list[SimRequest],
     ids: list[str],
-    samples: list[Sample],
+    samples: list[LiveSample],
     wall_s: float,
     t0_redis: float,
 ) -> dict[str, Any]:
@@ -532,7 +534,7 @@ def _print_report(report: dict[str, Any], console: Console) -> None:
 
 
 def _write(
-    report: dict[str, Any], samples: list[Sample], opts: DemoOptions, console: Console
+    report: dict[str, Any], samples: list[LiveSample], opts: DemoOptions, console: Console
 ) -> None:
     json_path = opts.out_dir / "inferq-demo-report.json"
     json_path.write_text(json.dumps(report, indent=2, default=str))
@@ -541,7 +543,7 @@ def _write(
     console.print(f"report: {json_path}  plot: {png}")
 
 
-def plot(samples: list[Sample], speedup: float, path: Path) -> None:
+def plot(samples: list[LiveSample], speedup: float, path: Path) -> None:
     """Queue depth per class, workers per model and slot utilisation over trace time."""
     import matplotlib
 

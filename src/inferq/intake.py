@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,6 +18,7 @@ from pydantic import ValidationError
 
 from inferq.config import PriorityClass, Settings
 from inferq.errors import InvalidRequest, UnknownPriorityClass
+from inferq.ids import new_id
 from inferq.models import ChatMessage, InferenceRequest, Payload
 from inferq.policy.estimate import estimate_messages_tokens, estimate_prompt_tokens
 from inferq.routes import check_known, parse_route
@@ -49,11 +49,6 @@ FIELDS = (
     "idempotency_key",
     "params",
 )
-
-
-def new_id() -> str:
-    """A 26-hex-digit id that sorts by creation time (ns clock + 40 random bits)."""
-    return f"{time.time_ns():016x}{os.urandom(5).hex()}"
 
 
 def classify(settings: Settings, task_type: str | None) -> tuple[str, str]:

@@ -58,29 +58,6 @@ class WorkerState(StrEnum):
     DRAINING = "draining"
 
 
-class EventType(StrEnum):
-    """Entries of the events stream."""
-
-    SUBMIT = "submit"
-    DISPATCH = "dispatch"
-    START = "start"
-    FINISH = "finish"
-    FAIL = "fail"
-    RETRY = "retry"
-    EXPIRE = "expire"
-    CANCEL = "cancel"
-    DEAD_LETTER = "dead_letter"
-    UNSCHEDULABLE = "unschedulable"
-    QUARANTINE = "quarantine"
-    WORKER_JOINED = "worker_joined"
-    WORKER_LOST = "worker_lost"
-    WORKER_DRAINING = "worker_draining"
-    WORKER_LEFT = "worker_left"
-    SCALE_UP = "scale_up"
-    SCALE_DOWN = "scale_down"
-    NO_WORKER = "no_worker"
-
-
 class ChatMessage(BaseModel):
     """One chat message (OpenAI chat format)."""
 

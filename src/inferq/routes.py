@@ -8,7 +8,7 @@ model, or by its configured fallbacks when the priority class allows degrading.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from inferq.config import ModelSpec
@@ -90,8 +90,3 @@ def check_known(route: Route, registry: Sequence[ModelSpec]) -> list[ModelSpec]:
         largest = max(m.params_b for m in registry)
         raise UnknownRoute("model", f"no model has {route.text} parameters (largest: {largest:g}b)")
     return specs
-
-
-def serves(model: str, route: Route, registry: Iterable[ModelSpec], *, degrade: bool) -> bool:
-    """True when a worker running ``model`` may take a request for ``route``."""
-    return model in candidates(route, list(registry), degrade=degrade)

@@ -26,10 +26,10 @@ from inferq.client import Client
 from inferq.config import Settings
 from inferq.delivery import job_id, rq_connection, worker_queue
 from inferq.dispatcher.daemon import Dispatcher
-from inferq.intake import new_id
+from inferq.ids import new_id
 from inferq.models import WorkerState
 from inferq.policy.scaling import ModelLimits, ScalingConfig
-from inferq.scaler.daemon import Mode, Scaler, StepReport
+from inferq.scaler.daemon import Mode, Scaler, ScalerReport
 from inferq.store import Store
 
 from ..builders import inference_request, worker_info
@@ -50,7 +50,7 @@ class System:
     worker_log: Path
     dispatcher: Dispatcher | None = None
     threads: list[threading.Thread] = field(default_factory=list)
-    scaler_steps: list[StepReport] = field(default_factory=list)
+    scaler_steps: list[ScalerReport] = field(default_factory=list)
 
     def start_dispatcher(self) -> None:
         self.dispatcher = Dispatcher(Store(self.store.redis, self.settings), tick_s=0.05)
@@ -68,7 +68,7 @@ class System:
         scaler = Scaler(Store(self.store.redis, self.settings), config=config, mode=Mode.METRICS)
         step = scaler.step
 
-        def counted() -> StepReport:
+        def counted() -> ScalerReport:
             report = step()
             self.scaler_steps.append(report)
             return report

@@ -18,7 +18,7 @@ from inferq.policy.scaling import ModelLimits, ScaleDecision, ScalingConfig
 from inferq.policy.scaling_inputs import (
     Tracked,
 )
-from inferq.scaler.daemon import Mode, Scaler, StepReport
+from inferq.scaler.daemon import Mode, Scaler, ScalerReport
 from inferq.scaler.platforms.base import Platform, WorkerHandle
 from inferq.store import Store
 
@@ -235,12 +235,12 @@ def test_run_survives_redis_outages_with_backoff(store: Store) -> None:
     s = make(store, RecordingPlatform())
     calls: list[int] = []
 
-    def flaky() -> StepReport:
+    def flaky() -> ScalerReport:
         calls.append(1)
         if len(calls) < 3:
             raise redis.ConnectionError("connection refused")
         s.stop()
-        return StepReport(acting=True)
+        return ScalerReport(acting=True)
 
     s.step = flaky  # type: ignore[method-assign]
     thread = threading.Thread(target=s.run)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inferq.config import Settings
-from inferq.demo import DemoOptions, build_workload, compressed, parse_fleet
+from inferq.demo import DemoOptions, build_workload, compressed, parse_fleet_cards
 from inferq.errors import ConfigError
 
 
@@ -32,10 +32,10 @@ def test_compression_keeps_one_clock() -> None:
 
 def test_fleet_option_is_checked() -> None:
     settings = Settings.load()
-    assert parse_fleet("llama-3.1-8b:2@24576", settings)[0].count == 2
+    assert parse_fleet_cards("llama-3.1-8b:2@24576", settings)[0].count == 2
     with pytest.raises(ConfigError, match="unknown model 'gpt'"):
-        parse_fleet("gpt:1", settings)
+        parse_fleet_cards("gpt:1", settings)
     with pytest.raises(ConfigError, match="needs 39500 MiB of weights"):
-        parse_fleet("llama-3.1-70b:1@24576", settings)
+        parse_fleet_cards("llama-3.1-70b:1@24576", settings)
     with pytest.raises(ConfigError, match="is not model:count@vram_mib"):
-        parse_fleet("llama-3.1-8b:x", settings)
+        parse_fleet_cards("llama-3.1-8b:x", settings)

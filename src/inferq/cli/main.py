@@ -4,67 +4,40 @@ Every command takes ``--redis-url`` (``INFERQ_REDIS_URL``), ``--namespace``
 (``INFERQ_NAMESPACE``) and ``--config`` (``INFERQ_CONFIG``, a TOML file).
 Listings print rich tables, or JSON with ``--json``. Errors print one line
 and exit non-zero; never a traceback.
+
+The daemons' modules (the dispatcher and worker import RQ, metrics imports
+prometheus-client, the demo its plotting) are imported by the command that runs
+them, not here: every other command starts without them.
 """
 
 from __future__ import annotations
 
-import functools
 import json
+import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn, TypeVar
+from pathlib import Path
+from typing import Any
 
 import click
-from rich.console import Console
-from rich.markup import escape
 
 from inferq.cli import views
+from inferq.cli.common import (
+    Context,
+    console,
+    err_console,
+    fail,
+    handle_errors,
+    pairs,
+    pass_ctx,
+)
+from inferq.cli.scaler import scaler
+from inferq.cli.simulate import simulate
+from inferq.client import Client
 from inferq.config import Settings
 from inferq.errors import InferqError, redact_url
 from inferq.logs import setup_logging
-from inferq.store import REDIS_ERRORS, Store, connect, describe_error
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-console = Console()
-err_console = Console(stderr=True)
-
-
-class Context:
-    """Settings and a lazily opened store, shared by the subcommands."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self._store: Store | None = None
-
-    @property
-    def store(self) -> Store:
-        if self._store is None:
-            self._store = Store(connect(self.settings.redis_url), self.settings)
-        return self._store
-
-
-def handle_errors(func: F) -> F:
-    """Turn inferq and Redis errors into one line on stderr and exit code 1."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except InferqError as exc:
-            fail(str(exc))
-        except REDIS_ERRORS as exc:
-            ctx = click.get_current_context().find_object(Context)
-            fail(describe_error(ctx.settings.redis_url if ctx else "?", exc))
-
-    return wrapper  # type: ignore[return-value]
-
-
-def fail(message: str) -> NoReturn:
-    """Print ``error: <message>`` as one line on stderr (no markup, no wrapping), exit 1."""
-    err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
-    sys.exit(1)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -108,9 +81,6 @@ def cli(
     ctx.obj = Context(settings)
 
 
-pass_ctx = click.make_pass_decorator(Context)
-
-
 def emit(data: Any, as_json: bool, render: Callable[[Any], Any]) -> None:
     """Print ``data`` as JSON (``--json``) or through a rich renderer."""
     if as_json:
@@ -149,8 +119,6 @@ def submit(
     as_json: bool,
 ) -> None:
     """Submit one request (PROMPT, or stdin when omitted)."""
-    from inferq.client import Client
-
     if prompt is None:
         if sys.stdin.isatty():
             raise click.UsageError("give a PROMPT or pipe one on stdin")
@@ -331,8 +299,6 @@ def purge(obj: Context, yes: bool) -> None:
 @handle_errors
 def dispatcher(obj: Context, tick: float, metrics_port: int | None) -> None:
     """Run a dispatcher replica (any number may run)."""
-    import signal
-
     from inferq.dispatcher.daemon import Dispatcher
 
     d = Dispatcher(obj.store, tick_s=tick)
@@ -387,12 +353,12 @@ def worker(
     opts = WorkerOptions(
         model=model,
         server=server,
-        server_options=_pairs("--backend-option", server_options),
+        server_options=pairs("--backend-option", server_options),
         slots=slots,
         vram_mib=vram_mib,
         gpu_index=gpu_index,
         worker_id=worker_id,
-        labels=_pairs("--label", label),
+        labels=pairs("--label", label),
         heartbeat_interval_s=heartbeat_interval,
     )
     sys.exit(run_worker(obj.settings, opts))
@@ -427,8 +393,6 @@ def demo(
     redis_kind: str,
 ) -> None:
     """Run everything on an embedded Redis, replaying the real Azure LLM traces."""
-    from pathlib import Path
-
     from inferq.demo import DEMO_FLEET, DemoOptions, run_demo
 
     opts = DemoOptions(
@@ -449,25 +413,8 @@ def demo(
         sys.exit(130)
 
 
-def _pairs(option: str, values: tuple[str, ...]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in values:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint=option)
-        out[key] = value
-    return out
-
-
-def _register_plugins() -> None:
-    from inferq.cli.scaler import scaler
-    from inferq.cli.simulate import simulate
-
-    cli.add_command(scaler)
-    cli.add_command(simulate)
-
-
-_register_plugins()
+cli.add_command(scaler)
+cli.add_command(simulate)
 
 
 def main() -> None:

@@ -3,10 +3,6 @@
 Options override the ``[scaling]`` table of the settings; pools given with
 ``--pool`` are added to (or replace) the configured ones, in the order given,
 which is also their priority under ``--gpu-budget``.
-
-This module does not import :mod:`inferq.cli.main` at import time (main
-registers this command, so the import would be circular): the shared error
-handler is looked up when the command runs.
 """
 
 from __future__ import annotations
@@ -14,24 +10,19 @@ from __future__ import annotations
 import contextlib
 import re
 import signal
-from typing import Any, Protocol
+from typing import Any
 
 import click
 from pydantic import ValidationError
 
-from inferq.config import ScalingPool, ScalingSettings, Settings
+from inferq.cli.common import Context, handle_errors, pairs
+from inferq.config import ScalingPool, ScalingSettings
+from inferq.policy.scaling import ScalingConfig
+from inferq.scaler.daemon import Mode, Scaler, describe
+from inferq.scaler.platforms import platform_class
 from inferq.store import Store
 
 _POOL = re.compile(r"^(?P<model>[^=]+)=(?P<min>\d+):(?P<max>\d+)(?::(?P<gpus>\d+))?$")
-
-
-class _Obj(Protocol):
-    """What the CLI group puts in ``ctx.obj`` (``inferq.cli.main.Context``)."""
-
-    settings: Settings
-
-    @property
-    def store(self) -> Store: ...
 
 
 def parse_pool(text: str) -> tuple[str, ScalingPool]:
@@ -58,16 +49,6 @@ def _first(exc: ValidationError) -> str:
     where = ".".join(str(p) for p in err["loc"])
     msg = str(err["msg"]).removeprefix("Value error, ")
     return f"{where}: {msg}" if where else msg
-
-
-def _pairs(values: tuple[str, ...]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in values:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--worker-option")
-        out[key] = value
-    return out
 
 
 def parse_vram(values: tuple[str, ...]) -> int | dict[str, int] | None:
@@ -157,17 +138,13 @@ def scaling_settings(base: ScalingSettings, options: dict[str, Any]) -> ScalingS
 @click.option("--k8s-namespace", default="default", show_default=True, help="kubernetes.")
 @click.option("--k8s-host", help="kubernetes: API server URL [in-cluster or kubeconfig].")
 @click.pass_obj
-def scaler(obj: _Obj, /, **options: Any) -> None:
+def scaler(obj: Context, /, **options: Any) -> None:
     """Run a scaler replica: launch workers on backlog, drain idle ones."""
-    from inferq.cli.main import handle_errors
-
-    handle_errors(_run)(obj, options)
+    _run(obj, options)
 
 
-def _run(obj: _Obj, options: dict[str, Any]) -> None:
-    from inferq.policy.scaling import ScalingConfig
-    from inferq.scaler.daemon import Mode, Scaler, describe
-
+@handle_errors
+def _run(obj: Context, options: dict[str, Any]) -> None:
     if options["dry_run"] and options["metrics_only"]:
         raise click.UsageError("--dry-run and --metrics-only exclude each other")
     mode = Mode.DRY_RUN if options["dry_run"] else Mode.ACT
@@ -202,10 +179,8 @@ def _run(obj: _Obj, options: dict[str, Any]) -> None:
             platform.close()  # local: drains and stops the workers this replica started
 
 
-def _platform(obj: _Obj, store: Store, options: dict[str, Any]) -> Any:
+def _platform(obj: Context, store: Store, options: dict[str, Any]) -> Any:
     """The chosen platform, built from the options (raises click.UsageError when one is missing)."""
-    from inferq.scaler.platforms import platform_class
-
     settings = obj.settings
     name = options["platform"]
     cls: Any = platform_class(name)
@@ -219,7 +194,7 @@ def _platform(obj: _Obj, store: Store, options: dict[str, Any]) -> Any:
             worker_server=options["worker_server"],
             slots=options["slots"],
             vram_mib=parse_vram(options["vram_mib"]),
-            worker_options=_pairs(options["worker_option"]),
+            worker_options=pairs("--worker-option", options["worker_option"]),
             heartbeat_interval_s=settings.heartbeat_interval_s,
             registered=store.worker_registered,
         )

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from inferq import defaults
 from inferq.config import Settings
 from inferq.delivery import BatchSender
-from inferq.intake import new_id
+from inferq.ids import new_id
 from inferq.policy.dispatch import decide
 from inferq.policy.snapshot import Batch, DispatchPolicy
 from inferq.store import CONNECTION_ERRORS, REDIS_ERRORS, DispatchView, Store

@@ -36,9 +36,18 @@ from inferq.routes import candidates, parse_route
 MIB = 1024 * 1024
 
 
+def kv_mib(tokens: int, spec: ModelSpec) -> float:
+    """KV-cache VRAM ``tokens`` tokens fill on ``spec``: ``tokens x kv bytes per token``, MiB.
+
+    ``ModelSpec.kv_bytes_per_token`` is 2 (K and V) x layers x KV heads x head dim x
+    bytes per value (vLLM's block accounting, without its block rounding).
+    """
+    return tokens * spec.kv_bytes_per_token / MIB
+
+
 def need_mib(request: QueuedRequest, spec: ModelSpec) -> float:
     """KV-cache VRAM a request may fill on ``spec``: ``(prompt + max_tokens) x kv bytes``, MiB."""
-    return (request.prompt_tokens + request.max_tokens) * spec.kv_bytes_per_token / MIB
+    return kv_mib(request.prompt_tokens + request.max_tokens, spec)
 
 
 def may_degrade(cls: PriorityClass | None, request: QueuedRequest, now: float) -> bool:
@@ -183,7 +192,7 @@ class WorkerIndex:
             bucket = self._buckets.get(model)
             if not bucket:
                 continue
-            need = tokens * bucket[0].spec.kv_bytes_per_token / MIB
+            need = kv_mib(tokens, bucket[0].spec)
             for batch in bucket:
                 if batch.has_room(tokens, need, self._max_batch, self._budget):
                     if batch.worker.id != excluded:

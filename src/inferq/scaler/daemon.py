@@ -88,7 +88,7 @@ class Mode(StrEnum):
 
 
 @dataclass
-class StepReport:
+class ScalerReport:
     """What one decision did.
 
     Attributes:
@@ -250,10 +250,10 @@ class Scaler:
 
     # --- one decision ---------------------------------------------------------------
 
-    def step(self) -> StepReport:
+    def step(self) -> ScalerReport:
         """One decision: read, reconcile, decide, act, write. Returns what it did."""
         now = self.store.now()
-        report = StepReport(acting=True, now=now)
+        report = ScalerReport(acting=True, now=now)
         if self.mode is not Mode.DRY_RUN and not self._lease():
             report.acting = False
             return report
@@ -293,7 +293,7 @@ class Scaler:
         self._holding = held
         return held
 
-    def _records(self, report: StepReport) -> tuple[ScalerState, dict[str, Tracked]]:
+    def _records(self, report: ScalerReport) -> tuple[ScalerState, dict[str, Tracked]]:
         if self.mode is Mode.DRY_RUN and self._memory is not None:
             return self._memory[0], dict(self._memory[1])
         k = self.store.keys
@@ -308,7 +308,7 @@ class Scaler:
         return state or ScalerState(), tracked or {}
 
     def _parsed(
-        self, key: str, parse: Callable[[dict[str, str]], T], report: StepReport
+        self, key: str, parse: Callable[[dict[str, str]], T], report: ScalerReport
     ) -> T | None:
         """Read and parse one of the scaler's hashes; quarantine it (None) when corrupt."""
         try:
@@ -321,7 +321,7 @@ class Scaler:
                 log.warning("dry run: %s is corrupt (%s); ignoring it", key, exc.reason)
             return None
 
-    def _live(self, report: StepReport) -> list[LiveWorker]:
+    def _live(self, report: ScalerReport) -> list[LiveWorker]:
         k = self.store.keys
         infos, bad = self.store.workers()
         for key, reason in bad:
@@ -389,7 +389,7 @@ class Scaler:
         to_stop: dict[str, str],
         handles: dict[str, WorkerHandle],
         tracked: dict[str, Tracked],
-        report: StepReport,
+        report: ScalerReport,
     ) -> None:
         assert self.platform is not None
         for wid, why in to_stop.items():
@@ -409,7 +409,7 @@ class Scaler:
         decisions: Sequence[ScaleDecision],
         tracked: dict[str, Tracked],
         now: float,
-        report: StepReport,
+        report: ScalerReport,
     ) -> dict[str, int] | None:
         """Act on (or only publish) the decisions; returns the desired counts to write."""
         for d in decisions:
@@ -434,7 +434,7 @@ class Scaler:
                 log.debug("%s", describe(d))
         return {d.model: d.desired for d in decisions}
 
-    def _launch(self, d: ScaleDecision, report: StepReport) -> None:
+    def _launch(self, d: ScaleDecision, report: ScalerReport) -> None:
         assert self.platform is not None
         launched = []
         for _ in range(d.launch):
@@ -452,7 +452,7 @@ class Scaler:
             self.store.scale_event("scale_up", d.model, d.current, after, d.reasons, launched)
 
     def _drain(
-        self, d: ScaleDecision, tracked: dict[str, Tracked], now: float, report: StepReport
+        self, d: ScaleDecision, tracked: dict[str, Tracked], now: float, report: ScalerReport
     ) -> None:
         drained = []
         for wid in d.drain:
