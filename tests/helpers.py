@@ -42,7 +42,7 @@ class KeepAlive:
 
 
 def queue_key(store: Store, req: InferenceRequest) -> str:
-    return store.keys.queue(req.priority, req.model)
+    return store.keys.queue(req.priority, req.route)
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 20, what: str = "condition") -> None:

@@ -49,6 +49,7 @@ from inferq.client import Client
 from inferq.config import Settings
 from inferq.embedded import EmbeddedRedis
 from inferq.errors import ConfigError
+from inferq.extras import import_extra
 from inferq.reporting import Outcome, class_summary
 from inferq.sim.workload import SimRequest, build_requests
 from inferq.store import Store, connect
@@ -280,8 +281,11 @@ def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[str, Any
 
     Raises:
         ConfigError: bad options, or a component died.
+        MissingExtra: matplotlib (or fakeredis, when it must stand in for redis-server)
+            is not installed: checked before anything starts.
     """
     console = console or Console()
+    import_extra("matplotlib", "demo", "inferq demo")  # the plot comes last: fail first
     base = Settings.load()
     if opts.speedup <= 0:
         raise ConfigError("speedup: must be > 0")
@@ -320,7 +324,7 @@ def _run(
     redis_kind: str,
 ) -> dict[str, Any]:
     store = Store(connect(settings.redis_url), settings)
-    client = Client(settings=settings, connection=store.redis)
+    client = Client(settings=settings, store=store)
     env = child_env(settings)
     procs.start("dispatcher", ["--log-level", "INFO", "dispatcher"], env)
     args = scaler_args(opts, fleet, procs.log_dir)
@@ -544,11 +548,13 @@ def _write(
 
 
 def plot(samples: list[LiveSample], speedup: float, path: Path) -> None:
-    """Queue depth per class, workers per model and slot utilisation over trace time."""
-    import matplotlib
+    """Queue depth per class, workers per model and slot utilisation over trace time.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Raises:
+        MissingExtra: matplotlib is not installed (the ``demo`` extra).
+    """
+    import_extra("matplotlib", "demo", "inferq demo").use("Agg")
+    plt: Any = import_extra("matplotlib.pyplot", "demo", "inferq demo")
 
     t = [s.t * speedup for s in samples]
     fig, axes = plt.subplots(3, 1, figsize=(10, 8), sharex=True)

@@ -22,6 +22,7 @@ from types import TracebackType
 import redis
 
 from inferq.errors import InferqError
+from inferq.extras import import_extra
 
 
 class EmbeddedRedisError(InferqError):
@@ -77,6 +78,8 @@ class EmbeddedRedis(AbstractContextManager["EmbeddedRedis"]):
         self.url = f"redis://127.0.0.1:{port}/0"
 
     def _start_fake(self) -> None:
+        # An optional extra: imported here, refused with one line naming it when missing.
+        import_extra("fakeredis", "demo", "the embedded Redis without redis-server on PATH")
         from fakeredis import TcpFakeServer
         from fakeredis._clients._tcp_server import TCPFakeRequestHandler
 

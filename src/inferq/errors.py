@@ -79,6 +79,19 @@ class RedisUnavailable(InferqError, ConnectionError):
         super().__init__(f"cannot reach Redis at {self.url}: {redact_text(str(cause))}")
 
 
+class MissingExtra(InferqError, ImportError):
+    """A feature needs an optional dependency that is not installed; the message names
+    the extra of ``pyproject.toml`` that brings it (``pip install 'inferq[demo]'``)."""
+
+    def __init__(self, module: str, extra: str, needed_by: str) -> None:
+        self.module = module
+        self.extra = extra
+        super().__init__(
+            f"{needed_by} needs {module}, which is not installed: "
+            f"install inferq[{extra}] (pip install 'inferq[{extra}]')"
+        )
+
+
 class CorruptRecord(InferqError):
     """A record read from Redis does not parse; it is quarantined, never fatal."""
 

@@ -35,7 +35,7 @@ def test_event_observer_fills_histograms_and_sla_counters(store: Store, settings
     ready_worker(store, "w1")
     r = inference_request(settings, priority="realtime")
     store.submit(r)
-    [(rid, attempt)] = store.assign("w1", "b", [(r.id, store.keys.queue("realtime", r.model), 1)])
+    [(rid, attempt)] = store.assign("w1", "b", [(r.id, store.keys.queue("realtime", r.route), 1)])
     store.complete("w1", [Completion(rid, attempt, "succeeded", completion_tokens=3)])
     registry, observer = build_registry(store)
     for event in store.events():

@@ -106,7 +106,7 @@ def test_classifier_fills_in_class_and_route() -> None:
 
 def test_size_route_is_accepted_and_normalised() -> None:
     req = build_request(SETTINGS, prompt="x", model=">= 13B", max_tokens=10)
-    assert req.model == ">=13b"
+    assert req.model == req.route == ">=13b"
 
 
 @hsettings(max_examples=200, deadline=None)

@@ -19,8 +19,10 @@ import click
 from rich.console import Console
 
 from inferq import defaults
+from inferq.cli.common import fail
 from inferq.config import Settings
 from inferq.errors import InferqError
+from inferq.extras import import_extra
 from inferq.sim.capacity import offered_rate, sustainable_rate
 from inferq.sim.deployment import SimConfig
 from inferq.sim.engine import simulate as run_simulation
@@ -109,8 +111,7 @@ def simulate_command(**opts: Any) -> None:
     try:
         _run(opts)
     except (InferqError, ValueError, FileNotFoundError) as exc:
-        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
-        sys.exit(1)
+        fail(str(exc))
 
 
 simulate = simulate_command
@@ -118,6 +119,8 @@ simulate = simulate_command
 
 def _run(opts: dict[str, Any]) -> None:
     settings = _settings(opts["config_path"])
+    if opts["plot_path"]:  # the plot comes last: fail before the runs
+        import_extra("matplotlib", "demo", "inferq simulate --plot")
     if opts["slots"] < 1 or opts["max_workers"] < 1 or opts["vram_mib"] < 1:
         raise ValueError("--slots, --max-workers and --vram-mib must be >= 1")
     fleet = parse_fleet(opts["fleet"], settings.model_by_name, opts["vram_mib"])

@@ -34,6 +34,7 @@ from typing import Any
 from rich.table import Table
 
 from inferq.config import PriorityClass
+from inferq.extras import import_extra
 from inferq.reporting import Outcome, class_summary, jain_index, percentile
 from inferq.sim.result import RequestOutcome, SimResult
 
@@ -314,11 +315,12 @@ def plot(results: Sequence[SimResult], reports: Sequence[Report], path: str | Pa
     """A PNG: SLA attainment and p99 TTFT per class, live workers and queued requests over time.
 
     Uses matplotlib's Agg backend (no display needed).
-    """
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Raises:
+        MissingExtra: matplotlib is not installed (the ``demo`` extra).
+    """
+    import_extra("matplotlib", "demo", "the simulator's plot").use("Agg")
+    plt: Any = import_extra("matplotlib.pyplot", "demo", "the simulator's plot")
 
     fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
     classes = list(results[0].classes) if results else []

@@ -1,8 +1,8 @@
 """What the worker knows of its GPU: name and memory, from NVML or from configuration.
 
-NVML is read through nvidia-ml-py (``import pynvml``), an optional dependency:
-on a host without it, without a driver or without a GPU, the configured
-values stand in. :func:`probe_gpu` never raises for any of those reasons.
+NVML is read through nvidia-ml-py (``import pynvml``), the optional ``gpu`` extra
+(``pip install 'inferq[gpu]'``): on a host without it, without a driver or without
+a GPU, the configured values stand in. :func:`probe_gpu` never raises for any of those reasons.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from inferq import defaults
+from inferq.errors import MissingExtra
 from inferq.scaler.platforms.base import (
     LABEL_MODEL,
     LABEL_NAMESPACE,
@@ -36,9 +37,7 @@ try:
     from docker.errors import DockerException, NotFound
     from docker.types import DeviceRequest
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "the docker scaler platform needs the Docker SDK: pip install 'inferq[docker]'"
-    ) from exc
+    raise MissingExtra("the Docker SDK", "docker", "the docker scaler backend") from exc
 
 
 class DockerPlatform(Platform):

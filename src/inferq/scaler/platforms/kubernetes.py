@@ -67,6 +67,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from inferq import defaults
+from inferq.errors import MissingExtra
 from inferq.scaler.platforms.base import (
     LABEL_MODEL,
     LABEL_NAMESPACE,
@@ -81,9 +82,8 @@ try:
     from kubernetes import config as k8s_config
     from kubernetes.client.exceptions import ApiException
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "the kubernetes scaler platform needs the Kubernetes client: "
-        "pip install 'inferq[kubernetes]'"
+    raise MissingExtra(
+        "the Kubernetes client", "kubernetes", "the kubernetes scaler backend"
     ) from exc
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"

@@ -255,7 +255,7 @@ class OpenAIServer(ModelServer):
             return
         if ids and self.served_model_name not in ids:
             log.warning(
-                "openai model server: server %s lists %s, not %r (set served_model_name)",
+                "openai backend: server %s lists %s, not %r (set served_model_name)",
                 redact_url(self.base_url),
                 ids,
                 self.served_model_name,
