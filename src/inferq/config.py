@@ -95,7 +95,7 @@ class ModelSpec(BaseModel):
     max_context: int = Field(gt=0, description="prompt + output tokens, at most")
     cold_start_s: float = Field(ge=0, description="time to load the model, seconds")
     fallbacks: tuple[str, ...] = ()
-    # Latency profile of the sim backend and the simulator (one model, two users).
+    # Latency profile of the sim model server and the simulator (one model, two users).
     prefill_tps: float = Field(default=8000.0, gt=0, description="prompt tokens/s")
     decode_tps: float = Field(default=60.0, gt=0, description="output tokens/s per sequence")
     batch_efficiency: float = Field(

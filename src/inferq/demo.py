@@ -3,7 +3,7 @@
 What runs (one process tree; everything is stopped on exit, Ctrl-C included):
 
 - an embedded Redis (:mod:`inferq.embedded`);
-- one dispatcher and one scaler (local backend) as subprocesses; the scaler's
+- one dispatcher and one scaler (local platform) as subprocesses; the scaler's
   minimum pools start the initial mixed fleet of simulated workers (8B models on
   24 GiB cards, a 70B model on an 80 GiB card) and adds or drains workers as
   the backlog moves;
@@ -18,7 +18,7 @@ token counts (``defaults.SIM_BATCH_SHARE`` of the requests, arriving
 ``defaults.SIM_BATCH_AT_FRACTION`` into the window, marked ``synthetic``).
 Tenants follow the documented Zipf skew (:func:`inferq.traces.assign_tenants`).
 
-Time is compressed: arrivals, the sim backend's latencies, class SLAs,
+Time is compressed: arrivals, the sim model server's latencies, class SLAs,
 timeouts, batching delays, aging bounds and the scaler's idle time all shrink by
 ``speedup``; reported durations are multiplied back into trace time.
 """
@@ -144,7 +144,7 @@ def compressed(settings: Settings, speedup: float) -> Settings:
     Every duration shrinks by ``speedup`` — class SLAs, timeouts, batching delays,
     aging bounds; model cold starts; the scaler's idle time, cooldowns, interval,
     backlog-drain target and trend constants — and every model's prefill and decode
-    rates grow by it, so the sim backend, the dispatcher and the scaler all live on
+    rates grow by it, so the sim model server, the dispatcher and the scaler all live on
     one consistent compressed clock.
     """
     models = [
@@ -354,7 +354,7 @@ def _run(
 
 
 def scaler_args(opts: DemoOptions, fleet: list[FleetEntry], log_dir: Path) -> list[str]:
-    """Arguments of the demo's ``inferq scaler`` (local backend, compressed times)."""
+    """Arguments of the demo's ``inferq scaler`` (local platform, compressed times)."""
     args = [
         "--backend", "local",
         "--slots", str(DEMO_SLOTS),

@@ -93,7 +93,7 @@ def build_request(
         timeout: seconds until the deadline (> 0); default the class's timeout.
         deadline: absolute epoch seconds instead of ``timeout``.
         idempotency_key: a resubmission with the same key returns the first id.
-        params: sampling parameters passed to the backend (JSON, <= 16 KiB).
+        params: sampling parameters passed to the model server (JSON, <= 16 KiB).
         now: epoch seconds (default: the local clock).
 
     Raises:

@@ -1,6 +1,6 @@
 """The latency model of a simulated model server: one implementation, two users.
 
-The worker's ``sim`` backend sleeps for these durations; the simulator advances
+The worker's ``sim`` model server sleeps for these durations; the simulator advances
 virtual time by them. Prefill is compute-bound (tokens/s over the whole prompt);
 decode is memory-bound, so each extra concurrent sequence slows every sequence
 by a fraction ``1 - batch_efficiency`` of a step:

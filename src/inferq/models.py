@@ -71,7 +71,7 @@ class Payload(BaseModel):
     """What to generate from: a prompt or chat messages, plus generation parameters.
 
     Exactly one of ``prompt`` and ``messages`` is set. ``params`` holds the
-    backend's sampling parameters (temperature, top_p, stop, seed, ...) as JSON.
+    model server's sampling parameters (temperature, top_p, stop, seed, ...) as JSON.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -228,7 +228,7 @@ class Result(BaseModel):
     Attributes:
         status: ``succeeded``, ``failed``, ``expired`` or ``cancelled``.
         output: generated text when succeeded.
-        prompt_tokens / completion_tokens: as counted by the backend.
+        prompt_tokens / completion_tokens: as counted by the model server.
         worker: the worker that produced it (None if it never ran).
         attempt: the attempt (fencing number) that produced it.
         error: the reason for any status but ``succeeded``.

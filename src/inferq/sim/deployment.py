@@ -19,7 +19,7 @@ from inferq.sim.policies import SimPolicy
 from inferq.sim.workload import SimRequest
 
 #: ``(spec, prompt_tokens, output_tokens, concurrency) -> ServiceTime`` of a request:
-#: :func:`inferq.latency.service_time` by default (the sim backend's model).
+#: :func:`inferq.latency.service_time` by default (the sim model server's model).
 LatencyFn = Callable[[ModelSpec, int, int, int], ServiceTime]
 
 

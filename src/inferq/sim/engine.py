@@ -37,7 +37,7 @@ Approximations (documented in ``docs/evaluation.md``):
 - dispatch, RQ hand-off and start take no time; no request fails or is retried;
 - a request's service time is fixed when it starts, with the concurrency
   the worker has then (its running requests including the batch being
-  started, as the worker's engine passes ``in_flight`` to the backend), and
+  started, as the worker's engine passes ``in_flight`` to the model server), and
   does not change when others start or finish later;
 - a request still running at its deadline ends then as ``expired`` (the worker
   times it out); its slot is held until then;

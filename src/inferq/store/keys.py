@@ -3,7 +3,7 @@
 All keys of one deployment share the prefix ``inferq:<namespace>:``, so several
 deployments (or tests) share one Redis without touching each other's data.
 Lua scripts receive the prefix as ARGV and build per-request keys with the
-same templates (spelled once more in ``lua/lib.lua``; a test checks they agree).
+same templates (spelled once more in ``lua/includes/keys.lua``; a test checks they agree).
 
 Layout (P = ``inferq:<namespace>:``):
 

@@ -2,7 +2,8 @@
 
 Scripts are run through :mod:`inferq.store.calls` (their arguments and replies);
 plain reads and writes are spelled here. Methods are grouped by who calls them:
-the client, the dispatcher, the worker, the scaler, and the CLI and metrics.
+the client, the dispatcher, the worker and the scaler here; the CLI's and the
+metrics' reads in :class:`~inferq.store.admin.AdminCalls`, which it extends.
 """
 
 from __future__ import annotations
@@ -14,20 +15,19 @@ from typing import Any, Literal
 from inferq import defaults
 from inferq.config import Settings
 from inferq.errors import CorruptRecord, QueueFull, RequestNotFound
-from inferq.models import Event, InferenceRequest, RequestRecord, WorkerInfo, from_ms
+from inferq.models import InferenceRequest, RequestRecord, WorkerInfo
 from inferq.policy.estimate import update_moving_mean
 from inferq.policy.snapshot import Decision
 from inferq.store import calls, repair
-from inferq.store.calls import Call, Completion, Submitted
-from inferq.store.connection import REPLY_ERRORS, Connection, connect
-from inferq.store.keys import Keys
-from inferq.store.scripts import SCRIPTS, script_source
+from inferq.store.admin import AdminCalls
+from inferq.store.calls import Completion, Submitted
+from inferq.store.connection import REPLY_ERRORS, connect
 from inferq.store.snapshot import DispatchView, read_dispatch_view
 
 log = logging.getLogger("inferq.store")
 
 
-class Store:
+class Store(AdminCalls):
     """Synchronous access to one deployment's keys (``inferq:<namespace>:*``).
 
     Args:
@@ -35,29 +35,10 @@ class Store:
         settings: limits, TTLs and the namespace.
     """
 
-    def __init__(self, client: Connection, settings: Settings) -> None:
-        # Typed Any: with decode_responses=True every reply is str, which redis-py's
-        # stubs (bytes | str for every call) cannot express.
-        self.redis: Any = client
-        self.settings = settings
-        self.keys = Keys(settings.namespace)
-        self._scripts = {name: client.register_script(script_source(name)) for name in SCRIPTS}
-
     @classmethod
     def from_settings(cls, settings: Settings) -> Store:
         """Connect to ``settings.redis_url`` and wrap it (raises RedisUnavailable)."""
         return cls(connect(settings.redis_url), settings)
-
-    def close(self) -> None:
-        """Close the connection pool."""
-        self.redis.close()
-
-    def _call(self, call: Call, client: Any = None) -> Any:
-        return self._scripts[call.script](keys=call.keys, args=call.args, client=client)
-
-    def now(self) -> float:
-        """Redis server time, epoch seconds (the one clock every script uses)."""
-        return calls.redis_time(self.redis.time())
 
     # --- client side ----------------------------------------------------------
 
@@ -310,7 +291,7 @@ class Store:
     ) -> list[str]:
         """Send (request id, attempt or None, worker or '', error) back to their queues.
 
-        ``penalize`` counts the attempt towards ``max_attempts`` (a backend error);
+        ``penalize`` counts the attempt towards ``max_attempts`` (a model server error);
         a drain hand-back passes False. Returns 'queued'/'expired'/'dead'/'stale' each.
         """
         call = calls.requeue_call(self.keys, self.settings, items, penalize=penalize)
@@ -487,90 +468,3 @@ class Store:
             maxlen=self.settings.events_maxlen,
             approximate=True,
         )
-
-    # --- inspection and admin (CLI, metrics) ----------------------------------------
-
-    def queue_depths(self) -> list[tuple[str, str, int, float | None]]:
-        """(class, route, queued, oldest wait in seconds or None) for every queue."""
-        names = sorted(n for n in self.redis.smembers(self.keys.queues) if "|" in n)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.time()
-        for name in names:
-            qk = self.keys.queue(*name.split("|", 1))
-            pipe.zcard(qk)
-            pipe.zrange(qk, 0, 0, withscores=True)
-        time_reply, *replies = pipe.execute()
-        now = calls.redis_time(time_reply)
-        out: list[tuple[str, str, int, float | None]] = []
-        for i, name in enumerate(names):
-            cls, route = name.split("|", 1)
-            depth, head = int(replies[2 * i]), replies[2 * i + 1]
-            oldest = max(0.0, now - from_ms(head[0][1])) if head else None
-            out.append((cls, route, depth, oldest))
-        return out
-
-    def event_rates(self, window_s: float = 60.0, cap: int = 20_000) -> dict[str, float]:
-        """Events per second by type over the last ``window_s`` seconds (at most ``cap`` read)."""
-        start = round((self.now() - window_s) * 1000)
-        entries = self.redis.xrange(self.keys.events, min=f"{start}-0", count=cap)
-        counts: dict[str, int] = {}
-        for _, fields in entries:
-            etype = fields.get("type", "?")
-            n = int(fields.get("n", 1)) if etype == "dispatch" else 1
-            counts[etype] = counts.get(etype, 0) + n
-        return {etype: n / window_s for etype, n in counts.items()}
-
-    def events(self, count: int = 100, after: str = "-") -> list[Event]:
-        """Oldest-first events after stream id ``after`` ('-' = from the start of the cap)."""
-        start = after if after == "-" else f"({after}"
-        entries = self.redis.xrange(self.keys.events, min=start, count=count)
-        return [calls.parse_event(eid, fields) for eid, fields in entries]
-
-    def recent_events(self, count: int = 20) -> list[Event]:
-        """The newest ``count`` events, oldest first."""
-        entries = self.redis.xrevrange(self.keys.events, count=count)
-        return [calls.parse_event(eid, fields) for eid, fields in reversed(entries)]
-
-    def tail_events(
-        self, after: str, count: int = 1000, block_s: float = 1.0
-    ) -> list[tuple[str, dict[str, str]]]:
-        """Raw (stream id, fields) of the events after ``after`` (``$``: only new ones),
-        blocking up to ``block_s`` for the first (XREAD)."""
-        reply = self.redis.xread(
-            {self.keys.events: after}, count=count, block=round(block_s * 1000)
-        )
-        return [(eid, fields) for _, entries in reply or [] for eid, fields in entries]
-
-    def stats(self) -> dict[str, int]:
-        """Lifetime counters: submitted, dispatched, succeeded, failed, expired, ..."""
-        return {k: int(v) for k, v in self.redis.hgetall(self.keys.stats).items()}
-
-    def queued_counts(self) -> dict[str, int]:
-        """Raw queued counters (``c:<class>`` and ``t:<class>:<tenant>`` fields)."""
-        return {k: int(v) for k, v in self.redis.hgetall(self.keys.counts).items()}
-
-    def quarantined(self) -> dict[str, str]:
-        """Quarantined keys and why."""
-        return dict(self.redis.hgetall(self.keys.quarantine))
-
-    def dead_letters(self, limit: int = 100) -> list[str]:
-        """Ids in the dead letter, oldest first."""
-        return list(self.redis.zrange(self.keys.dead, 0, limit - 1))
-
-    def requeue_dead(self, request_id: str) -> bool:
-        """Requeue a dead-lettered request with a fresh attempt budget and deadline."""
-        call = calls.dead_requeue_call(self.keys, self.settings, request_id)
-        return calls.parse_dead_requeue(self._call(call))
-
-    def purge(self) -> int:
-        """Delete every key of this namespace; returns how many. Irreversible."""
-        deleted = 0
-        batch: list[str] = []
-        for key in self.redis.scan_iter(match=self.keys.pattern(), count=1000):
-            batch.append(key)
-            if len(batch) >= 500:
-                deleted += int(self.redis.unlink(*batch))
-                batch.clear()
-        if batch:
-            deleted += int(self.redis.unlink(*batch))
-        return deleted

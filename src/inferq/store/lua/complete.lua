@@ -3,7 +3,7 @@
 --       then 8-tuples: id, attempt, status ('succeeded'|'failed'|'expired'), output,
 --       prompt_tokens, completion_tokens, first_token_ms ('' if unknown), error
 -- Events: finish/fail/expire with class, tenant, queue_ms, e2e_ms, ttft_ms (finish time
--- when the backend reports no first token), output and prompt tokens, so
+-- when the model server reports no first token), output and prompt tokens, so
 -- metrics and reports need not read the request hashes.
 -- Returns one verdict per tuple: 'ok' or 'stale' (not the attempt that holds the request:
 -- ignored, so a late result from a re-dispatched attempt never overwrites the real one).

@@ -2,7 +2,7 @@
 -- ARGV: 1 prefix, 2 max_attempts, 3 result ttl s, 4 events maxlen, 5 limit
 -- Returns a flat list {id, verdict, ...}.
 -- Invariant: no assigned or running request stays held by a worker that stopped beating
--- for longer than one lease; the requeue is fenced (see requeue_one in lib.lua).
+-- for longer than one lease; the requeue is fenced (see requeue_one in includes/requeue.lua).
 -- include: clock, keys, requeue
 local p, max_attempts, ttl, maxlen = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local now = now_ms()

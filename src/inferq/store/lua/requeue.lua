@@ -1,5 +1,5 @@
 -- requeue: send assigned/running requests back to their queue after a failed or abandoned
--- attempt (backend error, drain hand-back, lost worker, lapsed lease).
+-- attempt (model server error, drain hand-back, lost worker, lapsed lease).
 -- ARGV: 1 prefix, 2 max_attempts, 3 result ttl s, 4 events maxlen, 5 penalize ('1'|'0'),
 --       then 4-tuples: id, attempt ('' = whatever holds it), worker ('' = any), error
 -- Returns one verdict per tuple: 'queued', 'expired', 'dead' or 'stale'.

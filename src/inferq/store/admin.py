@@ -1,0 +1,100 @@
+"""The store's inspection and admin calls: what the CLI, the metrics and operators read.
+
+Queue depths and waits, event rates and the events stream, lifetime counters, the
+quarantine, the dead letter, purging a namespace. Part of :class:`~inferq.store.Store`.
+"""
+
+from __future__ import annotations
+
+from inferq.models import Event, from_ms
+from inferq.store import calls
+from inferq.store.base import StoreBase
+
+
+class AdminCalls(StoreBase):
+    """Reads for people and dashboards, and the two admin writes (dead-letter requeue, purge)."""
+
+    def queue_depths(self) -> list[tuple[str, str, int, float | None]]:
+        """(class, route, queued, oldest wait in seconds or None) for every queue."""
+        names = sorted(n for n in self.redis.smembers(self.keys.queues) if "|" in n)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.time()
+        for name in names:
+            qk = self.keys.queue(*name.split("|", 1))
+            pipe.zcard(qk)
+            pipe.zrange(qk, 0, 0, withscores=True)
+        time_reply, *replies = pipe.execute()
+        now = calls.redis_time(time_reply)
+        out: list[tuple[str, str, int, float | None]] = []
+        for i, name in enumerate(names):
+            cls, route = name.split("|", 1)
+            depth, head = int(replies[2 * i]), replies[2 * i + 1]
+            oldest = max(0.0, now - from_ms(head[0][1])) if head else None
+            out.append((cls, route, depth, oldest))
+        return out
+
+    def event_rates(self, window_s: float = 60.0, cap: int = 20_000) -> dict[str, float]:
+        """Events per second by type over the last ``window_s`` seconds (at most ``cap`` read)."""
+        start = round((self.now() - window_s) * 1000)
+        entries = self.redis.xrange(self.keys.events, min=f"{start}-0", count=cap)
+        counts: dict[str, int] = {}
+        for _, fields in entries:
+            etype = fields.get("type", "?")
+            n = int(fields.get("n", 1)) if etype == "dispatch" else 1
+            counts[etype] = counts.get(etype, 0) + n
+        return {etype: n / window_s for etype, n in counts.items()}
+
+    def events(self, count: int = 100, after: str = "-") -> list[Event]:
+        """Oldest-first events after stream id ``after`` ('-' = from the start of the cap)."""
+        start = after if after == "-" else f"({after}"
+        entries = self.redis.xrange(self.keys.events, min=start, count=count)
+        return [calls.parse_event(eid, fields) for eid, fields in entries]
+
+    def recent_events(self, count: int = 20) -> list[Event]:
+        """The newest ``count`` events, oldest first."""
+        entries = self.redis.xrevrange(self.keys.events, count=count)
+        return [calls.parse_event(eid, fields) for eid, fields in reversed(entries)]
+
+    def tail_events(
+        self, after: str, count: int = 1000, block_s: float = 1.0
+    ) -> list[tuple[str, dict[str, str]]]:
+        """Raw (stream id, fields) of the events after ``after`` (``$``: only new ones),
+        blocking up to ``block_s`` for the first (XREAD)."""
+        reply = self.redis.xread(
+            {self.keys.events: after}, count=count, block=round(block_s * 1000)
+        )
+        return [(eid, fields) for _, entries in reply or [] for eid, fields in entries]
+
+    def stats(self) -> dict[str, int]:
+        """Lifetime counters: submitted, dispatched, succeeded, failed, expired, ..."""
+        return {k: int(v) for k, v in self.redis.hgetall(self.keys.stats).items()}
+
+    def queued_counts(self) -> dict[str, int]:
+        """Raw queued counters (``c:<class>`` and ``t:<class>:<tenant>`` fields)."""
+        return {k: int(v) for k, v in self.redis.hgetall(self.keys.counts).items()}
+
+    def quarantined(self) -> dict[str, str]:
+        """Quarantined keys and why."""
+        return dict(self.redis.hgetall(self.keys.quarantine))
+
+    def dead_letters(self, limit: int = 100) -> list[str]:
+        """Ids in the dead letter, oldest first."""
+        return list(self.redis.zrange(self.keys.dead, 0, limit - 1))
+
+    def requeue_dead(self, request_id: str) -> bool:
+        """Requeue a dead-lettered request with a fresh attempt budget and deadline."""
+        call = calls.dead_requeue_call(self.keys, self.settings, request_id)
+        return calls.parse_dead_requeue(self._call(call))
+
+    def purge(self) -> int:
+        """Delete every key of this namespace; returns how many. Irreversible."""
+        deleted = 0
+        batch: list[str] = []
+        for key in self.redis.scan_iter(match=self.keys.pattern(), count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                deleted += int(self.redis.unlink(*batch))
+                batch.clear()
+        if batch:
+            deleted += int(self.redis.unlink(*batch))
+        return deleted
