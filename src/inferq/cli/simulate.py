@@ -17,19 +17,22 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.table import Table
 
 from inferq import defaults
 from inferq.cli.common import fail
 from inferq.config import Settings
-from inferq.errors import InferqError
+from inferq.errors import ConfigError, InferqError
 from inferq.extras import import_extra
 from inferq.sim.capacity import offered_rate, sustainable_rate
+from inferq.sim.catalog import build_scenario, scenario_names
 from inferq.sim.deployment import SimConfig
 from inferq.sim.engine import simulate as run_simulation
 from inferq.sim.fleet import parse_fleet
 from inferq.sim.policies import POLICIES
 from inferq.sim.report import markdown, plot, summarize, tables, write_json
 from inferq.sim.result import SimResult
+from inferq.sim.scenarios import ScenarioContext
 from inferq.sim.workload import SimRequest, TraceSource, assemble, scale_requests
 
 #: Wide enough for the tables when the output is a pipe or a file (rich assumes 80).
@@ -57,6 +60,13 @@ def _settings(config_path: str | None) -> Settings:
     metavar="NAME|PATH[=CLASS]",
     help="conv, code or a trace file, optionally =class (repeatable). "
     "Default: conv=realtime, code=standard and a synthetic batch job.",
+)
+@click.option(
+    "--scenario",
+    metavar="NAME[:ARG...]",
+    help="A named workload instead of the traces (it may bring its own fleet): "
+    + ", ".join(scenario_names())
+    + ".",
 )
 @click.option("--duration", type=float, help="Seconds of each trace to replay (from its start).")
 @click.option("--rate-scale", type=float, default=1.0, show_default=True, help="Arrival rate x.")
@@ -123,8 +133,11 @@ def _run(opts: dict[str, Any]) -> None:
         import_extra("matplotlib", "demo", "inferq simulate --plot")
     if opts["slots"] < 1 or opts["max_workers"] < 1 or opts["vram_mib"] < 1:
         raise ValueError("--slots, --max-workers and --vram-mib must be >= 1")
-    fleet = parse_fleet(opts["fleet"], settings.model_by_name, opts["vram_mib"])
-    requests, meta = _workload(opts, settings, fleet)
+    if opts["scenario"]:
+        requests, fleet, meta = _scenario(opts, settings)
+    else:
+        fleet = parse_fleet(opts["fleet"], settings.model_by_name, opts["vram_mib"])
+        requests, meta = _workload(opts, settings, fleet)
     config = SimConfig(
         settings=settings,
         fleet=fleet,
@@ -140,7 +153,9 @@ def _run(opts: dict[str, Any]) -> None:
         policy = POLICIES[name]
         result = run_simulation(requests, policy, config)
         results.append(result)
-        reports.append(summarize(result, settings.classes, policy.summary))
+        reports.append(
+            summarize(result, settings.classes, policy.summary, meta.get("watch_tenants", ()))
+        )
         err_console.print(f"{name}: {result.stats.wall_s:.1f} s wall", highlight=False)
     _print(meta, reports)
     if opts["json_path"]:
@@ -149,6 +164,45 @@ def _run(opts: dict[str, Any]) -> None:
         plot(results, reports, opts["plot_path"])
     if opts["md_path"]:
         Path(opts["md_path"]).write_text(markdown(reports), encoding="utf-8")
+
+
+def _scenario(
+    opts: dict[str, Any], settings: Settings
+) -> tuple[list[SimRequest], dict[str, int], dict[str, Any]]:
+    """A ``--scenario`` workload: its requests, its fleet, and a description.
+
+    The scenario's own fleet, slots, card and scaler bound replace the options'
+    (which are left at their defaults for it); ``--load`` and ``--rate-scale``
+    still scale its arrivals.
+
+    Raises:
+        ConfigError: unknown scenario or malformed arguments; ``--trace`` given too.
+    """
+    if opts["traces"]:
+        raise ConfigError(
+            "scenario: --scenario and --trace are exclusive (a scenario is a workload)"
+        )
+    context = ScenarioContext(
+        settings=settings, seed=opts["seed"], duration_s=opts["duration"], tenants=opts["tenants"]
+    )
+    found, workload = build_scenario(opts["scenario"], context)
+    for name in ("slots", "vram_mib", "max_workers"):
+        value = getattr(workload, name)
+        if value is not None:
+            opts[name] = value
+    fleet = (
+        dict(workload.fleet)
+        if workload.fleet is not None
+        else parse_fleet(opts["fleet"], settings.model_by_name, opts["vram_mib"])
+    )
+    requests, meta = _scaled(opts, settings, fleet, list(workload.requests))
+    meta.update(
+        scenario=opts["scenario"],
+        scenario_summary=found.summary,
+        note=workload.note,
+        watch_tenants=list(workload.watch_tenants),
+    )
+    return requests, fleet, meta
 
 
 def _workload(
@@ -171,6 +225,15 @@ def _workload(
     )
     if not requests:
         raise ValueError("the workload is empty (check --trace and --duration)")
+    requests, meta = _scaled(opts, settings, fleet, requests)
+    meta["traces"] = [f"{s.name}={s.priority or 'own'}" for s in sources]
+    return requests, meta
+
+
+def _scaled(
+    opts: dict[str, Any], settings: Settings, fleet: dict[str, int], requests: list[SimRequest]
+) -> tuple[list[SimRequest], dict[str, Any]]:
+    """``requests`` scaled by ``--rate-scale`` or ``--load``, and the run's description."""
     scale = opts["rate_scale"]
     sustainable = sustainable_rate(requests, settings, fleet, opts["slots"])
     offered = offered_rate(requests)
@@ -181,7 +244,6 @@ def _workload(
     if scale != 1.0:
         requests = scale_requests(requests, scale)
     meta = {
-        "traces": [f"{s.name}={s.priority or 'own'}" for s in sources],
         "requests": len(requests),
         "by_class": _count_by(requests, "priority"),
         "synthetic": sum(1 for r in requests if r.source == "synthetic"),
@@ -210,6 +272,8 @@ def _count_by(requests: Sequence[SimRequest], attr: str) -> dict[str, int]:
 
 def _print(meta: dict[str, Any], reports: Sequence[dict[str, Any]]) -> None:
     load = meta["offered_load"]
+    if meta.get("scenario"):
+        console.print(f"scenario {meta['scenario']}: {meta['note']}", highlight=False)
     console.print(
         f"workload: {meta['requests']} requests {meta['by_class']} over {meta['span_s']:.0f} s, "
         f"rate x{meta['rate_scale']:.3g} = {meta['offered_rate_per_s']:.2f} req/s; fleet "
@@ -219,3 +283,30 @@ def _print(meta: dict[str, Any], reports: Sequence[dict[str, Any]]) -> None:
     )
     for table in tables(reports):
         console.print(table)
+    watched = meta.get("watch_tenants") or []
+    if watched:
+        console.print(_tenant_table(reports, watched))
+
+
+def _tenant_table(reports: Sequence[dict[str, Any]], tenants: Sequence[str]) -> Table:
+    """The watched tenants of a scenario, one row per policy and tenant (seconds)."""
+    table = Table(title="Watched tenants")
+    for col in ("policy", "tenant", "requests", "succeeded", "SLA met", "max wait", "max TTFT"):
+        table.add_column(col, justify="left" if col in ("policy", "tenant") else "right")
+    for report in reports:
+        for tenant in tenants:
+            t = report["tenants"][tenant]
+            table.add_row(
+                report["policy"],
+                tenant,
+                str(t["requests"]),
+                str(t["succeeded"]),
+                str(t["sla_met"]),
+                _seconds(t["queue_wait_max_s"]),
+                _seconds(t["ttft_max_s"]),
+            )
+    return table
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"

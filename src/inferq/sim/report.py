@@ -54,18 +54,25 @@ def _reporting_outcome(o: RequestOutcome) -> Outcome:
     )
 
 
-def summarize(result: SimResult, classes: Sequence[PriorityClass], summary: str = "") -> Report:
+def summarize(
+    result: SimResult,
+    classes: Sequence[PriorityClass],
+    summary: str = "",
+    watch_tenants: Sequence[str] = (),
+) -> Report:
     """The run's metrics as a JSON-ready dict (definitions in the module docstring).
 
     Args:
         result: the run.
         classes: the priority classes (SLAs), highest first.
         summary: one line describing the policy.
+        watch_tenants: tenants reported on their own (a scenario's verdict), under
+            ``"tenants"``.
 
     Returns:
         ``{"policy", "summary", "requests", "duration_s", "classes": {class: {...}},
         "overall": {...}, "fleet": {...}, "scaling": {...}, "fairness": {...},
-        "run": {...}}``; durations in seconds, shares in 0..1.
+        "tenants": {tenant: {...}}, "run": {...}}``; durations in seconds, shares in 0..1.
     """
     sla = {c.name: c.sla_s for c in classes}
     outcomes = [_reporting_outcome(o) for o in result.outcomes]
@@ -84,6 +91,7 @@ def summarize(result: SimResult, classes: Sequence[PriorityClass], summary: str 
         "fleet": _fleet(result),
         "scaling": _scaling(result),
         "fairness": _fairness(result.outcomes, sla),
+        "tenants": {t: _tenant(result.outcomes, t, sla) for t in watch_tenants},
         "run": {
             "wall_s": result.stats.wall_s,
             "decisions": result.stats.decisions,
@@ -103,6 +111,23 @@ def _extras(rows: Sequence[RequestOutcome], sla_s: float | None) -> dict[str, An
     out["starved"] = sum(1 for o in rows if o.status == "expired" and o.dispatched_at is None)
     out["unschedulable"] = sum(1 for o in rows if o.unschedulable is not None)
     return out
+
+
+def _tenant(
+    rows: Sequence[RequestOutcome], tenant: str, sla: Mapping[str, float]
+) -> dict[str, Any]:
+    """One watched tenant: its requests, how many succeeded and met their class's SLA,
+    and its longest queue wait and time to first token (seconds; None when none)."""
+    mine = [o for o in rows if o.request.tenant == tenant]
+    waits = [v for o in mine if (v := o.queue_wait_s) is not None]
+    ttfts = [v for o in mine if (v := o.ttft_s) is not None]
+    return {
+        "requests": len(mine),
+        "succeeded": sum(1 for o in mine if o.status == "succeeded"),
+        "sla_met": sum(1 for o in mine if _met(o, sla)),
+        "queue_wait_max_s": max(waits, default=None),
+        "ttft_max_s": max(ttfts, default=None),
+    }
 
 
 def _met(o: RequestOutcome, sla: Mapping[str, float]) -> bool:
