@@ -8,6 +8,11 @@ Signals:
   accepted), finish what runs, leave the fleet, exit 0;
 - a second one: hand every in-flight request back to its queue at once, exit 1.
 
+With ``--stay-after-drain`` a drain asked through Redis (the scaler, ``inferq
+drain``) still leaves the fleet, but the process then waits for SIGTERM and exits
+0: under Kubernetes an exited container is restarted in place and would register
+again, so the worker waits for the scaler to remove its pod.
+
 A crashed worker loses nothing: its heartbeat lapses and the dispatcher's
 reaper requeues its requests and empties its RQ queue.
 """
@@ -19,6 +24,7 @@ import os
 import re
 import signal
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from types import FrameType
@@ -159,6 +165,7 @@ class WorkerOptions:
     worker_id: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
+    stay_after_drain: bool = False
 
 
 def build_engine(settings: Settings, opts: WorkerOptions, store: Store | None = None) -> Engine:
@@ -214,6 +221,15 @@ def run_worker(settings: Settings, opts: WorkerOptions) -> int:
         default_result_ttl=60,
     )
     rq_worker.engine = engine
+    asked = threading.Event()  # the drain came through Redis, not from a signal
+    if opts.stay_after_drain:
+        signal_self = engine.on_drain_requested
+
+        def on_drain_requested() -> None:
+            asked.set()
+            signal_self()
+
+        engine.on_drain_requested = on_drain_requested
     batch.bind(engine)
     try:
         engine.start()
@@ -222,6 +238,18 @@ def run_worker(settings: Settings, opts: WorkerOptions) -> int:
         rq_worker.accept_claimed()
         engine.stop()
         purge_worker_queue(rq, engine.store.keys, wid)  # batches that arrived while draining
+        if asked.is_set():
+            _wait_for_signal(wid)
         return 0
     finally:
         batch.bind(None)
+
+
+def _wait_for_signal(worker_id: str) -> None:
+    """After a drain asked through Redis: wait, out of the fleet, for SIGTERM or SIGINT."""
+    done = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: done.set())
+    log.info("worker %s left the fleet; waiting for SIGTERM (--stay-after-drain)", worker_id)
+    while not done.wait(0.5):  # a timeout keeps the main thread's signal handling prompt
+        pass
