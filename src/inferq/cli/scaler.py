@@ -134,21 +134,31 @@ def scaling_settings(base: ScalingSettings, options: dict[str, Any]) -> ScalingS
 @click.option("--up-cooldown-s", type=float, help="Seconds between a scale action and an up [15].")
 @click.option("--down-cooldown-s", type=float, help="Seconds between an action and a down [60].")
 @click.option("--replica-id", help="This replica's lease id [host-pid-random].")
-@click.option("--worker-backend", default="sim", show_default=True, help="local: model backend.")
-@click.option("--slots", type=int, default=8, show_default=True, help="local: worker slots.")
+@click.option(
+    "--worker-backend", default="sim", show_default=True, help="local, docker: model backend."
+)
+@click.option("--slots", type=int, default=8, show_default=True, help="local, docker: slots.")
 @click.option(
     "--vram-mib",
     multiple=True,
     metavar="MIB|MODEL=MIB",
-    help="local: card VRAM, MiB (without NVML); MODEL=MIB per model (repeat).",
+    help="local, docker: card VRAM, MiB (without NVML); MODEL=MIB per model (repeat).",
 )
 @click.option(
-    "--worker-option", "-o", multiple=True, metavar="KEY=VALUE", help="local: worker -o (repeat)."
+    "--worker-option",
+    "-o",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="local, docker: worker -o (repeat).",
 )
 @click.option("--log-dir", type=click.Path(file_okay=False), help="local: worker log directory.")
 @click.option("--docker-image", "--image", "image", help="docker: the worker image.")
 @click.option("--docker-url", help="docker: daemon URL [DOCKER_HOST].")
-@click.option("--docker-network", help="docker: network of the worker containers.")
+@click.option(
+    "--docker-network",
+    envvar="INFERQ_DOCKER_NETWORK",
+    help="docker: network of the worker containers (compose: its network, where redis resolves).",
+)
 @click.option("--docker-gpus", type=int, default=0, show_default=True, help="docker: GPUs each.")
 @click.option("--k8s-namespace", default="default", show_default=True, help="kubernetes.")
 @click.option("--k8s-host", help="kubernetes: API server URL [in-cluster or kubeconfig].")
@@ -204,8 +214,8 @@ def _backend(obj: _Obj, store: Store, options: dict[str, Any]) -> Any:
     settings = obj.settings
     name = options["backend"]
     cls: Any = backend_class(name)
+    root = click.get_current_context().find_root().params
     if name == "local":
-        root = click.get_current_context().find_root().params
         return cls(
             redis_url=settings.redis_url,
             namespace=settings.namespace,
@@ -221,6 +231,12 @@ def _backend(obj: _Obj, store: Store, options: dict[str, Any]) -> Any:
     if name == "docker":
         if not options["image"]:
             raise click.UsageError("--backend docker needs --docker-image")
+        from inferq.scaler.backends.base import WORKER_ARGS
+
+        args = ["--backend", options["worker_backend"], "--slots", str(options["slots"])]
+        args += ["--heartbeat-interval", repr(settings.heartbeat_interval_s)]
+        for key, value in _pairs(options["worker_option"]).items():
+            args += ["-o", f"{key}={value}"]
         return cls(
             image=options["image"],
             redis_url=settings.redis_url,
@@ -228,6 +244,9 @@ def _backend(obj: _Obj, store: Store, options: dict[str, Any]) -> Any:
             base_url=options["docker_url"],
             gpus_per_worker=options["docker_gpus"],
             network=options["docker_network"],
+            command=("--log-level", str(root.get("log_level") or "WARNING"), *WORKER_ARGS),
+            extra_args=args,
+            vram_mib=parse_vram(options["vram_mib"]),
         )
     return cls(
         namespace=settings.namespace,
