@@ -142,7 +142,10 @@ def test_idle_time_is_kept_in_redis_so_another_replica_continues_it(store: Store
     ready_worker(store, "w1")
     ready_worker(store, "w2")
     slow = config(idle_s=3600.0)
-    a = make(store, RecordingPlatform(), config=slow, replica_id="a")
+    platform = RecordingPlatform()
+    for wid in ("w1", "w2"):  # both launched by the scaler
+        platform.running[wid] = WorkerHandle(wid, MODEL, f"ref-{wid}")
+    a = make(store, platform, config=slow, replica_id="a")
     assert a.step().drained == []  # idle for 0 s only
     tracked = store.scaler_hash(store.keys.scaler_workers)
     assert set(tracked) == {"w1", "w2"}
@@ -150,7 +153,7 @@ def test_idle_time_is_kept_in_redis_so_another_replica_continues_it(store: Store
     old = {w: Tracked(MODEL, last_busy_at=1.0, seen_live=True) for w in tracked}
     store.redis.hset(store.keys.scaler_workers, mapping={w: t.to_json() for w, t in old.items()})
     a.close()
-    b = make(store, RecordingPlatform(), config=slow, replica_id="b")
+    b = make(store, platform, config=slow, replica_id="b")
     assert b.step().drained == ["w1"]  # longest idle first, ties by id
 
 

@@ -35,18 +35,29 @@ def backend(s: DockerStandIn, **kw: object) -> DockerPlatform:
 def test_launch_runs_a_labelled_gpu_container_with_the_worker_command(
     standin: DockerStandIn,
 ) -> None:
-    b = backend(standin, gpus_per_worker=2, network="inferq-net", extra_args=["--slots", "8"])
+    b = backend(
+        standin,
+        gpus_per_worker=2,
+        network="inferq-net",
+        extra_args=["--slots", "8"],
+        vram_mib={MODEL: 24576},
+    )
     handle = b.launch(MODEL, "w-1")
 
     [create] = standin.calls("POST", "/containers/create")
     body = create.body
     assert create.query["name"] == ["inferq-prod-w-1"]
     assert body["Image"] == "inferq:test"
-    assert body["Cmd"] == ["inferq", "worker", "--model", MODEL, "--id", "w-1", "--slots", "8"]
+    # Only the arguments: the image's ENTRYPOINT is inferq (tests/redis/test_deploy_commands.py).
+    assert body["Cmd"] == [
+        *("worker", "--model", MODEL, "--id", "w-1"),
+        *("--vram-mib", "24576", "--slots", "8"),
+    ]
     assert body["Labels"] == {
         "inferq.model": MODEL,
         "inferq.worker": "w-1",
         "inferq.namespace": "prod",
+        "inferq.managed-by": "scaler",
     }
     assert sorted(body["Env"]) == ["INFERQ_NAMESPACE=prod", "INFERQ_REDIS_URL=redis://redis:6379/0"]
     [gpu] = body["HostConfig"]["DeviceRequests"]
@@ -89,6 +100,7 @@ def test_list_finds_this_namespaces_workers_by_label(standin: DockerStandIn) -> 
     assert other_ns.list(MODEL)[0].worker_id == "x"
     filters = standin.calls("GET", "/containers/json")[1].query["filters"][0]
     assert "inferq.namespace=prod" in filters and f"inferq.model={MODEL}" in filters
+    assert "inferq.managed-by=scaler" in filters
 
 
 def test_stop_stops_then_removes_and_a_gone_container_is_fine(standin: DockerStandIn) -> None:

@@ -13,7 +13,7 @@ from tests.fakes.standin_kubernetes import Deployment, K8sStandIn
 
 MODEL = "llama-3.1-8b"
 DEPLOY = "inferq-worker-llama-3-1-8b"
-LABELS = {"inferq.model": MODEL, "inferq.namespace": "prod"}
+LABELS = {"inferq.model": MODEL, "inferq.namespace": "prod", "inferq.managed-by": "scaler"}
 SCALE = f"/apis/apps/v1/namespaces/default/deployments/{DEPLOY}/scale"
 POD = "/api/v1/namespaces/default/pods/{}"
 
@@ -150,6 +150,9 @@ def test_a_missing_or_foreign_deployment_is_a_clear_error(standin: K8sStandIn) -
     standin.add_deployment(DEPLOY, {"inferq.model": "other", "inferq.namespace": "prod"})
     with pytest.raises(PlatformError, match=r"not the pods of model 'llama-3\.1-8b'"):
         b.launch(MODEL, "w")
+    standin.add_deployment(DEPLOY, {"inferq.model": MODEL, "inferq.namespace": "prod"})
+    with pytest.raises(PlatformError, match=r"inferq\.managed-by=scaler"):
+        b.launch(MODEL, "w")  # not handed to the scaler: it must not scale it
     assert not standin.calls("PATCH", SCALE)
 
 
@@ -162,14 +165,16 @@ def test_a_mapped_deployment_is_scaled_instead(standin: K8sStandIn) -> None:
 def test_list_selects_this_namespace_and_model(standin: K8sStandIn) -> None:
     mine = ready_fleet(standin, 1)
     other = standin.add_deployment(
-        "inferq-worker-llama-2-13b", {"inferq.model": "llama-2-13b", "inferq.namespace": "prod"}, 1
+        "inferq-worker-llama-2-13b", {**LABELS, "inferq.model": "llama-2-13b"}, 1
     )
-    standin.add_deployment("staging-8b", {"inferq.model": MODEL, "inferq.namespace": "staging"}, 1)
+    standin.add_deployment("staging-8b", {**LABELS, "inferq.namespace": "staging"}, 1)
+    # A worker Deployment the scaler does not manage (a static pool): never listed.
+    standin.add_deployment("static-8b", {"inferq.model": MODEL, "inferq.namespace": "prod"}, 1)
     b = backend(standin)
     assert [w.worker_id for w in b.list(MODEL)] == standin.active(mine)
     assert [w.worker_id for w in b.list()] == sorted(standin.active(mine) + standin.active(other))
     assert standin.calls("GET", "/api/v1/namespaces/default/pods")[0].query["labelSelector"] == [
-        f"inferq.namespace=prod,inferq.model={MODEL}"
+        f"inferq.namespace=prod,inferq.managed-by=scaler,inferq.model={MODEL}"
     ]
     with pytest.raises(PlatformError, match="not a valid label value"):
         b.list("model-ending-with-dot.")

@@ -333,6 +333,12 @@ def dispatcher(obj: Context, tick: float, metrics_port: int | None) -> None:
 @click.option("--id", "worker_id", help="Worker id (default host-pid).")
 @click.option("--label", multiple=True, metavar="KEY=VALUE", help="Label (repeat).")
 @click.option("--heartbeat-interval", default=1.0, show_default=True, help="Seconds.")
+@click.option(
+    "--stay-after-drain",
+    is_flag=True,
+    help="After a drain asked through Redis, leave the fleet, then wait for SIGTERM "
+    "(Kubernetes restarts an exited container in place).",
+)
 @pass_ctx
 @handle_errors
 def worker(
@@ -346,6 +352,7 @@ def worker(
     worker_id: str | None,
     label: tuple[str, ...],
     heartbeat_interval: float,
+    stay_after_drain: bool,
 ) -> None:
     """Run a GPU worker beside one loaded model; SIGTERM drains it."""
     from inferq.workers.worker import WorkerOptions, run_worker
@@ -360,6 +367,7 @@ def worker(
         worker_id=worker_id,
         labels=pairs("--label", label),
         heartbeat_interval_s=heartbeat_interval,
+        stay_after_drain=stay_after_drain,
     )
     sys.exit(run_worker(obj.settings, opts))
 

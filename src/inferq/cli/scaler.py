@@ -20,6 +20,7 @@ from inferq.config import ScalingPool, ScalingSettings
 from inferq.policy.scaling import ScalingConfig
 from inferq.scaler.daemon import Mode, Scaler, describe
 from inferq.scaler.platforms import platform_class
+from inferq.scaler.platforms.base import WORKER_ARGS
 from inferq.store import Store
 
 _POOL = re.compile(r"^(?P<model>[^=]+)=(?P<min>\d+):(?P<max>\d+)(?::(?P<gpus>\d+))?$")
@@ -118,22 +119,30 @@ def scaling_settings(base: ScalingSettings, options: dict[str, Any]) -> ScalingS
 @click.option("--replica-id", help="This replica's lease id [host-pid-random].")
 @click.option(
     "--worker-backend", "worker_server", default="sim", show_default=True,
-    help="local: the workers' model server (their --backend).",
+    help="local, docker: the workers' model server (their --backend).",
 )  # fmt: skip
-@click.option("--slots", type=int, default=8, show_default=True, help="local: worker slots.")
+@click.option("--slots", type=int, default=8, show_default=True, help="local, docker: slots.")
 @click.option(
     "--vram-mib",
     multiple=True,
     metavar="MIB|MODEL=MIB",
-    help="local: card VRAM, MiB (without NVML); MODEL=MIB per model (repeat).",
+    help="local, docker: card VRAM, MiB (without NVML); MODEL=MIB per model (repeat).",
 )
 @click.option(
-    "--worker-option", "-o", multiple=True, metavar="KEY=VALUE", help="local: worker -o (repeat)."
+    "--worker-option",
+    "-o",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="local, docker: worker -o (repeat).",
 )
 @click.option("--log-dir", type=click.Path(file_okay=False), help="local: worker log directory.")
 @click.option("--docker-image", "--image", "image", help="docker: the worker image.")
 @click.option("--docker-url", help="docker: daemon URL [DOCKER_HOST].")
-@click.option("--docker-network", help="docker: network of the worker containers.")
+@click.option(
+    "--docker-network",
+    envvar="INFERQ_DOCKER_NETWORK",
+    help="docker: network of the worker containers (compose: its network, where redis resolves).",
+)
 @click.option("--docker-gpus", type=int, default=0, show_default=True, help="docker: GPUs each.")
 @click.option("--k8s-namespace", default="default", show_default=True, help="kubernetes.")
 @click.option("--k8s-host", help="kubernetes: API server URL [in-cluster or kubeconfig].")
@@ -184,8 +193,8 @@ def _platform(obj: Context, store: Store, options: dict[str, Any]) -> Any:
     settings = obj.settings
     name = options["platform"]
     cls: Any = platform_class(name)
+    root = click.get_current_context().find_root().params
     if name == "local":
-        root = click.get_current_context().find_root().params
         return cls(
             redis_url=settings.redis_url,
             namespace=settings.namespace,
@@ -201,6 +210,10 @@ def _platform(obj: Context, store: Store, options: dict[str, Any]) -> Any:
     if name == "docker":
         if not options["image"]:
             raise click.UsageError("--backend docker needs --docker-image")
+        args = ["--backend", options["worker_server"], "--slots", str(options["slots"])]
+        args += ["--heartbeat-interval", repr(settings.heartbeat_interval_s)]
+        for key, value in pairs("--worker-option", options["worker_option"]).items():
+            args += ["-o", f"{key}={value}"]
         return cls(
             image=options["image"],
             redis_url=settings.redis_url,
@@ -208,6 +221,9 @@ def _platform(obj: Context, store: Store, options: dict[str, Any]) -> Any:
             base_url=options["docker_url"],
             gpus_per_worker=options["docker_gpus"],
             network=options["docker_network"],
+            command=("--log-level", str(root.get("log_level") or "WARNING"), *WORKER_ARGS),
+            extra_args=args,
+            vram_mib=parse_vram(options["vram_mib"]),
         )
     return cls(
         namespace=settings.namespace,

@@ -208,9 +208,10 @@ class ModelLoad:
         mean_service_s: seconds one request occupies a slot (moving mean).
         slots_per_worker: concurrent requests one worker serves.
         cold_start_s: seconds from launch to ``ready`` (model load).
-        ready / starting / draining: workers in each state.
+        ready / starting / draining: workers in each state (every live worker counts).
         idle_workers: ready worker id -> seconds since it last had work in flight
-            (only workers with nothing in flight).
+            (only workers with nothing in flight). These and ``busy`` are the drain
+            candidates: the scaler leaves out workers it did not launch.
         busy: ready worker id -> requests in flight (only workers with some).
         saturation: service time with every slot busy over ``mean_service_s``, as
             measured (:func:`inferq.latency.saturation_factor`); 1.0 = no change.

@@ -11,7 +11,12 @@ Each decision (every ``interval_s``, default 5 s):
    platform's listing; merge them (:func:`~inferq.policy.scaling_inputs.reconcile`);
 3. stop the workers that drained and deregistered (or left, or never started):
    ``platform.prepare_scale_down`` then ``platform.stop``;
-4. build one :class:`~inferq.policy.scaling.ModelLoad` per managed model, decide;
+4. build one :class:`~inferq.policy.scaling.ModelLoad` per managed model, decide.
+   Every live worker of the model counts as capacity, but only the workers the
+   platform lists (the ones this deployment's scaler launched: its own processes,
+   containers and pods labelled ``inferq.managed-by=scaler``) may be chosen to
+   drain; a worker started by hand or by compose is named once at INFO and never
+   drained or stopped;
 5. carry the decisions out: launch workers; for a scale-down, ask the chosen
    idle workers to drain through Redis (``Store.request_drain``) and remember
    it, never waiting: a later decision stops them once their heartbeat is gone.
@@ -50,6 +55,7 @@ from inferq.config import Settings
 from inferq.errors import ConfigError, CorruptRecord
 from inferq.models import Event
 from inferq.policy.scaling import (
+    ModelLoad,
     ScaleDecision,
     ScalerState,
     ScalingConfig,
@@ -186,6 +192,7 @@ class Scaler:
         self._holding: bool | None = None  # unknown until the first decision
         self._memory: tuple[ScalerState, dict[str, Tracked]] | None = None
         self._measured: dict[str, float] = {}
+        self._ignored: set[str] = set()  # live workers not launched by this scaler, logged
         self._stop = threading.Event()
 
     # --- loop ---------------------------------------------------------------------
@@ -275,6 +282,7 @@ class Scaler:
             self._stop_workers(fleet.to_stop, handles, tracked, report)
         inputs = self._inputs(live, replace(fleet, tracked=tracked), events, span)
         loads = build_loads(self.models, self.settings.models, inputs, now)
+        loads = self._drainable(loads, live, handles)
         decisions, state = decide_scale(loads, state, self.config, self.settings.classes, now)
         report.decisions = decisions
         desired = self._carry_out(decisions, tracked, now, report)
@@ -340,6 +348,43 @@ class Scaler:
         if self.platform is None:
             return {}
         return {h.worker_id: h for h in self.platform.list() if h.model in self.models}
+
+    def _drainable(
+        self,
+        loads: Sequence[ModelLoad],
+        live: Sequence[LiveWorker],
+        handles: dict[str, WorkerHandle],
+    ) -> list[ModelLoad]:
+        """``loads`` with drain candidates limited to the workers the platform lists.
+
+        A live worker the platform does not list was not launched by this scaler
+        (started by hand, by compose, by another Deployment): it still counts as
+        capacity, but it is never drained, so it is never stopped either. Each one
+        is named once at INFO. Without a platform (metrics mode, a dry run without
+        one) every worker is a candidate: the external autoscaler owns them all.
+        """
+        if self.platform is None:
+            return list(loads)
+        ignored = {w.id: w.model for w in live if w.id not in handles}
+        for wid in sorted(ignored.keys() - self._ignored):
+            log.info(
+                "ignoring worker %s (%s): not launched by this scaler (the %s platform does "
+                "not list it); it counts as capacity and is never drained",
+                wid,
+                ignored[wid],
+                self.platform.name,
+            )
+        self._ignored = set(ignored)
+        if not ignored:
+            return list(loads)
+        return [
+            replace(
+                load,
+                idle_workers={w: s for w, s in load.idle_workers.items() if w not in ignored},
+                busy={w: n for w, n in load.busy.items() if w not in ignored},
+            )
+            for load in loads
+        ]
 
     def _events(self, now: float) -> tuple[list[Event], float]:
         """Events of the last ``rate_window_s`` and the seconds they span."""

@@ -8,15 +8,23 @@ queue; :class:`~inferq.workers.runtime.Engine` runs them. Signals:
   accepted), finish what runs, leave the fleet, exit 0;
 - a second one: hand every in-flight request back to its queue at once, exit 1.
 
+With ``--stay-after-drain`` a drain asked through Redis (the scaler, ``inferq
+drain``) still leaves the fleet, but the process then waits for SIGTERM and exits
+0: under Kubernetes an exited container is restarted in place and would register
+again, so the worker waits for the scaler to remove its pod.
+
 A crashed worker loses nothing: its heartbeat lapses and the dispatcher's
 reaper requeues its requests and empties its RQ queue.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import signal
 import socket
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +36,8 @@ from inferq.store import Store, connect
 from inferq.workers.gpu import probe_gpu
 from inferq.workers.runtime import Engine, WorkerConfig
 from inferq.workers.servers import make_server
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -43,6 +53,7 @@ class WorkerOptions:
     worker_id: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
+    stay_after_drain: bool = False
 
 
 def build_engine(settings: Settings, opts: WorkerOptions, store: Store | None = None) -> Engine:
@@ -86,6 +97,15 @@ def run_worker(settings: Settings, opts: WorkerOptions) -> int:
     """
     engine = build_engine(settings, opts)
     consumer = delivery.make_consumer(engine, settings.redis_url)
+    asked = threading.Event()  # the drain came through Redis, not from a signal
+    if opts.stay_after_drain:
+        signal_self = engine.on_drain_requested
+
+        def on_drain_requested() -> None:
+            asked.set()
+            signal_self()
+
+        engine.on_drain_requested = on_drain_requested
     delivery.bind(engine)
     try:
         engine.start()
@@ -94,6 +114,18 @@ def run_worker(settings: Settings, opts: WorkerOptions) -> int:
         consumer.accept_claimed()
         engine.stop()
         consumer.purge()  # batches that arrived while draining
+        if asked.is_set():
+            _wait_for_signal(engine.worker_id)
         return 0
     finally:
         delivery.bind(None)
+
+
+def _wait_for_signal(worker_id: str) -> None:
+    """After a drain asked through Redis: wait, out of the fleet, for SIGTERM or SIGINT."""
+    done = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: done.set())
+    log.info("worker %s left the fleet; waiting for SIGTERM (--stay-after-drain)", worker_id)
+    while not done.wait(0.5):  # a timeout keeps the main thread's signal handling prompt
+        pass

@@ -10,6 +10,10 @@ the daemon has not drained, so no in-flight request is ever killed by scaling.
 ``list`` is the platform's view of what exists (including workers that have not
 registered a heartbeat yet): the daemon counts a listed worker without a
 heartbeat as ``starting``, so a slow start never triggers a second launch.
+``list`` returns only the workers this deployment's scaler launched (the local
+platform's own children; containers and pods labelled ``inferq.managed-by=scaler``
+and ``inferq.namespace=<namespace>``): the daemon drains and stops only those, so
+a worker started by hand, by compose or by another Deployment is never touched.
 """
 
 from __future__ import annotations
@@ -22,13 +26,19 @@ from typing import ClassVar
 
 from inferq.errors import InferqError
 
-#: The worker command each platform runs; ``{model}`` and ``{worker_id}`` are filled in.
-WORKER_COMMAND: tuple[str, ...] = ("inferq", "worker", "--model", "{model}", "--id", "{worker_id}")
+#: The worker's arguments after the program; ``{model}`` and ``{worker_id}`` are filled in.
+#: An image whose ENTRYPOINT is ``inferq`` (this project's Dockerfile) takes exactly these.
+WORKER_ARGS: tuple[str, ...] = ("worker", "--model", "{model}", "--id", "{worker_id}")
+#: The whole worker command, for a platform that runs a program rather than an image.
+WORKER_COMMAND: tuple[str, ...] = ("inferq", *WORKER_ARGS)
 
 #: Labels (Docker) and pod labels (Kubernetes) that mark inferq's workers.
 LABEL_MODEL = "inferq.model"
 LABEL_WORKER = "inferq.worker"
 LABEL_NAMESPACE = "inferq.namespace"
+#: Marks a worker the scaler manages (with ``inferq.namespace``: which deployment's scaler).
+LABEL_MANAGED_BY = "inferq.managed-by"
+MANAGED_BY = "scaler"
 
 
 class PlatformError(InferqError):
@@ -108,6 +118,19 @@ def worker_command(
     """
     values = {"model": model, "worker_id": worker_id}
     return [part.format_map(values) for part in template] + builtins.list(extra_args)
+
+
+def card_args(model: str, vram_mib: int | Mapping[str, int] | None) -> tuple[str, ...]:
+    """``--vram-mib N`` for ``model``'s workers: one figure for every model, or model -> MiB.
+
+    A worker without NVML (simulated, or beside a GPU it cannot see) needs it; an
+    empty tuple when no figure is given for the model.
+
+    >>> card_args("llama-3.1-8b", {"llama-3.1-8b": 24576})
+    ('--vram-mib', '24576')
+    """
+    vram = vram_mib.get(model) if isinstance(vram_mib, Mapping) else vram_mib
+    return ("--vram-mib", str(vram)) if vram is not None else ()
 
 
 def worker_environment(

@@ -1,10 +1,15 @@
 """Docker platform: one container per worker, through the Docker SDK for Python.
 
-Each worker is a detached container of a configured image running
-``inferq worker --model M --id ID``, labelled ``inferq.model``, ``inferq.worker``
-and ``inferq.namespace`` (so :meth:`DockerPlatform.list` finds exactly this
-deployment's workers), with ``INFERQ_REDIS_URL`` and ``INFERQ_NAMESPACE`` in its
-environment and, when ``gpus_per_worker > 0``, a GPU device request (the
+Each worker is a detached container of a configured image whose ENTRYPOINT is
+``inferq`` (this project's Dockerfile), run with the arguments ``worker --model M
+--id ID`` plus the configured ones (``--backend``, ``--slots``, ``--vram-mib`` for
+a worker that cannot read its GPU through NVML, ``-o KEY=VALUE``). It is labelled
+``inferq.model``, ``inferq.worker``, ``inferq.namespace`` and
+``inferq.managed-by=scaler``, so :meth:`DockerPlatform.list` finds exactly the
+workers this deployment's scaler launched (never a container started by hand or
+by compose), with ``INFERQ_REDIS_URL`` and ``INFERQ_NAMESPACE`` in its
+environment, attached to ``network`` (under compose: the compose network, where
+``redis`` resolves) and, when ``gpus_per_worker > 0``, a GPU device request (the
 ``--gpus N`` of ``docker run``; needs the NVIDIA container toolkit on the host).
 ``stop`` is ``docker stop`` (SIGTERM, then SIGKILL after ``stop_timeout_s``) and
 ``docker rm``; the scaler calls it only after the worker drained.
@@ -21,13 +26,16 @@ from typing import Any, ClassVar
 from inferq import defaults
 from inferq.errors import MissingExtra
 from inferq.scaler.platforms.base import (
+    LABEL_MANAGED_BY,
     LABEL_MODEL,
     LABEL_NAMESPACE,
     LABEL_WORKER,
-    WORKER_COMMAND,
+    MANAGED_BY,
+    WORKER_ARGS,
     Platform,
     PlatformError,
     WorkerHandle,
+    card_args,
     worker_command,
     worker_environment,
 )
@@ -44,7 +52,8 @@ class DockerPlatform(Platform):
     """Workers as Docker containers.
 
     Args:
-        image: the worker image (must contain the ``inferq`` command).
+        image: the worker image; its ENTRYPOINT must be ``inferq`` (the command
+            holds only the arguments, as ``docker run IMAGE worker ...``).
         redis_url: ``INFERQ_REDIS_URL`` given to the workers (as the containers see Redis).
         namespace: the inferq namespace (``INFERQ_NAMESPACE``, and the namespace label).
         base_url: Docker daemon address (``unix:///var/run/docker.sock``,
@@ -52,10 +61,13 @@ class DockerPlatform(Platform):
         client: a ready ``docker.DockerClient`` (overrides ``base_url``).
         gpus_per_worker: GPUs requested per container (0 = no device request).
         network: Docker network to attach the containers to (None = the default bridge).
-        command: the worker command template (``{model}``, ``{worker_id}`` filled in).
+        command: the worker's arguments after the entrypoint (``{model}``, ``{worker_id}``
+            filled in; default ``worker --model {model} --id {worker_id}``).
         extra_args: arguments appended to the command.
+        vram_mib: ``--vram-mib`` of the workers (a worker without NVML needs it): one
+            figure for every model, or model -> MiB.
         environment: extra environment variables for the workers.
-        labels: extra labels (the three ``inferq.*`` labels always win).
+        labels: extra labels (the four ``inferq.*`` labels always win).
         stop_timeout_s: seconds ``docker stop`` waits for a clean exit before SIGKILL.
 
     Raises:
@@ -74,8 +86,9 @@ class DockerPlatform(Platform):
         client: Any = None,
         gpus_per_worker: int = 0,
         network: str | None = None,
-        command: Sequence[str] = WORKER_COMMAND,
+        command: Sequence[str] = WORKER_ARGS,
         extra_args: Sequence[str] = (),
+        vram_mib: int | Mapping[str, int] | None = None,
         environment: Mapping[str, str] | None = None,
         labels: Mapping[str, str] | None = None,
         stop_timeout_s: float = defaults.DOCKER_STOP_TIMEOUT_S,
@@ -88,10 +101,16 @@ class DockerPlatform(Platform):
         self.network = network
         self.command = tuple(command)
         self.extra_args = tuple(extra_args)
+        self.vram_mib = vram_mib
         self.environment = worker_environment(redis_url, namespace, environment)
         self.labels = dict(labels or {})
         self.stop_timeout_s = stop_timeout_s
         self._client = client if client is not None else _connect(base_url)
+
+    def command_args(self, model: str, worker_id: str) -> builtins.list[str]:
+        """The container's command: the arguments the image's ``inferq`` entrypoint gets."""
+        extra = (*card_args(model, self.vram_mib), *self.extra_args)
+        return worker_command(model, worker_id, self.command, extra)
 
     def launch(self, model: str, worker_id: str) -> WorkerHandle:
         """Run one detached worker container (pulls the image when it is missing).
@@ -100,13 +119,14 @@ class DockerPlatform(Platform):
             PlatformError: Docker refused (unknown image, no GPU runtime, ...).
         """
         kwargs: dict[str, Any] = {
-            "command": worker_command(model, worker_id, self.command, self.extra_args),
+            "command": self.command_args(model, worker_id),
             "name": self._container_name(worker_id),
             "labels": {
                 **self.labels,
                 LABEL_MODEL: model,
                 LABEL_WORKER: worker_id,
                 LABEL_NAMESPACE: self.namespace,
+                LABEL_MANAGED_BY: MANAGED_BY,
             },
             "environment": self.environment,
             "detach": True,
@@ -141,12 +161,13 @@ class DockerPlatform(Platform):
             ) from exc
 
     def list(self, model: str | None = None) -> builtins.list[WorkerHandle]:
-        """This namespace's worker containers (any state), optionally of one model.
+        """The worker containers this namespace's scaler launched (any state), optionally
+        of one model.
 
         Raises:
             PlatformError: Docker cannot be asked.
         """
-        wanted = [f"{LABEL_NAMESPACE}={self.namespace}"]
+        wanted = [f"{LABEL_NAMESPACE}={self.namespace}", f"{LABEL_MANAGED_BY}={MANAGED_BY}"]
         if model is not None:
             wanted.append(f"{LABEL_MODEL}={model}")
         try:

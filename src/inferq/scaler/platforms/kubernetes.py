@@ -4,31 +4,37 @@ The Deployments are created by the operator (Helm, kustomize, plain YAML); the
 platform only changes their replica count and reads their pods. Each model's
 Deployment is ``inferq-worker-<model>`` (the model name lowercased, every
 character outside ``[a-z0-9-]`` replaced by ``-``; or the name given in
-``deployments``), and its pods carry the labels ``inferq.model: <model>`` and
-``inferq.namespace: <namespace>``. A worker's id is its pod name, passed through
-the downward API, because the ReplicaSet and not the scaler names the pods::
+``deployments``), and its selector and pod labels include ``inferq.model:
+<model>``, ``inferq.namespace: <namespace>`` and ``inferq.managed-by: scaler``
+(the scaler lists, drains and removes only such pods, so a worker started
+another way is never touched). A worker's id is its pod name, passed through
+the downward API, because the ReplicaSet and not the scaler names the pods. The
+container's ``args`` hold only the arguments: the image's ENTRYPOINT already is
+``inferq``. The shipped manifest, ``deploy/kubernetes/worker-llama-3-1-8b.yaml``,
+runs the worker beside a vLLM sidecar; its core::
 
     apiVersion: apps/v1
     kind: Deployment
     metadata: {name: inferq-worker-llama-3-1-8b}
     spec:
-      replicas: 1
       selector:
-        matchLabels: {inferq.model: llama-3.1-8b, inferq.namespace: prod}
+        matchLabels: {inferq.model: llama-3.1-8b, inferq.namespace: default,
+                      inferq.managed-by: scaler}
       template:
         metadata:
-          labels: {inferq.model: llama-3.1-8b, inferq.namespace: prod}
+          labels: {inferq.model: llama-3.1-8b, inferq.namespace: default,
+                   inferq.managed-by: scaler}
         spec:
-          terminationGracePeriodSeconds: 120
+          terminationGracePeriodSeconds: 300
           containers:
           - name: worker
             image: registry.example.com/inferq:0.1
-            args: [inferq, worker, --model, llama-3.1-8b, --id, $(POD_NAME)]
+            args: [worker, --model, llama-3.1-8b, --id, $(POD_NAME), --stay-after-drain,
+                   --backend, openai, -o, "base_url=http://127.0.0.1:8000"]
             env:
             - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
             - {name: INFERQ_REDIS_URL, value: "redis://redis:6379/0"}
-            - {name: INFERQ_NAMESPACE, value: prod}
-            resources: {limits: {nvidia.com/gpu: 1}}
+            - {name: INFERQ_NAMESPACE, value: default}
 
 Scale-up raises ``spec.replicas`` by one with a JSON patch that first tests the
 value it read (so two writers never lose an increment: a failed test is a 422,
@@ -45,8 +51,9 @@ start a replacement, and the count still ends one lower. Either way the pods
 removed are the drained one and pods that are not ready, never a ready worker
 with requests in flight (keep ``terminationGracePeriodSeconds`` above the longest
 request, for a worker whose readiness probe fails while it finishes its work). A
-drained worker must not exit on its own (the kubelet would restart it); it waits
-for the pod's SIGTERM. ``stop`` on a pod that is already gone or terminating
+drained worker must not exit on its own (the kubelet would restart it in place
+and it would register again): ``inferq worker --stay-after-drain`` leaves the
+fleet and then waits for the pod's SIGTERM. ``stop`` on a pod that is already gone or terminating
 changes nothing: the ReplicaSet has replaced it, and the replacement is drained
 by a later scale-down.
 
@@ -56,7 +63,7 @@ by a later scale-down.
 
 Needs the ``kubernetes`` package (``pip install inferq[kubernetes]``) and RBAC
 for ``get``/``patch`` on ``deployments/scale`` and ``list``/``get``/``patch``/``delete``
-on ``pods`` in the namespace.
+on ``pods`` in the namespace (``deploy/kubernetes/scaler.yaml``'s Role: exactly these).
 """
 
 from __future__ import annotations
@@ -69,8 +76,10 @@ from typing import Any, ClassVar
 from inferq import defaults
 from inferq.errors import MissingExtra
 from inferq.scaler.platforms.base import (
+    LABEL_MANAGED_BY,
     LABEL_MODEL,
     LABEL_NAMESPACE,
+    MANAGED_BY,
     Platform,
     PlatformError,
     WorkerHandle,
@@ -189,12 +198,13 @@ class KubernetesPlatform(Platform):
         self._delete_pod(handle.platform_ref)
 
     def list(self, model: str | None = None) -> builtins.list[WorkerHandle]:
-        """Pods of this namespace's workers (pending ones included, terminating ones not).
+        """Pods of this namespace's scaler-managed workers (pending ones included,
+        terminating ones not).
 
         Raises:
             PlatformError: the API server could not be asked.
         """
-        selector = f"{LABEL_NAMESPACE}={self.namespace}"
+        selector = f"{LABEL_NAMESPACE}={self.namespace},{LABEL_MANAGED_BY}={MANAGED_BY}"
         if model is not None:
             selector += f",{LABEL_MODEL}={_label_value(model)}"
         try:
@@ -262,7 +272,11 @@ class KubernetesPlatform(Platform):
 
     def _check_selector(self, model: str, name: str, scale: Any) -> None:
         selector = (scale.status.selector if scale.status is not None else None) or ""
-        wanted = {f"{LABEL_MODEL}={_label_value(model)}", f"{LABEL_NAMESPACE}={self.namespace}"}
+        wanted = {
+            f"{LABEL_MODEL}={_label_value(model)}",
+            f"{LABEL_NAMESPACE}={self.namespace}",
+            f"{LABEL_MANAGED_BY}={MANAGED_BY}",
+        }
         if not wanted <= set(selector.split(",")):
             raise PlatformError(
                 f"kubernetes: deployment {self.k8s_namespace}/{name} selects {selector!r}, "

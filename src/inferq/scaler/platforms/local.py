@@ -41,6 +41,7 @@ from inferq.scaler.platforms.base import (
     Platform,
     PlatformError,
     WorkerHandle,
+    card_args,
     worker_command,
     worker_environment,
 )
@@ -118,8 +119,7 @@ class LocalPlatform(Platform):
 
     def command(self, model: str, worker_id: str) -> builtins.list[str]:
         """The argv that :meth:`launch` runs."""
-        vram = self.vram_mib.get(model) if isinstance(self.vram_mib, Mapping) else self.vram_mib
-        card = ("--vram-mib", str(vram)) if vram is not None else ()
+        card = card_args(model, self.vram_mib)
         return worker_command(model, worker_id, self.template, (*card, *self.extra_args))
 
     def log_path(self, worker_id: str) -> Path:
