@@ -15,6 +15,7 @@ import redis
 
 from inferq.config import Settings
 from inferq.store import Store, connect
+from tests.llm_server import llama_server_url as llama_server_url  # the real model server
 
 REDIS_URL = os.environ.get("INFERQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
