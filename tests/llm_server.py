@@ -64,13 +64,21 @@ class LlamaServer:
         parallel / ctx_size / threads: the launcher's ``--parallel``, ``--ctx-size``,
             ``--threads`` (defaults: 4 slots, 8192 tokens, 1 thread).
         port: 0 = a free port chosen by the server at the first start.
+        drain_s: the launcher's ``--drain-s`` (how long SIGTERM lets requests finish).
     """
 
     def __init__(
-        self, *, parallel: int = 4, ctx_size: int = 8192, threads: int = 1, port: int = 0
+        self,
+        *,
+        parallel: int = 4,
+        ctx_size: int = 8192,
+        threads: int = 1,
+        port: int = 0,
+        drain_s: float | None = None,
     ) -> None:
         self.args = ["--parallel", str(parallel), "--ctx-size", str(ctx_size)]
         self.args += ["--threads", str(threads)]
+        self.args += [] if drain_s is None else ["--drain-s", str(drain_s)]
         self.port = port
         self.proc: subprocess.Popen[str] | None = None
         self.log: list[str] = []
@@ -108,14 +116,17 @@ class LlamaServer:
         self.kill()
         raise RuntimeError(f"llama server not healthy in {START_TIMEOUT_S:g} s: {self.log}")
 
-    def stop(self) -> int:
-        """SIGTERM and wait (SIGKILL after 10 s); the exit code (0 = clean)."""
+    def stop(self, timeout_s: float = 15.0) -> int:
+        """SIGTERM and wait (SIGKILL after ``timeout_s``); the exit code (0 = clean).
+
+        The launcher lets requests in flight finish first, for up to its ``--drain-s``.
+        """
         if self.proc is None:
             return 0
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(timeout=10)
+                self.proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()

@@ -6,6 +6,8 @@ import importlib.util
 import signal
 import subprocess
 import sys
+import threading
+import time
 import types
 from pathlib import Path
 
@@ -149,3 +151,58 @@ def test_a_busy_port_is_an_error_not_a_hang() -> None:
         )
     assert proc.returncode == 1
     assert f"error: llama.cpp did not start on 127.0.0.1:{first.port}" in proc.stderr
+
+
+def _post_in_background(url: str, max_tokens: int) -> tuple[threading.Thread, dict[str, object]]:
+    """A chat request of ``max_tokens`` (ignore_eos) in a thread; its usage or error."""
+    out: dict[str, object] = {}
+    body = {"messages": [{"role": "user", "content": "Tell a story."}], "max_tokens": max_tokens}
+
+    def go() -> None:
+        try:
+            answer = httpx.post(
+                f"{url}/v1/chat/completions",
+                json={**body, "ignore_eos": True},
+                trust_env=False,
+                timeout=60,
+            )
+            out["usage"] = answer.json()["usage"]
+        except httpx.HTTPError as exc:
+            out["error"] = type(exc).__name__
+
+    thread = threading.Thread(target=go)
+    thread.start()
+    return thread, out
+
+
+def _wait_busy(url: str) -> None:
+    for _ in range(200):
+        if any(s["is_processing"] for s in httpx.get(f"{url}/slots", trust_env=False).json()):
+            return
+        time.sleep(0.01)
+    raise AssertionError("the request never reached a slot")
+
+
+def test_sigterm_lets_the_request_in_flight_finish() -> None:
+    require()
+    server = LlamaServer(parallel=1, ctx_size=512).start()
+    thread, out = _post_in_background(server.url, 40)  # ~0.3 s on one thread
+    _wait_busy(server.url)
+    assert server.stop() == 0
+    thread.join(timeout=30)
+    usage = out.get("usage")
+    assert isinstance(usage, dict) and usage["completion_tokens"] == 40
+    assert server.log[-1] == "llama_server: stopped on SIGTERM"
+
+
+def test_a_request_longer_than_the_drain_is_cut_and_the_server_still_exits() -> None:
+    require()
+    server = LlamaServer(parallel=1, ctx_size=2048, drain_s=0.3).start()
+    thread, out = _post_in_background(server.url, 1500)  # ~10 s: far beyond the drain
+    _wait_busy(server.url)
+    started = time.monotonic()
+    assert server.stop(timeout_s=10) == 0  # llama.cpp alone would never return here
+    assert time.monotonic() - started < 5
+    thread.join(timeout=30)
+    assert "error" in out
+    assert server.log[-1] == "llama_server: stopped on SIGTERM, 1 requests cut"

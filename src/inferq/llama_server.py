@@ -13,14 +13,22 @@ server on threads of this process and returns once the model is loaded (``/healt
 answers 503 while it loads); deleting it stops the HTTP server and joins its loop.
 Its start installs SIGINT/SIGTERM handlers that stop that loop but not this process,
 so both signals are blocked before the start (every thread the server makes inherits
-the mask) and taken here with ``sigwait``. A second signal during the shutdown kills
-the process at once (default action). POSIX only.
+the mask) and taken here with ``sigwait``. On the first one the launcher lets the
+requests in flight finish for up to ``--drain-s`` (new ones are still accepted), then
+deletes the server (~0.03 s) and exits 0. Deleting it with a request in flight would
+never return (the request's handler waits for a result from the stopped loop;
+measured with xllamacpp 2026.10.11549), so requests still running after the drain
+are cut: the process exits 0 at once. A second signal kills it (default action).
+POSIX only.
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib.util
+import os
+import re
 import signal
 import sys
 import time
@@ -65,10 +73,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ctx-size", type=int, default=defaults.LLAMA_CTX_SIZE, help="all slots")
     p.add_argument("--threads", type=int, default=defaults.LLAMA_THREADS, help="compute")
     p.add_argument("--threads-http", type=int, help="HTTP threads, at least --parallel")
+    p.add_argument(
+        "--drain-s", type=float, default=defaults.LLAMA_DRAIN_S, help="finish in-flight, s"
+    )
     p.add_argument("--verbose", action="store_true", help="llama.cpp's info log on stderr")
     args = p.parse_args(argv)
     args.threads_http = args.threads_http or args.parallel + defaults.LLAMA_HTTP_EXTRA_THREADS
-    for name, low in (("parallel", 1), ("threads", 1), ("port", 0)):
+    for name, low in (("parallel", 1), ("threads", 1), ("port", 0), ("drain_s", 0)):
         if getattr(args, name) < low:
             p.error(f"--{name.replace('_', '-')} must be at least {low}")
     if args.ctx_size // args.parallel < defaults.LLAMA_MIN_SLOT_CTX:
@@ -127,9 +138,27 @@ def main(argv: list[str] | None = None) -> int:
     for sig in stop:  # a second signal during the shutdown ends the process at once
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, stop)
+    deadline = time.monotonic() + args.drain_s
+    while (busy := in_flight(server)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    name = signal.Signals(got).name
+    if busy:  # deleting the server now would hang (see the module docstring)
+        print(f"llama_server: stopped on {name}, {busy} requests cut", file=sys.stderr, flush=True)
+        os._exit(0)
+    # A request arriving in this instant would hang the deletion all the same: the
+    # fault handler's own thread ends the process after the grace (exit code 1).
+    faulthandler.dump_traceback_later(defaults.LLAMA_STOP_GRACE_S, exit=True)
     del server  # stops the HTTP server, ends the decode loop, joins its thread
-    print(f"llama_server: stopped on {signal.Signals(got).name}", file=sys.stderr, flush=True)
+    faulthandler.cancel_dump_traceback_later()
+    print(f"llama_server: stopped on {name}", file=sys.stderr, flush=True)
     return 0
+
+
+def in_flight(server: Any) -> int:
+    """Requests the server is decoding or holding for a free slot (its ``/metrics``)."""
+    text = server.handle_metrics()
+    found = re.findall(r"^llamacpp:requests_(?:processing|deferred) (\S+)$", text, re.M)
+    return sum(int(float(value)) for value in found)
 
 
 def _fail(message: str) -> int:
