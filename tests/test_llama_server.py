@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import signal
 import subprocess
 import sys
@@ -206,3 +207,23 @@ def test_a_request_longer_than_the_drain_is_cut_and_the_server_still_exits() -> 
     thread.join(timeout=30)
     assert "error" in out
     assert server.log[-1] == "llama_server: stopped on SIGTERM, 1 requests cut"
+
+
+def test_the_benchmark_script_reports_every_figure(tmp_path: Path) -> None:
+    require()
+    out = tmp_path / "figures.json"
+    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_llama_server.py"
+    tiny = ["--requests", "1", "--rounds", "1", "--tokens", "4", "--prompt-words", "10"]
+    proc = subprocess.run(
+        [sys.executable, str(script), *tiny, "--parallel", "2", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "tokens/s per stream" in proc.stdout
+    doc = json.loads(out.read_text())
+    assert {"date", "command", "machine", "load", "single_stream", "concurrent"} <= set(doc)
+    assert doc["single_stream"]["completion_tokens"] == 4  # ignore_eos: the length asked
+    assert doc["concurrent"]["completion_tokens"] == 2 * 4
+    assert doc["load"]["rss_loaded_mib"] > 0 and doc["prefill"]["prompt_tokens"] > 10
