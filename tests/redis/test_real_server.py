@@ -1,0 +1,220 @@
+"""Real workers on the real model server: llama.cpp (SmolLM2-135M), a dispatcher, the real Redis.
+
+Each test starts ``inferq worker --model smollm2-135m --backend openai`` as a
+subprocess against the session's llama.cpp server (``llama_server_url``), a
+dispatcher thread, and submits through :class:`~inferq.client.Client`. Token counts
+are checked against the server's own tokenizer (``/apply-template`` + ``/tokenize``),
+so a count the worker estimated instead of reading it would fail. SmolLM2 often
+stops after a few tokens; tests that need a fixed length pass llama.cpp's
+``ignore_eos`` through ``params``. Answers are tens of tokens, about a second each.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from inferq.client import Client
+from inferq.config import Settings
+from inferq.dispatcher.daemon import Dispatcher
+from inferq.models import Result, WorkerState
+from inferq.store import Store
+
+from ..conftest import REDIS_URL
+from ..helpers import wait_for
+from .llm_server import MODEL
+
+#: The worker's --slots: the server's 4 slots.
+SLOTS = 4
+#: --vram-mib that gives the worker the server's KV cache: int(305 x 0.9) - 94 MiB of
+#: weights = 180 MiB = 8192 tokens x 23,040 bytes (what llama.cpp allocates).
+VRAM_MIB = 305
+CHAT = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+
+
+class Stack:
+    """A dispatcher thread and worker subprocesses on the real server; stopped at the end."""
+
+    def __init__(self, settings: Settings, store: Store, server_url: str) -> None:
+        self.settings = settings
+        self.store = store
+        self.server_url = server_url
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.dispatcher = Dispatcher(Store(store.redis, settings), tick_s=0.05)
+        self._thread = threading.Thread(target=self.dispatcher.run, daemon=True)
+        self._thread.start()
+
+    def worker(self, wid: str, *options: str) -> None:
+        """Start a worker with backend options ``options`` (``KEY=VALUE``); wait until ready."""
+        env = {
+            **os.environ,
+            "INFERQ_REDIS_URL": REDIS_URL,
+            "INFERQ_NAMESPACE": self.settings.namespace,
+        }
+        cmd = [sys.executable, "-m", "inferq", "--log-level", "INFO", "worker"]
+        cmd += ["--model", MODEL, "--backend", "openai", "-o", f"base_url={self.server_url}"]
+        cmd += ["--slots", str(SLOTS), "--vram-mib", str(VRAM_MIB), "--id", wid]
+        cmd += ["--heartbeat-interval", "0.2"]
+        for option in options:
+            cmd += ["-o", option]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        key = self.store.keys.worker(wid)
+        wait_for(
+            lambda: self.store.redis.hget(key, "state") == WorkerState.READY.value,
+            what=f"{wid} ready",
+            timeout=30,
+        )
+
+    def close(self) -> None:
+        self.dispatcher.stop()
+        self._thread.join(timeout=5)
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def fast_settings(namespace: str) -> Settings:
+    return Settings.load(
+        redis_url=REDIS_URL, namespace=namespace, heartbeat_interval_s=0.2, lease_s=1.0
+    )
+
+
+@pytest.fixture
+def stack(fast_settings: Settings, redis_client: Any, llama_server_url: str) -> Iterator[Stack]:
+    s = Stack(fast_settings, Store(redis_client, fast_settings), llama_server_url)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def client(fast_settings: Settings, redis_client: Any) -> Client:
+    return Client(settings=fast_settings, connection=redis_client)
+
+
+@pytest.fixture
+def llama(llama_server_url: str) -> Iterator[httpx.Client]:
+    """A direct HTTP client of the server, for its tokenizer and /slots."""
+    with httpx.Client(base_url=llama_server_url, trust_env=False, timeout=30) as http:
+        yield http
+
+
+def tokens(llama: httpx.Client, text: str) -> int:
+    """Tokens of ``text`` by the server's own tokenizer (no BOS: SmolLM2 adds none)."""
+    answer = llama.post("/tokenize", json={"content": text, "add_special": False}).json()
+    return len(answer["tokens"])
+
+
+def chat_prompt_tokens(llama: httpx.Client, messages: list[dict[str, str]]) -> int:
+    """Prompt tokens of chat ``messages`` after the model's chat template."""
+    prompt = llama.post("/apply-template", json={"messages": messages}).json()["prompt"]
+    return tokens(llama, prompt)
+
+
+def assert_succeeded(result: Result) -> str:
+    assert result.status == "succeeded", result.error
+    assert result.attempt == 1, f"retried: {result}"
+    assert result.output, "empty output"
+    return result.output
+
+
+def test_a_chat_request_succeeds_with_the_models_answer_and_its_token_counts(
+    stack: Stack, client: Client, llama: httpx.Client
+) -> None:
+    stack.worker("w1")
+    handle = client.submit(messages=CHAT, model=MODEL, priority="realtime", max_tokens=24)
+    result = handle.result(timeout=60)
+    output = assert_succeeded(result)
+    assert result.worker == "w1"
+    assert result.prompt_tokens == chat_prompt_tokens(llama, CHAT)  # the server's usage
+    assert result.completion_tokens is not None and 1 <= result.completion_tokens <= 24
+    # usage counts the end-of-turn token when the model stops by itself
+    assert result.completion_tokens - tokens(llama, output) in (0, 1)
+
+
+def test_a_completion_request_succeeds_with_the_length_asked(
+    stack: Stack, client: Client, llama: httpx.Client
+) -> None:
+    stack.worker("w1")
+    handle = client.submit(
+        "Once upon a time", model=MODEL, max_tokens=16, params={"ignore_eos": True}
+    )
+    result = handle.result(timeout=60)
+    output = assert_succeeded(result)
+    assert result.prompt_tokens == tokens(llama, "Once upon a time") == 4
+    assert result.completion_tokens == 16
+    assert abs(tokens(llama, output) - 16) <= 1  # a re-tokenized answer may merge a pair
+
+
+def test_max_tokens_is_honoured(stack: Stack, client: Client) -> None:
+    stack.worker("w1")
+    story = [{"role": "user", "content": "Write a long story about a dragon and a knight."}]
+    exact = client.submit(messages=story, model=MODEL, max_tokens=7, params={"ignore_eos": True})
+    capped = client.submit(messages=story, model=MODEL, max_tokens=5)
+    first, second = exact.result(timeout=60), capped.result(timeout=60)
+    assert_succeeded(first)
+    assert_succeeded(second)
+    assert first.completion_tokens == 7
+    assert second.completion_tokens is not None and 1 <= second.completion_tokens <= 5
+
+
+def test_requests_up_to_the_slots_run_together_on_the_server(
+    stack: Stack, client: Client, llama: httpx.Client
+) -> None:
+    stack.worker("w1")
+    busy: list[int] = []
+    done = threading.Event()
+
+    def watch_slots() -> None:  # the server's own view: how many slots decode at once
+        while not done.is_set():
+            slots = llama.get("/slots").json()
+            busy.append(sum(1 for s in slots if s["is_processing"]))
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch_slots, daemon=True)
+    watcher.start()
+    handles = client.submit_many(
+        {
+            "messages": [{"role": "user", "content": f"Tell story {i} about a dragon."}],
+            "model": MODEL,
+            "max_tokens": 40,
+            "params": {"ignore_eos": True},
+        }
+        for i in range(SLOTS)
+    )
+    results = [h.result(timeout=90) for h in handles]
+    done.set()
+    watcher.join(timeout=5)
+    for result in results:
+        assert_succeeded(result)
+        assert result.completion_tokens == 40
+    assert max(busy) == SLOTS
+    started = [r.timings.started_at for r in results]
+    finished = [r.timings.finished_at for r in results]
+    assert None not in started and None not in finished
+    assert max(s for s in started if s) < min(f for f in finished if f)  # all ran at once
+
+
+def test_a_streaming_worker_records_the_first_token_time(stack: Stack, client: Client) -> None:
+    stack.worker("w1", "stream=true")
+    handle = client.submit(messages=CHAT, model=MODEL, max_tokens=12, params={"ignore_eos": True})
+    result = handle.result(timeout=60)
+    assert_succeeded(result)
+    assert result.completion_tokens == 12  # from the usage chunk (include_usage)
+    t = result.timings
+    assert t.started_at is not None and t.first_token_at is not None and t.finished_at
+    assert t.started_at < t.first_token_at < t.finished_at
