@@ -97,14 +97,16 @@ def test_a_hand_started_worker_is_never_drained_on_scale_down(
     assert decision.current == 2  # the hand-started worker counts as capacity
     assert first.drained == [own.worker_id]  # ... but only the scaler's own is drained
     stopped: list[str] = []
-    for _ in range(60):  # the drained worker leaves, is stopped; then nothing more happens
+    for _ in range(60):  # the drained worker leaves and exits; then nothing more happens
         report = scaler.step()
         assert report.drained == [] and report.launched == []
         stopped += report.stopped
-        if stopped and not local.list():
+        if not local.list():
             break
         time.sleep(0.2)
-    assert stopped == [own.worker_id] and local.exited == {own.worker_id: 0}
+    # A local worker exits by itself once drained: the scaler stops it when a decision
+    # falls between its deregistration and its exit, else the platform just reaps it.
+    assert stopped in ([], [own.worker_id]) and local.exited == {own.worker_id: 0}
     for _ in range(5):  # the hand-started worker alone, idle, below the "desired" 0: held
         report = scaler.step()
         assert report.decisions[0].action == "hold" and report.drained == []
