@@ -130,6 +130,19 @@ def test_bench_memory(tmp_path: Path) -> None:
     assert doc["rq_baseline"]["key_bytes_per_item"] > 100
 
 
+def test_bench_redis_ops(tmp_path: Path) -> None:
+    stdout, doc = run_script("bench_redis_ops.py", tmp_path, "--requests", "20", "--idle-s", "0.5")
+    assert "Redis commands per request" in stdout and "ceiling of one primary" in stdout
+    for phase in ("one by one", "burst"):
+        figures = doc["phases"][phase]
+        # Every request runs at least the submit script and the worker's complete script.
+        assert figures["buckets"]["client lua inferq"] >= 1
+        assert figures["buckets"]["workers lua inferq"] >= 1
+        assert figures["commands"] > 10 and figures["server_cpu_us"] > 0
+    # Batches of one cost more per request than full batches.
+    assert doc["phases"]["one by one"]["commands"] > doc["phases"]["burst"]["commands"]
+
+
 def test_help_names_the_size_options() -> None:
     for name, option in (
         ("bench_submit.py", "--requests"),
@@ -137,6 +150,7 @@ def test_help_names_the_size_options() -> None:
         ("bench_worker.py", "--sizes"),
         ("bench_e2e.py", "--rate"),
         ("bench_memory.py", "--prompt-bytes"),
+        ("bench_redis_ops.py", "--requests"),
     ):
         proc = subprocess.run(
             [sys.executable, str(SCRIPTS / name), "--help"], capture_output=True, text=True
