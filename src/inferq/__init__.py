@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from inferq.client import AsyncClient, Client, RequestHandle
     from inferq.config import ModelSpec, PriorityClass, Settings
-    from inferq.errors import InferqError, InvalidRequest, QueueFull, ResultTimeout
+    from inferq.errors import (
+        IdempotencyConflict,
+        InferqError,
+        InvalidRequest,
+        QueueFull,
+        ResultTimeout,
+    )
     from inferq.models import InferenceRequest, RequestState, Result, WorkerInfo
 
 __version__ = "0.1.0"
@@ -31,6 +37,7 @@ _HOMES = {
     "ModelSpec": "inferq.config",
     "PriorityClass": "inferq.config",
     "Settings": "inferq.config",
+    "IdempotencyConflict": "inferq.errors",
     "InferqError": "inferq.errors",
     "InvalidRequest": "inferq.errors",
     "QueueFull": "inferq.errors",
@@ -44,6 +51,7 @@ _HOMES = {
 __all__ = [
     "AsyncClient",
     "Client",
+    "IdempotencyConflict",
     "InferenceRequest",
     "InferqError",
     "InvalidRequest",

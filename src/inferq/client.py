@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from inferq.config import Settings
-from inferq.errors import InvalidRequest, QueueFull, ResultTimeout
+from inferq.errors import IdempotencyConflict, InvalidRequest, QueueFull, ResultTimeout
 from inferq.intake import build_request
 from inferq.models import InferenceRequest, RequestRecord, RequestState, Result
 from inferq.store import AsyncStore, Connection, Store, Submitted, connect
@@ -37,16 +37,26 @@ H = TypeVar("H")
 
 
 class BatchRefused(QueueFull):
-    """Some requests of a ``submit_many`` call hit a queue limit.
+    """Some requests of a ``submit_many`` call were refused in Redis; the others were written.
 
     Attributes:
         accepted: handles of the requests that were written.
-        refused: (index in the input, the QueueFull that refused it).
+        refused: (index in the input, the QueueFull or IdempotencyConflict that refused it).
+        priority / tenant / limit: those of the first QueueFull among the refusals
+            (when every refusal is an IdempotencyConflict: the first one's tenant,
+            its request's class unknown here (``""``), limit 0).
     """
 
-    def __init__(self, accepted: list[Any], refused: list[tuple[int, QueueFull]]) -> None:
+    def __init__(
+        self, accepted: list[Any], refused: list[tuple[int, QueueFull | IdempotencyConflict]]
+    ) -> None:
         first = refused[0][1]
-        super().__init__(first.priority, first.tenant, first.limit)
+        full = next((r for _, r in refused if isinstance(r, QueueFull)), None)
+        if full is not None:
+            super().__init__(full.priority, full.tenant, full.limit)
+        else:
+            assert isinstance(first, IdempotencyConflict)
+            super().__init__("", first.tenant, 0)
         self.accepted = accepted
         self.refused = refused
         self.args = (f"{len(refused)} of {len(accepted) + len(refused)} refused; first: {first}",)
@@ -126,6 +136,8 @@ class Client:
         Raises:
             InvalidRequest: the arguments are refused (nothing written).
             QueueFull: a class or tenant queue limit is reached (nothing written).
+            IdempotencyConflict: ``idempotency_key`` already names a request of this
+                tenant with a different prompt or parameters (nothing written).
         """
         request = build_request(self.settings, prompt=prompt, **fields)
         submitted = self.store.submit(request, explicit_deadline="deadline" in fields)
@@ -139,8 +151,8 @@ class Client:
         Raises:
             InvalidRequest: an item is refused; nothing at all is written. The
                 field is prefixed with the item's index (``items[3].max_tokens``).
-            BatchRefused: some items hit a queue limit; the others were written
-                (``exc.accepted``).
+            BatchRefused: some items hit a queue limit or reused an idempotency key
+                for a different request; the others were written (``exc.accepted``).
         """
         requests = _build_many(self.settings, items)
         outcomes = self.store.submit_many(requests)
@@ -217,12 +229,12 @@ class AsyncClient:
         """See :meth:`Client.submit`."""
         request = build_request(self.settings, prompt=prompt, **fields)
         submitted = await self.store.submit(request, explicit_deadline="deadline" in fields)
-        return AsyncRequestHandle(self, submitted.id)
+        return AsyncRequestHandle(self, submitted.id, submitted.duplicate)
 
     async def submit_many(self, items: Iterable[Mapping[str, Any]]) -> list[AsyncRequestHandle]:
         """See :meth:`Client.submit_many` (one pipelined round trip)."""
         outcomes = await self.store.submit_many(_build_many(self.settings, items))
-        return _handles(lambda s: AsyncRequestHandle(self, s.id), outcomes)
+        return _handles(lambda s: AsyncRequestHandle(self, s.id, s.duplicate), outcomes)
 
     async def status(self, request_id: str) -> RequestRecord:
         """See :meth:`Client.status`."""
@@ -247,11 +259,17 @@ class AsyncClient:
 
 
 class AsyncRequestHandle:
-    """A request submitted through :class:`AsyncClient`."""
+    """A request submitted through :class:`AsyncClient`.
 
-    def __init__(self, client: AsyncClient, request_id: str) -> None:
+    Attributes:
+        id: the request id.
+        duplicate: true when the idempotency key already named this request.
+    """
+
+    def __init__(self, client: AsyncClient, request_id: str, duplicate: bool = False) -> None:
         self.client = client
         self.id = request_id
+        self.duplicate = duplicate
 
     async def result(self, timeout: float | None = None) -> Result:
         return await self.client.result(self.id, timeout=timeout)
@@ -296,13 +314,14 @@ def _build_many(
 
 
 def _handles(
-    handle: Callable[[Submitted], H], outcomes: Sequence[Submitted | QueueFull]
+    handle: Callable[[Submitted], H],
+    outcomes: Sequence[Submitted | QueueFull | IdempotencyConflict],
 ) -> list[H]:
     """A handle per accepted submission; :class:`BatchRefused` when any was refused."""
     handles: list[H] = []
-    refused: list[tuple[int, QueueFull]] = []
+    refused: list[tuple[int, QueueFull | IdempotencyConflict]] = []
     for i, outcome in enumerate(outcomes):
-        if isinstance(outcome, QueueFull):
+        if isinstance(outcome, QueueFull | IdempotencyConflict):
             refused.append((i, outcome))
         else:
             handles.append(handle(outcome))

@@ -52,6 +52,30 @@ class QueueFull(InferqError):
         )
 
 
+class IdempotencyConflict(InferqError):
+    """An idempotency key was reused for a different request (HTTP 409); nothing written.
+
+    A key stands for one request: resubmitting it with another prompt, messages,
+    parameters, route, class, task type or ``max_tokens`` is refused, as payment
+    APIs refuse a reused key with other parameters (Stripe's idempotent requests).
+
+    Attributes:
+        key: the idempotency key.
+        tenant: the tenant that owns the key.
+        request_id: the request the key already names.
+    """
+
+    def __init__(self, key: str, tenant: str, request_id: str) -> None:
+        self.key = key
+        self.tenant = tenant
+        self.request_id = request_id
+        super().__init__(
+            f"idempotency key {key!r} of tenant {tenant!r} already names request "
+            f"{request_id} with a different prompt or parameters; resubmit the same "
+            "request, or use a new key"
+        )
+
+
 class RequestNotFound(InferqError, KeyError):
     """No request with this id exists (never submitted, or its result expired)."""
 

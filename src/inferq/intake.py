@@ -92,7 +92,9 @@ def build_request(
         max_tokens: output tokens at most, 1..the route's largest max context.
         timeout: seconds until the deadline (> 0); default the class's timeout.
         deadline: absolute epoch seconds instead of ``timeout``.
-        idempotency_key: a resubmission with the same key returns the first id.
+        idempotency_key: resubmitting the same request under this key (same
+            tenant) returns the first id while its record lives; another request
+            under it is refused (IdempotencyConflict, at submit).
         params: sampling parameters passed to the model server (JSON, <= 16 KiB).
         now: epoch seconds (default: the local clock).
 

@@ -9,6 +9,7 @@ Nothing is ever pickled: payloads are JSON.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from enum import StrEnum
 from typing import Any, Literal
@@ -110,7 +111,8 @@ class InferenceRequest(BaseModel):
         prompt_tokens: estimated prompt tokens (scheduling estimate).
         timeout_s: seconds from submit to deadline.
         deadline: epoch seconds after which the request expires.
-        idempotency_key: a resubmission with the same key returns the first id.
+        idempotency_key: a resubmission of the same request with the same key
+            returns the first id while its record lives (see ``fingerprint``).
         submitted_at: epoch seconds.
         attempts: deliveries so far (the fencing number of the latest one).
     """
@@ -135,6 +137,26 @@ class InferenceRequest(BaseModel):
     def route(self) -> str:
         """The route: stored (and given by the client) as ``model``."""
         return self.model
+
+    def fingerprint(self) -> str:
+        """What an idempotency key remembers of its request: SHA-256 hex of its work.
+
+        The canonical JSON (sorted keys, no spaces) of the route, class, task type,
+        payload (prompt or messages, generation parameters) and ``max_tokens``.
+        Resubmitting a key with another fingerprint is refused, as payment APIs
+        refuse a reused key with other parameters (Stripe's idempotent requests).
+        The tenant is in the key's name; the deadline and timeout are left out, so
+        a retry seconds later (a later deadline) still matches.
+        """
+        work = {
+            "model": self.model,
+            "priority": self.priority,
+            "task_type": self.task_type,
+            "payload": self.payload.model_dump(mode="json", exclude_none=True),
+            "max_tokens": self.max_tokens,
+        }
+        text = json.dumps(work, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
 
     def to_fields(self) -> dict[str, str]:
         """Flat string hash for Redis (payload as JSON)."""

@@ -135,3 +135,22 @@ def test_every_outcome_is_a_valid_request_or_a_named_refusal(
     assert 1 <= req.max_tokens <= 32768
     assert req.timeout_s > 0 and math.isfinite(req.timeout_s)
     assert req.deadline > req.submitted_at
+
+
+def test_the_fingerprint_is_the_work_not_the_deadline() -> None:
+    # What an idempotency key remembers (issue 12, fault 6): the route, class, task type,
+    # payload and max_tokens; a retry with a later deadline is the same request.
+    base = build_request(SETTINGS, prompt="hi", max_tokens=8, params={"a": 1, "b": 2})
+    same = build_request(SETTINGS, prompt="hi", max_tokens=8, params={"b": 2, "a": 1}, timeout=9)
+    assert base.fingerprint() == same.fingerprint() and base.id != same.id
+    for changed in (
+        {"prompt": "ho"},
+        {"max_tokens": 9},
+        {"params": {"a": 1}},
+        {"priority": "batch"},
+        {"task_type": "chat"},
+        {"model": ">=13b"},
+    ):
+        args: dict[str, object] = {"prompt": "hi", "max_tokens": 8, "params": {"a": 1, "b": 2}}
+        other = build_request(SETTINGS, **{**args, **changed})  # type: ignore[arg-type]
+        assert other.fingerprint() != base.fingerprint(), changed

@@ -5,7 +5,10 @@ from __future__ import annotations
 import re
 from importlib import resources
 
-from inferq.store.keys import Keys
+from hypothesis import given
+from hypothesis import strategies as st
+
+from inferq.store.keys import Keys, join_parts
 
 LIB = (resources.files("inferq.store") / "lua" / "includes" / "keys.lua").read_text()
 
@@ -54,3 +57,19 @@ def test_lua_templates_match_keys_py() -> None:
     assert k.inflight("W") == k.prefix + templates["k_inflight"] + "W"
     assert k.queue("C", "R") == f"{k.prefix}q:C:R"
     assert "'q:' .. class .. ':' .. route" in LIB
+
+
+@given(
+    st.lists(st.text(min_size=0, max_size=8), min_size=1, max_size=4),
+    st.lists(st.text(min_size=0, max_size=8), min_size=1, max_size=4),
+)
+def test_joined_parts_never_collide(a: list[str], b: list[str]) -> None:
+    # Issue 12, fault 6: caller-chosen parts (tenant, idempotency key) joined into one
+    # name: two different lists of parts never give the same name.
+    assert (join_parts(*a) == join_parts(*b)) == (a == b)
+
+
+def test_idempotency_keys_of_colliding_plain_joins_differ() -> None:
+    k = Keys("prod")
+    assert k.idem("acme", "inv:42") != k.idem("acme:inv", "42")
+    assert k.idem("acme", "inv:42") == "inferq:prod:idem:4.acme:6.inv:42"

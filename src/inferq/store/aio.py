@@ -13,7 +13,7 @@ import redis
 
 from inferq import defaults
 from inferq.config import Settings
-from inferq.errors import QueueFull, RedisUnavailable
+from inferq.errors import IdempotencyConflict, QueueFull, RedisUnavailable
 from inferq.models import InferenceRequest, RequestRecord
 from inferq.store import calls
 from inferq.store.calls import Call, Submitted
@@ -81,16 +81,16 @@ class AsyncStore:
 
     async def submit_many(
         self, requests: Sequence[tuple[InferenceRequest, bool]]
-    ) -> list[Submitted | QueueFull]:
+    ) -> list[Submitted | QueueFull | IdempotencyConflict]:
         """See :meth:`inferq.store.Store.submit_many` (one pipelined round trip)."""
         pipe = self.redis.pipeline(transaction=False)
         for request, explicit in requests:
             await self._call(calls.submit_call(self.keys, self.settings, request, explicit), pipe)
-        out: list[Submitted | QueueFull] = []
+        out: list[Submitted | QueueFull | IdempotencyConflict] = []
         for (request, _), reply in zip(requests, await pipe.execute(), strict=True):
             try:
                 out.append(calls.parse_submit(reply, request))
-            except QueueFull as exc:
+            except (QueueFull, IdempotencyConflict) as exc:
                 out.append(exc)
         return out
 

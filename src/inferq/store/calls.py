@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 from inferq.config import Settings
-from inferq.errors import QueueFull, RequestNotFound
+from inferq.errors import IdempotencyConflict, QueueFull, RequestNotFound
 from inferq.models import Event, InferenceRequest, RequestRecord, WorkerInfo, from_ms
 from inferq.store.keys import Keys
 
@@ -93,6 +93,7 @@ def submit_call(
         round(request.deadline * 1000) if explicit_deadline else "",
         settings.idempotency_ttl_s,
         settings.events_maxlen,
+        request.fingerprint() if request.idempotency_key else "",
     ]
     for name, value in fields.items():
         argv += [name, value]
@@ -105,12 +106,17 @@ def parse_submit(reply: Sequence[str], request: InferenceRequest) -> Submitted:
 
     Raises:
         QueueFull: the class or tenant limit refused the request.
+        IdempotencyConflict: the idempotency key already names a request with other
+            fields (nothing written).
     """
     kind = reply[0]
     if kind == "ok":
         return Submitted(reply[1], False, from_ms(int(reply[2])), from_ms(int(reply[3])))
     if kind == "dup":
         return Submitted(reply[1], duplicate=True)
+    if kind == "conflict":
+        assert request.idempotency_key is not None
+        raise IdempotencyConflict(request.idempotency_key, request.tenant, reply[1])
     tenant = request.tenant if reply[1] == "tenant" else None
     raise QueueFull(request.priority, tenant, int(reply[2]))
 

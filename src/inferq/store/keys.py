@@ -5,6 +5,15 @@ deployments (or tests) share one Redis without touching each other's data.
 Lua scripts receive the prefix as ARGV and build per-request keys with the
 same templates (spelled once more in ``lua/includes/keys.lua``; a test checks they agree).
 
+Joining parts into a name must never be ambiguous, or one caller could name
+another's key (tenant ``acme`` with key ``inv:42`` and tenant ``acme:inv`` with
+key ``42`` would both be ``acme:inv:42``). Two rules keep every name unique:
+a part a caller chooses freely (a tenant, an idempotency key) is joined with
+:func:`join_parts`, which prefixes each part with its length (netstrings, D. J.
+Bernstein); a part from configuration (a class or model name, matching
+``NAME_PATTERN``: no ``:`` and no ``|``) may be followed by a separator, since
+the first separator after it is where it ends.
+
 Layout (P = ``inferq:<namespace>:``):
 
 ==============================  ======  =============================================
@@ -16,7 +25,7 @@ P queues                        set     ``<class>|<route>`` of every queue ever 
 P deadlines                     zset    queued/assigned ids, score = deadline ms
 P leases                        zset    assigned/running ids, score = lease expiry ms
 P done:<id>                     list    one token pushed when the request is final
-P idem:<tenant>:<key>           string  idempotency key -> request id
+P idem:<n>.<tenant>:<m>.<key>   hash    idempotency key -> ``id``, ``fp`` (request fingerprint)
 P counts                        hash    queued counts: ``c:<class>``, ``t:<class>:<tenant>``
 P stats                         hash    lifetime counters (submitted, succeeded, ...)
 P workers                       zset    live worker ids, score = last heartbeat ms
@@ -85,7 +94,8 @@ class Keys:
         return f"{self.prefix}done:{request_id}"
 
     def idem(self, tenant: str, key: str) -> str:
-        return f"{self.prefix}idem:{tenant}:{key}"
+        """The idempotency key ``key`` of ``tenant`` (both caller-chosen: length-prefixed)."""
+        return f"{self.prefix}idem:{join_parts(tenant, key)}"
 
     @property
     def counts(self) -> str:
@@ -165,6 +175,18 @@ class Keys:
     @property
     def scaler_workers(self) -> str:
         return f"{self.prefix}scaler:workers"
+
+
+def join_parts(*parts: str) -> str:
+    """Join caller-chosen parts so that no two different part lists give the same text.
+
+    Each part is written as ``<length>.<text>`` (length in characters) and the parts
+    are joined by ``:``: ``join_parts("acme", "inv:42")`` -> ``4.acme:6.inv:42``,
+    ``join_parts("acme:inv", "42")`` -> ``8.acme:inv:2.42``. Reading the length first
+    tells where each part ends, whatever characters it holds (netstrings, D. J.
+    Bernstein, 1997).
+    """
+    return ":".join(f"{len(part)}.{part}" for part in parts)
 
 
 def count_field_class(priority: str) -> str:

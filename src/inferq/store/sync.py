@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from inferq import defaults
 from inferq.config import Settings
-from inferq.errors import CorruptRecord, QueueFull, RequestNotFound
+from inferq.errors import CorruptRecord, IdempotencyConflict, QueueFull, RequestNotFound
 from inferq.models import InferenceRequest, RequestRecord, WorkerInfo
 from inferq.policy.estimate import update_moving_mean
 from inferq.policy.snapshot import Decision
@@ -47,26 +47,28 @@ class Store(AdminCalls):
 
         Raises:
             QueueFull: a class or tenant queue limit refused it (nothing written).
+            IdempotencyConflict: its idempotency key names a different request.
         """
         call = calls.submit_call(self.keys, self.settings, request, explicit_deadline)
         return calls.parse_submit(self._call(call), request)
 
     def submit_many(
         self, requests: Sequence[tuple[InferenceRequest, bool]]
-    ) -> list[Submitted | QueueFull]:
+    ) -> list[Submitted | QueueFull | IdempotencyConflict]:
         """Write many validated (request, explicit deadline) in one pipelined round trip.
 
         Returns one entry per request, in order: :class:`Submitted`, or the
-        :class:`QueueFull` that refused it (others are still written).
+        :class:`QueueFull` or :class:`IdempotencyConflict` that refused it (others
+        are still written).
         """
         pipe = self.redis.pipeline(transaction=False)
         for request, explicit in requests:
             self._call(calls.submit_call(self.keys, self.settings, request, explicit), pipe)
-        out: list[Submitted | QueueFull] = []
+        out: list[Submitted | QueueFull | IdempotencyConflict] = []
         for (request, _), reply in zip(requests, pipe.execute(), strict=True):
             try:
                 out.append(calls.parse_submit(reply, request))
-            except QueueFull as exc:
+            except (QueueFull, IdempotencyConflict) as exc:
                 out.append(exc)
         return out
 

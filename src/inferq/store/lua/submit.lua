@@ -1,19 +1,28 @@
 -- submit: accept one validated request, or refuse it, in one round trip.
--- KEYS[1] req:<id>   KEYS[2] q:<class>:<route>   KEYS[3] idem:<tenant>:<key> (absent = none:
--- never an empty key name, which an ACL user confined to inferq:* may not name)
+-- KEYS[1] req:<id>   KEYS[2] q:<class>:<route>   KEYS[3] idem:<n>.<tenant>:<m>.<key>
+-- (absent = none: never an empty key name, which an ACL user confined to inferq:* may not name)
 -- ARGV: 1 prefix, 2 id, 3 class, 4 route, 5 tenant, 6 class_limit, 7 tenant_limit,
 --       8 timeout_ms, 9 deadline_ms ('' = now + timeout), 10 idem_ttl_s, 11 events maxlen,
---       12.. field/value pairs of the submission
--- Returns {'ok', id, submitted_ms, deadline_ms} | {'dup', existing_id} | {'full', 'class'|'tenant', limit}
+--       12 fingerprint of the request's fields ('' without a key),
+--       13.. field/value pairs of the submission
+-- Returns {'ok', id, submitted_ms, deadline_ms} | {'dup', existing_id}
+--       | {'conflict', existing_id} | {'full', 'class'|'tenant', limit}
 -- Invariant: a request is in exactly one queue iff its state is 'queued'; counts:c:<class>
 -- and counts:t:<class>:<tenant> equal the queued requests they name; an idempotency key
--- maps to at most one request; a refused submission writes nothing.
--- include: clock, counts, events, wake
+-- maps to at most one request, of its own tenant, with the same fingerprint, and only
+-- while that request's record exists (a key whose record expired is re-pointed); a
+-- refused submission writes nothing.
+-- include: clock, keys, counts, events, wake
 local p, id, class, route, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local idem = KEYS[3]
+local idem, fp = KEYS[3], ARGV[12]
 if idem then
-  local existing = redis.call('GET', idem)
-  if existing then return {'dup', existing} end
+  -- pcall: a value of another type (a string of the old layout) is a stale pointer.
+  local held = redis.pcall('HMGET', idem, 'id', 'fp')
+  local existing = type(held) == 'table' and not held.err and held[1]
+  if existing and redis.call('EXISTS', k_req(p, existing)) == 1 then
+    if held[2] ~= fp then return {'conflict', existing} end
+    return {'dup', existing}
+  end
 end
 local class_n = tonumber(redis.call('HGET', p .. 'counts', 'c:' .. class) or '0')
 if class_n >= tonumber(ARGV[6]) then return {'full', 'class', ARGV[6]} end
@@ -26,7 +35,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then return {'dup', id} end
 local now = now_ms()
 local deadline = tonumber(ARGV[9]) or (now + tonumber(ARGV[8]))
 local fields = {}
-for i = 12, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 13, #ARGV do fields[#fields + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('HSET', KEYS[1], 'state', 'queued', 'submitted_ms', now, 'deadline_ms', deadline,
   'attempts', 0)
@@ -34,7 +43,11 @@ redis.call('ZADD', KEYS[2], now, id)
 redis.call('SADD', p .. 'queues', class .. '|' .. route)
 redis.call('ZADD', p .. 'deadlines', deadline, id)
 count_queued(p, class, tenant, 1)
-if idem then redis.call('SET', idem, id, 'EX', ARGV[10]) end
+if idem then
+  redis.call('DEL', idem)
+  redis.call('HSET', idem, 'id', id, 'fp', fp)
+  redis.call('EXPIRE', idem, ARGV[10])
+end
 stat(p, 'submitted')
 emit(p, ARGV[11], 'submit', 'id', id, 'class', class, 'route', route, 'tenant', tenant)
 wake(p)
