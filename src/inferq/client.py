@@ -19,8 +19,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
+from inferq.cells import cell_for, cell_of, with_cell
 from inferq.config import Settings
 from inferq.errors import IdempotencyConflict, InvalidRequest, QueueFull, ResultTimeout
 from inferq.intake import build_request
@@ -34,6 +35,67 @@ _RUNNING_GRACE_LEASES = 2.0
 EXPIRED_BY_CLIENT = "deadline passed with no dispatcher"
 
 H = TypeVar("H")
+#: A store type: :class:`Store` for :class:`Client`, :class:`AsyncStore` for :class:`AsyncClient`.
+S = TypeVar("S")
+
+
+class _CellStores(Generic[S]):
+    """The store of each cell (:mod:`inferq.cells`), opened on first use.
+
+    Without cells every request goes to ``home`` (the client's own store). With cells a
+    new request goes to the cell of its route and tenant, its id prefixed with the
+    cell's name, and an id goes to the cell it names (``home`` when it names none).
+    """
+
+    def __init__(self, settings: Settings, home: S, open_store: Callable[[Settings], S]) -> None:
+        self.settings = settings
+        self.home: S = home
+        self._open: Callable[[Settings], S] = open_store
+        self._stores: dict[str, S] = {}
+
+    def get(self, cell: str | None) -> S:
+        if cell is None:
+            return self.home
+        if cell not in self._stores:
+            url = self.settings.cells[cell].redis_url
+            self._stores[cell] = self._open(self.settings.model_copy(update={"redis_url": url}))
+        return self._stores[cell]
+
+    def for_request(self, request: InferenceRequest) -> tuple[InferenceRequest, S]:
+        """The request (its id naming its cell) and the store of that cell."""
+        cell = cell_for(self.settings, request.model, request.tenant)
+        if cell is not None:
+            request = request.model_copy(update={"id": with_cell(cell, request.id)})
+        return request, self.get(cell)
+
+    def for_id(self, request_id: str) -> S:
+        """The store of the cell ``request_id`` names. Raises InvalidRequest (unknown cell)."""
+        return self.get(cell_of(self.settings, request_id))
+
+    def by_store(
+        self, requests: Sequence[tuple[InferenceRequest, bool]]
+    ) -> list[tuple[S, list[int], list[tuple[InferenceRequest, bool]]]]:
+        """The requests grouped by cell: (store, their indices, the requests with cell ids)."""
+        groups: dict[int, tuple[S, list[int], list[tuple[InferenceRequest, bool]]]] = {}
+        for i, (request, explicit) in enumerate(requests):
+            routed, store = self.for_request(request)
+            group = groups.setdefault(id(store), (store, [], []))
+            group[1].append(i)
+            group[2].append((routed, explicit))
+        return list(groups.values())
+
+    def others(self) -> list[S]:
+        """The cell stores opened so far (the home store not included)."""
+        return [s for s in self._stores.values() if s is not self.home]
+
+
+def _in_order(n: int, parts: Iterable[tuple[list[int], Sequence[H]]]) -> list[H]:
+    """Reassemble per-group outcomes into the order of the original ``n`` items."""
+    out: list[Any] = [None] * n
+    for indices, outcomes in parts:
+        for i, outcome in zip(indices, outcomes, strict=True):
+            out[i] = outcome
+    return out
 
 
 class BatchRefused(QueueFull):
@@ -113,9 +175,14 @@ class Client:
         base = settings or (store.settings if store is not None else None)
         self.settings = _settings(base, redis_url, namespace)
         self.store = store or Store(connection or connect(self.settings.redis_url), self.settings)
+        self.cells = _CellStores(
+            self.settings, self.store, lambda s: Store(connect(s.redis_url), s)
+        )
 
     def close(self) -> None:
-        """Close the connection pool."""
+        """Close the connection pools (every cell's opened so far)."""
+        for store in self.cells.others():
+            store.close()
         self.store.close()
 
     def __enter__(self) -> Client:
@@ -139,8 +206,10 @@ class Client:
             IdempotencyConflict: ``idempotency_key`` already names a request of this
                 tenant with a different prompt or parameters (nothing written).
         """
-        request = build_request(self.settings, prompt=prompt, **fields)
-        submitted = self.store.submit(request, explicit_deadline="deadline" in fields)
+        request, store = self.cells.for_request(
+            build_request(self.settings, prompt=prompt, **fields)
+        )
+        submitted = store.submit(request, explicit_deadline="deadline" in fields)
         return RequestHandle(self, submitted)
 
     def submit_many(self, items: Iterable[Mapping[str, Any]]) -> list[RequestHandle]:
@@ -155,7 +224,10 @@ class Client:
                 for a different request; the others were written (``exc.accepted``).
         """
         requests = _build_many(self.settings, items)
-        outcomes = self.store.submit_many(requests)
+        parts = [
+            (idx, store.submit_many(group)) for store, idx, group in self.cells.by_store(requests)
+        ]
+        outcomes = _in_order(len(requests), parts)
         return _handles(lambda s: RequestHandle(self, s), outcomes)
 
     def status(self, request_id: str) -> RequestRecord:
@@ -163,8 +235,9 @@ class Client:
 
         Raises:
             RequestNotFound: unknown id, or its result expired (``result_ttl_s``).
+            InvalidRequest: the id names a cell the settings do not know.
         """
-        return self.store.record(request_id)
+        return self.cells.for_id(request_id).record(request_id)
 
     def result(self, request_id: str, timeout: float | None = None) -> Result:
         """Block until the request is final and return its one result.
@@ -178,16 +251,17 @@ class Client:
             RequestNotFound: unknown id.
         """
         wait = _ResultWait(self.settings, request_id, timeout)
+        store = self.cells.for_id(request_id)
         while True:
-            record = self.store.record(request_id)
+            record = store.record(request_id)
             if record.result is not None:
                 return record.result
-            step = wait.next(record, self.store.now())
+            step = wait.next(record, store.now())
             if step.action == "expire":
-                self.store.expire_ids([(request_id, EXPIRED_BY_CLIENT)])
+                store.expire_ids([(request_id, EXPIRED_BY_CLIENT)])
             else:
                 before = time.monotonic()
-                if not self.store.wait_final(request_id, step.block_s):
+                if not store.wait_final(request_id, step.block_s):
                     _pace(before, step.seconds)
 
     def cancel(self, request_id: str) -> RequestState:
@@ -198,7 +272,7 @@ class Client:
         Raises:
             RequestNotFound: unknown id.
         """
-        return RequestState(self.store.cancel(request_id))
+        return RequestState(self.cells.for_id(request_id).cancel(request_id))
 
 
 class AsyncClient:
@@ -213,9 +287,12 @@ class AsyncClient:
     ) -> None:
         self.settings = _settings(settings, redis_url, namespace)
         self.store = AsyncStore.from_settings(self.settings)
+        self.cells = _CellStores(self.settings, self.store, AsyncStore.from_settings)
 
     async def aclose(self) -> None:
-        """Close the connection pool."""
+        """Close the connection pools (every cell's opened so far)."""
+        for store in self.cells.others():
+            await store.close()
         await self.store.close()
 
     async def __aenter__(self) -> AsyncClient:
@@ -227,35 +304,43 @@ class AsyncClient:
 
     async def submit(self, prompt: str | None = None, **fields: Any) -> AsyncRequestHandle:
         """See :meth:`Client.submit`."""
-        request = build_request(self.settings, prompt=prompt, **fields)
-        submitted = await self.store.submit(request, explicit_deadline="deadline" in fields)
+        request, store = self.cells.for_request(
+            build_request(self.settings, prompt=prompt, **fields)
+        )
+        submitted = await store.submit(request, explicit_deadline="deadline" in fields)
         return AsyncRequestHandle(self, submitted.id, submitted.duplicate)
 
     async def submit_many(self, items: Iterable[Mapping[str, Any]]) -> list[AsyncRequestHandle]:
-        """See :meth:`Client.submit_many` (one pipelined round trip)."""
-        outcomes = await self.store.submit_many(_build_many(self.settings, items))
+        """See :meth:`Client.submit_many` (one pipelined round trip per cell)."""
+        requests = _build_many(self.settings, items)
+        parts = [
+            (idx, await store.submit_many(group))
+            for store, idx, group in self.cells.by_store(requests)
+        ]
+        outcomes = _in_order(len(requests), parts)
         return _handles(lambda s: AsyncRequestHandle(self, s.id, s.duplicate), outcomes)
 
     async def status(self, request_id: str) -> RequestRecord:
         """See :meth:`Client.status`."""
-        return await self.store.record(request_id)
+        return await self.cells.for_id(request_id).record(request_id)
 
     async def result(self, request_id: str, timeout: float | None = None) -> Result:
         """See :meth:`Client.result`."""
         wait = _ResultWait(self.settings, request_id, timeout)
+        store = self.cells.for_id(request_id)
         while True:
-            record = await self.status(request_id)
+            record = await store.record(request_id)
             if record.result is not None:
                 return record.result
-            step = wait.next(record, await self.store.now())
+            step = wait.next(record, await store.now())
             if step.action == "expire":
-                await self.store.expire_ids([(request_id, EXPIRED_BY_CLIENT)])
+                await store.expire_ids([(request_id, EXPIRED_BY_CLIENT)])
             else:
-                await self.store.wait_final(request_id, step.block_s)
+                await store.wait_final(request_id, step.block_s)
 
     async def cancel(self, request_id: str) -> RequestState:
         """See :meth:`Client.cancel`."""
-        return RequestState(await self.store.cancel(request_id))
+        return RequestState(await self.cells.for_id(request_id).cancel(request_id))
 
 
 class AsyncRequestHandle:

@@ -30,6 +30,7 @@ The scaler reads the ``[scaling]`` table (see :class:`ScalingSettings`)::
 from __future__ import annotations
 
 import os
+import re
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,8 @@ from inferq import defaults
 from inferq.errors import ConfigError, UnknownPriorityClass
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+#: A cell's name: it starts every request id of the cell (see :mod:`inferq.cells`).
+CELL_NAME_PATTERN = r"^[a-z0-9]{1,16}$"
 
 
 class PriorityClass(BaseModel):
@@ -262,6 +265,27 @@ def _default_classifier() -> dict[str, ClassifierRule]:
     }
 
 
+class CellSpec(BaseModel):
+    """One cell: a Redis primary with its own dispatchers, workers and scaler (``[cells.NAME]``).
+
+    Attributes:
+        redis_url: the cell's Redis (a ``redis+sentinel://`` URL in production).
+        routes: the routes it serves (model names or size requirements such as
+            ``>=13b``). Requests degrade to a route's fallbacks inside the cell, so
+            the cell runs workers for them too. A cell with no routes gets no new
+            requests, and the ids of its past ones still resolve (a retired cell).
+        tenants: when set, the cell serves its routes for these tenants only
+            (e.g. a large customer's own cell); other tenants go to the cell that
+            lists the route for everyone.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    redis_url: str
+    routes: list[str] = Field(default_factory=list)
+    tenants: list[str] = Field(default_factory=list)
+
+
 class Settings(BaseSettings):
     """All of inferq's configuration; see the module docstring for sources.
 
@@ -290,6 +314,10 @@ class Settings(BaseSettings):
     lease_s: float = Field(default=defaults.LEASE_S, gt=0)
     chars_per_token: float = Field(default=defaults.CHARS_PER_TOKEN, gt=0)
     scaling: ScalingSettings = Field(default_factory=ScalingSettings)
+    #: Cells by name (empty: one Redis, ``redis_url``); see :mod:`inferq.cells`.
+    cells: dict[str, CellSpec] = Field(default_factory=dict)
+    #: The cell of routes no cell lists (None: such requests are refused).
+    default_cell: str | None = None
 
     @field_validator("classes")
     @classmethod
@@ -325,7 +353,25 @@ class Settings(BaseSettings):
         for pool in self.scaling.pools:
             if pool not in models:
                 raise ValueError(f"scaling.pools[{pool!r}]: model is not in the registry")
+        self._check_cells()
         return self
+
+    def _check_cells(self) -> None:
+        """Known default cell, valid names, each (route, tenant scope) in exactly one cell."""
+        if self.default_cell is not None and self.default_cell not in self.cells:
+            raise ValueError(f"default_cell {self.default_cell!r} is not in cells")
+        owner: dict[tuple[str, str], str] = {}
+        for name, cell in self.cells.items():
+            if not re.match(CELL_NAME_PATTERN, name):
+                raise ValueError(f"cells[{name!r}]: a cell name is 1-16 of [a-z0-9]")
+            for route in cell.routes:
+                for tenant in cell.tenants or ["*"]:
+                    other = owner.setdefault((route, tenant), name)
+                    if other != name:
+                        raise ValueError(
+                            f"cells[{name!r}].routes: {route!r} is served by cell {other!r} "
+                            "too; a route lives in exactly one cell"
+                        )
 
     @classmethod
     def settings_customise_sources(

@@ -48,6 +48,11 @@ from inferq.logs import setup_logging
 )
 @click.option("--namespace", envvar="INFERQ_NAMESPACE", help="Key namespace of the deployment.")
 @click.option(
+    "--cell",
+    envvar="INFERQ_CELL",
+    help="Run against this cell's Redis (a name under [cells] in the settings).",
+)
+@click.option(
     "--config", "config_path", envvar="INFERQ_CONFIG", type=click.Path(), help="TOML settings file."
 )
 @click.option(
@@ -63,6 +68,7 @@ def cli(
     ctx: click.Context,
     redis_url: str | None,
     namespace: str | None,
+    cell: str | None,
     config_path: str | None,
     log_level: str,
     log_json: bool,
@@ -78,6 +84,10 @@ def cli(
         settings = Settings.load(config_path, **overrides)
     except InferqError as exc:
         fail(str(exc))
+    if cell is not None:
+        if cell not in settings.cells:
+            fail(f"--cell: {cell!r} is not a cell (configured: {sorted(settings.cells) or 'none'})")
+        settings = settings.model_copy(update={"redis_url": settings.cells[cell].redis_url})
     ctx.obj = Context(settings)
 
 
@@ -227,6 +237,15 @@ def events(obj: Context, count: int, follow: bool, as_json: bool) -> None:
 def report(obj: Context, as_json: bool) -> None:
     """The run report: queue sizes, oldest waits, per-worker counts, recent events."""
     emit(views.report_dict(obj.store), as_json, views.report_render)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def cells(obj: Context, as_json: bool) -> None:
+    """Every cell: its Redis, routes and tenants, whether it answers, queued and live workers."""
+    emit(views.cells_list(obj.settings), as_json, views.cells_render)
 
 
 @cli.command()

@@ -10,8 +10,10 @@ from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
 
+from inferq.config import Settings
+from inferq.errors import InferqError, redact_url
 from inferq.models import Event, RequestRecord
-from inferq.store import Store
+from inferq.store import REDIS_ERRORS, Store, connect, describe_error
 
 
 def _s(value: float | None) -> str:
@@ -224,3 +226,66 @@ def report_render(data: dict[str, Any]) -> Group:
         fields = {k: v for k, v in e.items() if k not in ("id", "type", "at", "ids")}
         events.add_row(f"{e['type']} " + " ".join(f"{k}={v}" for k, v in fields.items()))
     return Group(head, queue_table(data["queues"], data["rates_per_s"]), workers, events)
+
+
+def cells_list(settings: Settings) -> list[dict[str, Any]]:
+    """One row per configured cell: Redis (redacted), routes, tenants, and what it holds now.
+
+    A cell that does not answer gets ``reachable: False`` and the error; the others are
+    still read (one cell's outage does not hide the rest).
+    """
+    rows: list[dict[str, Any]] = []
+    for name, spec in settings.cells.items():
+        row: dict[str, Any] = {
+            "cell": name,
+            "redis": redact_url(spec.redis_url),
+            "routes": list(spec.routes),
+            "tenants": list(spec.tenants),
+        }
+        try:
+            store = Store(
+                connect(spec.redis_url), settings.model_copy(update={"redis_url": spec.redis_url})
+            )
+        except InferqError as exc:
+            rows.append({**row, "reachable": False, "error": str(exc)})
+            continue
+        try:
+            counts = store.queued_counts()
+            infos, _ = store.workers()
+            states: dict[str, int] = {}
+            for w in infos:
+                states[w.state.value] = states.get(w.state.value, 0) + 1
+            row |= {
+                "reachable": True,
+                "queued": sum(v for k, v in counts.items() if k.startswith("c:")),
+                "workers": states,
+            }
+        except REDIS_ERRORS as exc:
+            row |= {"reachable": False, "error": describe_error(spec.redis_url, exc)}
+        finally:
+            store.close()
+        rows.append(row)
+    return rows
+
+
+def cells_render(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title="cells")
+    for col in ("cell", "redis", "routes", "tenants", "queued", "workers"):
+        table.add_column(col, justify="right" if col == "queued" else "left", overflow="fold")
+    for r in rows:
+        workers = (
+            ", ".join(f"{n} {s}" for s, n in sorted(r["workers"].items())) or "none"
+            if r["reachable"]
+            else f"[red]unreachable[/red]: {r['error']}"
+        )
+        table.add_row(
+            r["cell"],
+            r["redis"],
+            ", ".join(r["routes"]),
+            ", ".join(r["tenants"]) or "all",
+            str(r["queued"]) if r["reachable"] else "-",
+            workers,
+        )
+    if not rows:
+        table.caption = "no cells configured: one Redis (--redis-url); see docs/scaling.md"
+    return table
