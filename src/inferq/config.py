@@ -57,6 +57,10 @@ class PriorityClass(BaseModel):
     ``level`` is the integer callers may pass instead of the name (0 = highest).
     A ``weight`` of 0 serves the class only when every class above it is empty
     (strict priority); ``aging_s`` then still bounds how long it can wait.
+    ``may_preempt_after_s`` and ``preemptible`` make the rule against priority
+    inversion (issue 12): a request that has waited that long and fits no worker
+    reserves one and aborts running work of lower, preemptible classes there
+    (:mod:`inferq.policy.preemption`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -79,6 +83,17 @@ class PriorityClass(BaseModel):
     degrade_after_s: float = Field(default=1.0, ge=0, description="wait before falling back")
     refuse_late: bool = Field(
         default=False, description="expire early a request that cannot finish by its deadline"
+    )
+    preemptible: bool = Field(
+        default=False,
+        description="running requests of this class may be aborted and requeued "
+        "for a higher class (not counted as a failed attempt)",
+    )
+    may_preempt_after_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="wait after which a request that fits no worker reserves one and "
+        "preempts lower, preemptible classes there, seconds (None: never)",
     )
 
 
@@ -181,6 +196,8 @@ def _default_classes() -> list[PriorityClass]:
             batch_delay_s=defaults.CLASS_BATCH_DELAY_S[name],
             aging_s=defaults.CLASS_AGING_S[name],
             allow_degrade=name == "realtime",
+            preemptible=defaults.CLASS_PREEMPTIBLE[name],
+            may_preempt_after_s=defaults.CLASS_MAY_PREEMPT_AFTER_S[name],
         )
         for name in ("realtime", "standard", "batch")
     ]

@@ -27,6 +27,22 @@ CLASS_BATCH_DELAY_S = {"realtime": 0.0, "standard": 0.05, "batch": 0.5}
 #: Aging bound: no request waits longer than this while lower-priority work is
 #: served; half the SLA for the lower classes, none needed for the top class.
 CLASS_AGING_S = {"realtime": 1.0, "standard": 5.0, "batch": 30.0}
+#: Preemption (issue 12): a request of a class with a bound here that has waited
+#: this long, with no worker that has room for it, takes room from lower-class
+#: work: its reserved worker admits nothing of a lower class until it fits (EASY
+#: backfilling's reservation) and running work of preemptible classes is aborted
+#: on the model server and requeued (vLLM's recompute preemption). A quarter of
+#: the SLA for realtime (0.5 s of 2 s) and half for standard (5 s of 10 s), so the
+#: freed room is taken (one tick, a prefill) well inside the SLA. Batch never
+#: preempts: its 60 s SLA is met by the aging bound alone.
+CLASS_MAY_PREEMPT_AFTER_S: dict[str, float | None] = {
+    "realtime": 0.5,
+    "standard": 5.0,
+    "batch": None,
+}
+#: Classes whose running work may be preempted: only batch (minutes of SLA, and a
+#: recomputed prefill costs it seconds); realtime and standard are never aborted.
+CLASS_PREEMPTIBLE = {"realtime": False, "standard": False, "batch": True}
 #: Per-class queue limit (backpressure, HTTP 429 equivalent). 100k queued
 #: requests at ~1 KiB each is ~100 MiB of Redis: far beyond any fleet's backlog.
 CLASS_QUEUE_LIMIT = 100_000
@@ -59,6 +75,10 @@ BLOCK_CHUNK_S = 2.0
 # --- workers and leases ---
 #: Heartbeat period, seconds (issue #4: every second by default).
 HEARTBEAT_INTERVAL_S = 1.0
+#: Longest block of a worker's read of its control channel (``ctl:<id>``), seconds:
+#: an abort (a preemption) reaches the model server within this plus one round trip,
+#: a small share of realtime's 2 s SLA; stopping the reader waits at most this long.
+CONTROL_BLOCK_S = 0.5
 #: A heartbeat hash lives three intervals (issue #4); a worker silent that long is dead.
 HEARTBEAT_TTL_INTERVALS = 3
 #: Lease length, seconds: heartbeat TTL plus a margin, so one missed beat does not

@@ -30,6 +30,7 @@ def test_every_key_is_under_the_prefix() -> None:
         k.load("w"),
         k.inflight("w"),
         k.drain("w"),
+        k.ctl("w"),
         k.fair_classes,
         k.fair_tenants("batch"),
         k.fair_active("batch"),
@@ -55,6 +56,7 @@ def test_lua_templates_match_keys_py() -> None:
     assert k.done("ID") == k.prefix + templates["k_done"] + "ID"
     assert k.load("W") == k.prefix + templates["k_load"] + "W"
     assert k.inflight("W") == k.prefix + templates["k_inflight"] + "W"
+    assert k.ctl("W") == k.prefix + templates["k_ctl"] + "W"
     assert k.queue("C", "R") == f"{k.prefix}q:C:R"
     assert "'q:' .. class .. ':' .. route" in LIB
 

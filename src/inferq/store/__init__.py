@@ -12,7 +12,7 @@ dispatcher's snapshot. Nothing outside this package (besides the RQ delivery sea
 """
 
 from inferq.store.aio import AsyncStore
-from inferq.store.calls import Completion, Submitted
+from inferq.store.calls import Abort, Completion, Submitted
 from inferq.store.connection import (
     CONNECTION_ERRORS,
     REDIS_ERRORS,
@@ -30,6 +30,7 @@ __all__ = [
     "CONNECTION_ERRORS",
     "REDIS_ERRORS",
     "REPLY_ERRORS",
+    "Abort",
     "AsyncConnection",
     "AsyncStore",
     "Completion",

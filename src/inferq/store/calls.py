@@ -9,6 +9,7 @@ request hash, an event, the output estimates) live here for the same reason.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
@@ -48,13 +49,13 @@ class Completion:
     """A finished request's result, as a worker hands it to :meth:`Store.complete`.
 
     Attributes:
-        status: ``succeeded``, ``failed`` (not retryable) or ``expired``.
+        status: ``succeeded``, ``failed`` (not retryable), ``expired`` or ``cancelled``.
         first_token_at: epoch seconds of the first output token, when known.
     """
 
     request_id: str
     attempt: int
-    status: Literal["succeeded", "failed", "expired"]
+    status: Literal["succeeded", "failed", "expired", "cancelled"]
     output: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -319,6 +320,88 @@ def requeue_call(
 def parse_requeue(reply: Sequence[Any]) -> list[str]:
     """One verdict per item: ``queued``, ``expired``, ``dead`` or ``stale``."""
     return [str(v) for v in reply]
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """An abort of one (request, attempt) on the worker that holds it.
+
+    Attributes:
+        request_id / attempt / worker_id: what to abort; a newer attempt is untouched.
+        action: ``requeue`` (a preemption: back to its queue at its original position,
+            no attempt spent), ``cancel`` or ``expire`` (made final with ``reason``).
+        reason: why, for the event and (cancel/expire) the result's error.
+        charged: virtual-token-counter tokens its dispatch charged the tenant; a requeue
+            gives back what the attempt did not use.
+    """
+
+    request_id: str
+    attempt: int
+    worker_id: str
+    action: Literal["requeue", "cancel", "expire"]
+    reason: str
+    charged: float = 0.0
+
+
+#: Control-channel commands outlive a worker's silence by this factor of the lease, then
+#: the list expires (a dead worker's channel is not kept; remove_worker deletes it too).
+CONTROL_TTL_LEASES = 2
+
+
+def abort_call(
+    keys: Keys, settings: Settings, aborts: Sequence[Abort], output_weight: float
+) -> Call:
+    """``abort.lua``: stop assigned/running requests (not started: at once; running: a
+    command on the worker's control channel). ``output_weight`` is the tenant counter's
+    weight of an output token (the dispatch policy's ``vtc_output_weight``): a requeue
+    gives back the charge beyond ``prompt + output_weight x generated``."""
+    s = settings
+    ttl_ms = round(s.lease_s * 1000 * CONTROL_TTL_LEASES)
+    argv: list[Any] = [keys.prefix, s.result_ttl_s, s.events_maxlen, ttl_ms, repr(output_weight)]
+    for a in aborts:
+        argv += [a.request_id, a.attempt, a.worker_id, a.action, a.reason, repr(a.charged)]
+    return Call("abort", [], argv)
+
+
+def parse_abort(reply: Sequence[Any]) -> list[str]:
+    """One verdict per abort: ``done``, ``sent``, ``pending`` or ``stale``."""
+    return [str(v) for v in reply]
+
+
+def requeue_preempted_call(
+    keys: Keys, settings: Settings, worker_id: str, items: Sequence[tuple[str, int, int]]
+) -> Call:
+    """``requeue_preempted.lua``: (request id, attempt, tokens generated) aborted for a
+    preemption on ``worker_id`` go back to their queues."""
+    s = settings
+    argv: list[Any] = [keys.prefix, s.result_ttl_s, s.events_maxlen, worker_id]
+    for rid, attempt, generated in items:
+        argv += [rid, attempt, generated]
+    return Call("requeue_preempted", [], argv)
+
+
+def parse_requeue_preempted(reply: Sequence[Any]) -> list[str]:
+    """One verdict per item: ``queued``, ``expired`` or ``stale``."""
+    return [str(v) for v in reply]
+
+
+def parse_control(raw: str) -> Abort | None:
+    """A command read from a worker's control channel, or None when it does not parse
+    (a worker never dies of a bad command: it is logged and dropped)."""
+    try:
+        data = json.loads(raw)
+        action = str(data["action"])
+        if action not in ("requeue", "cancel", "expire"):
+            return None
+        return Abort(
+            request_id=str(data["id"]),
+            attempt=int(data["attempt"]),
+            worker_id="",
+            action=action,  # type: ignore[arg-type]
+            reason=str(data.get("reason", "")),
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 # --- client and admin -------------------------------------------------------------------

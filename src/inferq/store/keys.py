@@ -33,6 +33,7 @@ P worker:<id>                   hash    heartbeat (expires after 3 intervals)
 P load:<id>                     hash    reserved ``slots`` and ``mib`` of assigned work
 P inflight:<id>                 set     request ids assigned to the worker
 P drain:<id>                    string  set when the worker was asked to drain
+P ctl:<id>                      list    control commands to the worker (abort), TTL
 P fair:classes                  hash    class -> smooth-WRR credit
 P fair:tenants:<class>          hash    tenant -> virtual token counter
 P fair:active:<class>           set     tenants backlogged at the last decision
@@ -121,6 +122,10 @@ class Keys:
 
     def drain(self, worker_id: str) -> str:
         return f"{self.prefix}drain:{worker_id}"
+
+    def ctl(self, worker_id: str) -> str:
+        """The worker's control channel: JSON commands (abort a running request)."""
+        return f"{self.prefix}ctl:{worker_id}"
 
     def rq_queue_name(self, worker_id: str) -> str:
         """Name (not key) of the worker's private RQ queue; RQ adds its own prefix."""

@@ -24,6 +24,8 @@ SCRIPTS = (
     "start",
     "complete",
     "requeue",
+    "abort",
+    "requeue_preempted",
     "expire",
     "cancel",
     "heartbeat",

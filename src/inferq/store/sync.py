@@ -20,7 +20,7 @@ from inferq.policy.estimate import update_moving_mean
 from inferq.policy.snapshot import Decision
 from inferq.store import calls, repair
 from inferq.store.admin import AdminCalls
-from inferq.store.calls import Completion, Submitted
+from inferq.store.calls import Abort, Completion, Submitted
 from inferq.store.connection import REPLY_ERRORS, connect
 from inferq.store.snapshot import DispatchView, read_dispatch_view
 
@@ -298,6 +298,52 @@ class Store(AdminCalls):
         """
         call = calls.requeue_call(self.keys, self.settings, items, penalize=penalize)
         return calls.parse_requeue(self._call(call))
+
+    def abort(
+        self, aborts: Sequence[Abort], output_weight: float = defaults.VTC_OUTPUT_WEIGHT
+    ) -> list[str]:
+        """Stop (request, attempt) pairs their workers hold: a preemption or a cancel.
+
+        Not yet started: requeued (no attempt spent) or made final at once; running: an
+        abort command goes on the worker's control channel (``ctl:<worker>``) and the
+        worker writes the outcome. ``output_weight``: the tenant counter's weight of an
+        output token (a requeue gives back what the attempt did not use). Returns
+        'done'/'sent'/'pending'/'stale' each.
+        """
+        if not aborts:
+            return []
+        call = calls.abort_call(self.keys, self.settings, aborts, output_weight)
+        return calls.parse_abort(self._call(call))
+
+    def requeue_preempted(self, worker_id: str, items: Sequence[tuple[str, int, int]]) -> list[str]:
+        """Send (request id, attempt, tokens generated) the worker aborted for a
+        preemption back to their queues at their original position, spending no attempt;
+        returns 'queued'/'expired'/'stale' each."""
+        call = calls.requeue_preempted_call(self.keys, self.settings, worker_id, items)
+        return calls.parse_requeue_preempted(self._call(call))
+
+    def take_control(self, worker_id: str, timeout_s: float) -> list[Abort]:
+        """Commands on the worker's control channel: blocks up to ``timeout_s`` for the
+        first, then takes whatever else is there. Unreadable commands are logged and
+        dropped."""
+        key = self.keys.ctl(worker_id)
+        first = self.redis.blpop([key], timeout=timeout_s)
+        if first is None:
+            return []
+        raw = [first[1]]
+        pipe = self.redis.pipeline(transaction=True)  # nothing pushed between is lost
+        pipe.lrange(key, 0, -1)
+        pipe.delete(key)
+        rest, _ = pipe.execute()
+        raw += list(rest)
+        out = []
+        for text in raw:
+            command = calls.parse_control(text)
+            if command is None:
+                log.warning("dropped an unreadable control command: %r", text[:200])
+            else:
+                out.append(command)
+        return out
 
     def reserved_mib(self, worker_id: str) -> float:
         """KV-cache MiB reserved on the worker by assigned work (``load:<id>``)."""

@@ -17,6 +17,10 @@ not yet written back); each beat, requests Redis says it holds but the engine
 never received for longer than one lease (a dispatcher killed between its claim
 and the RQ enqueue, a reply lost to a dropped connection, a truncated RQ job)
 are handed back to their queue (:meth:`Engine.recover_orphans`).
+
+A third thread reads the worker's control channel (:mod:`inferq.workers.control`):
+an abort command (a preemption, a cancel) cancels that request's model-server call,
+frees its slot and writes the outcome (:meth:`Engine.abort`).
 """
 
 from __future__ import annotations
@@ -31,13 +35,15 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from inferq import defaults, delivery
 from inferq.config import ModelSpec
 from inferq.errors import CorruptRecord, RequestNotFound
+from inferq.latency import decode_slowdown
 from inferq.models import RequestRecord, WorkerInfo, WorkerState
-from inferq.store import CONNECTION_ERRORS, REPLY_ERRORS, Completion, Store
+from inferq.store import CONNECTION_ERRORS, REPLY_ERRORS, Abort, Completion, Store
+from inferq.workers.control import ControlReader
 from inferq.workers.gpu import GpuInfo
 from inferq.workers.servers import ModelServer, ServerError, ServerRequest
 
@@ -45,6 +51,12 @@ log = logging.getLogger(__name__)
 
 #: Error of a request handed back because its batch never reached this worker.
 ORPHAN_ERROR = "its batch job never reached the worker (lost or unreadable RQ job)"
+
+#: What :meth:`Engine.abort` does with an aborted request.
+AbortAction = Literal["requeue", "cancel", "expire"]
+#: Longest wait of an abort for a request whose start was accepted but whose task is
+#: not launched yet (the engine loop schedules it right after ``start.lua``), seconds.
+ABORT_LAUNCH_WAIT_S = 1.0
 
 
 @dataclass
@@ -91,6 +103,8 @@ class Engine:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="engine", daemon=True)
         self._running: dict[str, tuple[asyncio.Task[None], int]] = {}
+        # request id -> (epoch s its server call began, prompt tokens, max_tokens)
+        self._begun: dict[str, tuple[float, int, int]] = {}
         self._pending: list[tuple[Completion, str | None]] = []
         self._flush_wanted: asyncio.Event | None = None
         self._flusher: asyncio.Task[None] | None = None
@@ -105,6 +119,8 @@ class Engine:
         self.on_drain_requested: Callable[[], None] = lambda: os.kill(os.getpid(), signal.SIGTERM)
         self.finished = 0
         self.failed = 0
+        self.aborted = 0
+        self._control = ControlReader(store, config.worker_id, self._on_control)
         self._rq: Any = None  # RQ's connection, opened when a broken job must be inspected
 
     # --- identity, as the delivery seam sees it ----------------------------------------
@@ -140,6 +156,7 @@ class Engine:
             target=self._beat_forever, name="heartbeat", daemon=True
         )
         self._beat_thread.start()
+        self._control.start()
         self._call(self.server.load())
         self.state = WorkerState.READY
         self.beat()
@@ -182,6 +199,7 @@ class Engine:
 
     def stop(self, reason: str = "drained") -> None:
         """Flush results, leave the fleet (anything still held is requeued), stop threads."""
+        self._control.stop()
         self._call(self._flush_all())
         self._beat_stop.set()
         if self._beat_thread is not None:
@@ -248,6 +266,86 @@ class Engine:
                 log.warning("orphan check failed: %s", exc)
             except Exception:  # never let bad data stop the heartbeat
                 log.exception("orphan check failed")
+
+    # --- aborts: preemption and cancel of running requests ---------------------------
+
+    def abort(self, request_id: str, attempt: int, action: AbortAction, reason: str) -> str:
+        """Abort a running request: cancel its model-server call, free its slot, write why.
+
+        The model-server call is cancelled (the OpenAI-compatible servers stop a
+        request whose connection closes; the sim server stops sleeping), then:
+
+        - ``requeue`` (a preemption): ``requeue_preempted.lua`` puts it back at its
+          original queue position with its deadline, spending no attempt, and keeps in
+          its tenant's counter only the tokens it used: the prompt plus the tokens
+          generated, estimated from the time it ran by the model's latency profile
+          (a cancelled server call reports no count);
+        - ``cancel`` / ``expire``: made final (``cancelled`` / ``expired``) with ``reason``.
+
+        Fenced by ``attempt``: a newer attempt, or one that already finished, is left alone.
+
+        Args:
+            request_id: the request.
+            attempt: the attempt to abort (its fencing number).
+            action: ``requeue``, ``cancel`` or ``expire``.
+            reason: the error text of a cancel/expire, the log line's reason otherwise.
+
+        Returns:
+            ``aborted``, or ``not_running`` (this engine does not run that attempt).
+        """
+        deadline = time.monotonic() + ABORT_LAUNCH_WAIT_S
+        while True:
+            verdict: str = self._call(self._abort(request_id, attempt, action, reason))
+            if verdict != "launching" or time.monotonic() >= deadline:
+                break
+            time.sleep(0.02)
+        if verdict == "aborted":
+            log.info("aborted %s (attempt %d, %s): %s", request_id, attempt, action, reason)
+            return verdict
+        return "not_running"
+
+    def _on_control(self, command: Abort) -> None:
+        self.abort(command.request_id, command.attempt, command.action, command.reason)
+
+    async def _abort(self, rid: str, attempt: int, action: AbortAction, reason: str) -> str:
+        entry = self._running.get(rid)
+        if entry is None:
+            with self._held_lock:
+                return "launching" if rid in self._held else "not_running"
+        task, running_attempt = entry
+        if running_attempt != attempt or task.done() or not task.cancel():
+            return "not_running"  # another attempt, or finished: its result is on its way
+        begun = self._begun.get(rid)
+        await asyncio.gather(task, return_exceptions=True)
+        generated = self._generated(begun)
+        self.aborted += 1
+        if action == "requeue":
+            try:
+                await asyncio.to_thread(
+                    self.store.requeue_preempted,
+                    self.config.worker_id,
+                    [(rid, attempt, generated)],
+                )
+            finally:  # a failed write: recover_orphans hands it back after a lease
+                self._unhold([rid])
+        else:
+            status: Literal["cancelled", "expired"] = (
+                "cancelled" if action == "cancel" else "expired"
+            )
+            self._queue(Completion(rid, attempt, status, error=reason))
+        return "aborted"
+
+    def _generated(self, begun: tuple[float, int, int] | None) -> int:
+        """Output tokens a cancelled call had produced, estimated by the latency profile:
+        ``(elapsed - prompt / prefill_tps) x decode_tps / slowdown(concurrency)``,
+        within ``0..max_tokens``."""
+        if begun is None:
+            return 0
+        t0, prompt, max_tokens = begun
+        spec = self.config.spec
+        decoding = time.time() - t0 - prompt / spec.prefill_tps
+        rate = spec.decode_tps / decode_slowdown(spec.batch_efficiency, max(1, self.in_flight))
+        return max(0, min(max_tokens, int(decoding * rate)))
 
     # --- orphans: held in Redis, never received ----------------------------------------
 
@@ -381,6 +479,7 @@ class Engine:
 
     def _done(self, rid: str) -> None:
         self._running.pop(rid, None)
+        self._begun.pop(rid, None)
         if not self._running:
             with self._idle:
                 self._idle.notify_all()
@@ -397,6 +496,7 @@ class Engine:
             timeout_s=max(0.001, remaining),
         )
         t0 = time.time()
+        self._begun[req.id] = (t0, req.prompt_tokens, req.max_tokens)
         try:
             result = await asyncio.wait_for(
                 self.server.generate(breq, concurrency=self.in_flight),

@@ -1,6 +1,6 @@
 -- complete: record final results from a worker, fenced by attempt number.
 -- ARGV: 1 prefix, 2 worker id, 3 result ttl s, 4 events maxlen,
---       then 8-tuples: id, attempt, status ('succeeded'|'failed'|'expired'), output,
+--       then 8-tuples: id, attempt, status ('succeeded'|'failed'|'expired'|'cancelled'), output,
 --       prompt_tokens, completion_tokens, first_token_ms ('' if unknown), error
 -- Events: finish/fail/expire with class, tenant, queue_ms, e2e_ms, ttft_ms (finish time
 -- when the model server reports no first token), output and prompt tokens, so
@@ -27,7 +27,8 @@ for i = 5, #ARGV, 8 do
       'output', ARGV[i + 3], 'prompt_tokens_used', ARGV[i + 4],
       'completion_tokens', ARGV[i + 5], 'first_token_ms', ARGV[i + 6], 'error', ARGV[i + 7]})
     local etype = 'finish'
-    if status == 'failed' then etype = 'fail' elseif status == 'expired' then etype = 'expire' end
+    if status == 'failed' then etype = 'fail' elseif status == 'expired' then etype = 'expire'
+    elseif status == 'cancelled' then etype = 'cancel' end
     local submitted = tonumber(r[6])
     emit(p, maxlen, etype, 'id', id, 'worker', w, 'attempt', attempt, 'class', r[5],
       'tenant', r[8], 'queue_ms', tonumber(r[7]) - submitted, 'e2e_ms', now - submitted,

@@ -7,7 +7,7 @@
 -- Returns {removed (1|0), requeued ids...}; 0 when the worker is alive or already gone.
 -- Invariant: every request a removed worker held is requeued (or expired/dead-lettered), so
 -- nothing is lost; a worker that is still beating is never reaped.
--- include: clock, events, requeue
+-- include: clock, keys, events, requeue
 local p, w = ARGV[1], ARGV[2]
 local beat = redis.call('ZSCORE', p .. 'workers', w)
 if ARGV[4] == '1' then
@@ -24,7 +24,7 @@ for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
   redis.call('SREM', KEYS[2], id)
 end
 local model = redis.call('HGET', KEYS[1], 'model') or ''
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], k_ctl(p, w))
 redis.call('ZREM', p .. 'workers', w)
 emit(p, ARGV[8], ARGV[10], 'worker', w, 'model', model, 'reason', ARGV[9], 'requeued', #out - 1)
 return out

@@ -6,3 +6,5 @@ local function k_queue(p, class, route) return p .. 'q:' .. class .. ':' .. rout
 local function k_done(p, id) return p .. 'done:' .. id end
 local function k_load(p, w) return p .. 'load:' .. w end
 local function k_inflight(p, w) return p .. 'inflight:' .. w end
+local function k_ctl(p, w) return p .. 'ctl:' .. w end
+local function k_fair_tenants(p, class) return p .. 'fair:tenants:' .. class end

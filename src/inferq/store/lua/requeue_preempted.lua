@@ -1,0 +1,47 @@
+-- requeue_preempted: a worker aborted a running request for a preemption; back to its queue.
+-- ARGV: 1 prefix, 2 result ttl s, 3 events maxlen, 4 worker id,
+--       then triples: id, attempt, completion tokens generated before the abort
+-- Returns one verdict per tuple: 'queued', 'expired' (its deadline passed) or 'stale'.
+-- Invariant: a preempted request goes back at its original position (score = submit time)
+-- with its deadline, spends no attempt (attempt_base + 1, so max_attempts counts only
+-- failures), is counted in stats.preempted and a 'preempt' event, and its tenant's virtual
+-- token counter keeps only what it used (prompt + weight x generated tokens): the rest of
+-- its dispatch charge is given back (never below zero, never to a counter already dropped).
+-- include: clock, keys, counts, wake, events, release, finalize, requeue
+local p, ttl, maxlen, w = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local now = now_ms()
+local out = {}
+for i = 5, #ARGV, 3 do
+  local id, attempt, generated = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+  local key = k_req(p, id)
+  local r = redis.call('HMGET', key, 'state', 'attempts', 'worker', 'need_mib', 'priority',
+    'model', 'tenant', 'submitted_ms', 'deadline_ms', 'prompt_tokens', 'abort_charged', 'abort_weight')
+  if r[1] ~= 'running' or r[2] ~= attempt or r[3] ~= w then
+    out[#out + 1] = 'stale'
+  else
+    release(p, id, w, r[4])
+    redis.call('HDEL', key, 'abort_attempt', 'abort_action', 'abort_charged', 'abort_weight')
+    local used = (tonumber(r[10]) or 0) + (tonumber(r[12]) or 0) * generated
+    local refund = (tonumber(r[11]) or 0) - used
+    local fair = k_fair_tenants(p, r[5])
+    if refund > 0 and redis.call('HEXISTS', fair, r[7]) == 1 then
+      local left = tonumber(redis.call('HINCRBYFLOAT', fair, r[7], -refund))
+      if left < 0 then redis.call('HSET', fair, r[7], 0) end
+    end
+    if tonumber(r[9]) <= now then
+      finalize(p, id, 'expired', now, ttl, maxlen,
+        {'error', 'deadline passed while preempted (attempt ' .. attempt .. ')'})
+      emit(p, maxlen, 'expire', 'id', id, 'reason', 'deadline after preemption')
+      out[#out + 1] = 'expired'
+    else
+      redis.call('HINCRBY', key, 'attempt_base', 1)
+      redis.call('HINCRBY', key, 'preemptions', 1)
+      enqueue_again(p, id, {r[5], r[6], r[7], r[8]})
+      stat(p, 'preempted')
+      emit(p, maxlen, 'preempt', 'id', id, 'worker', w, 'attempt', attempt, 'class', r[5],
+        'tenant', r[7], 'tokens', generated)
+      out[#out + 1] = 'queued'
+    end
+  end
+end
+return out

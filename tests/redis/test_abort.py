@@ -1,0 +1,142 @@
+"""Aborting held requests (``abort.lua``, ``requeue_preempted.lua``, the worker's control
+channel): the path preemption takes, and a cancel of a running request."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from inferq.client import Client
+from inferq.config import Settings
+from inferq.models import RequestState
+from inferq.store import Abort, Store
+
+from ..builders import inference_request
+from ..helpers import queue_key, ready_worker, wait_for
+from .test_workers import Fleet
+
+
+def penalised_attempts(store: Store, rid: str) -> int:
+    """Attempts counted towards max_attempts (``attempts - attempt_base``)."""
+    fields = store.redis.hmget(store.keys.req(rid), "attempts", "attempt_base")
+    return int(fields[0] or 0) - int(fields[1] or 0)
+
+
+def test_abort_of_an_assigned_request_requeues_it_at_once(store: Store, settings: Settings) -> None:
+    ready_worker(store, "w1")
+    older, r = inference_request(settings), inference_request(settings)
+    store.submit(older)
+    store.submit(r)
+    [(rid, attempt)] = store.assign("w1", "b1", [(r.id, queue_key(store, r), 5.0)])
+    store.redis.hset(store.keys.fair_tenants("standard"), r.tenant, 100.0)
+    verdicts = store.abort([Abort(rid, attempt, "w1", "requeue", "for realtime", charged=40.0)])
+    assert verdicts == ["done"]
+    assert store.record(rid).state is RequestState.QUEUED
+    # original position (score = submit time), reservation given back, no attempt spent
+    assert store.redis.zrange(queue_key(store, r), 0, -1) == [older.id, r.id]
+    assert int(store.redis.hget(store.keys.load("w1"), "slots") or 0) == 0
+    assert penalised_attempts(store, rid) == 0
+    assert float(store.redis.hget(store.keys.fair_tenants("standard"), r.tenant)) == 60.0
+    assert store.stats()["preempted"] == 1
+    # the batch job arriving late finds its attempt stale
+    assert store.start("w1", [(rid, attempt)]) == ["stale"]
+    # a stale abort (the attempt moved on) does nothing
+    assert store.abort([Abort(rid, attempt, "w1", "requeue", "again")]) == ["stale"]
+
+
+def test_abort_of_a_running_request_goes_to_its_worker(store: Store, settings: Settings) -> None:
+    ready_worker(store, "w1")
+    r = inference_request(settings)
+    store.submit(r)
+    [(rid, attempt)] = store.assign("w1", "b1", [(r.id, queue_key(store, r), 5.0)])
+    assert store.start("w1", [(rid, attempt)]) == ["run"]
+    abort = Abort(rid, attempt, "w1", "requeue", "for realtime", charged=30.0)
+    assert store.abort([abort], output_weight=2.0) == ["sent"]
+    assert store.abort([abort]) == ["pending"]  # asked once per attempt
+    assert store.redis.pttl(store.keys.ctl("w1")) > 0  # a dead worker's channel expires
+    [command] = store.take_control("w1", 0.1)
+    assert (command.request_id, command.attempt, command.action) == (rid, attempt, "requeue")
+    assert store.take_control("w1", 0.05) == []
+    store.redis.hset(store.keys.fair_tenants("standard"), r.tenant, 100.0)
+    # the worker aborted it after 3 generated tokens: charged prompt + 2 x 3 only
+    assert store.requeue_preempted("w1", [(rid, attempt, 3)]) == ["queued"]
+    used = r.prompt_tokens + 2 * 3
+    fair = float(store.redis.hget(store.keys.fair_tenants("standard"), r.tenant))
+    assert fair == pytest.approx(100.0 - (30.0 - used))
+    rec = store.record(rid)
+    assert rec.state is RequestState.QUEUED and penalised_attempts(store, rid) == 0
+    assert store.requeue_preempted("w1", [(rid, attempt, 3)]) == ["stale"]
+    assert [e.type for e in store.events(count=100)][-1] == "preempt"
+
+
+def test_unreadable_control_commands_are_dropped(store: Store) -> None:
+    ready_worker(store, "w1")
+    key = store.keys.ctl("w1")
+    good = json.dumps({"id": "r1", "attempt": 2, "action": "cancel", "reason": "x"})
+    store.redis.rpush(key, "not json", json.dumps({"id": "r1", "action": "explode"}), good)
+    [command] = store.take_control("w1", 0.1)
+    assert (command.request_id, command.attempt, command.action) == ("r1", 2, "cancel")
+
+
+@pytest.fixture
+def fast_settings(namespace: str) -> Settings:
+    from ..conftest import REDIS_URL
+
+    return Settings.load(
+        redis_url=REDIS_URL, namespace=namespace, heartbeat_interval_s=0.2, lease_s=1.0
+    )
+
+
+@pytest.fixture
+def fleet(fast_settings: Settings, redis_client) -> Iterator[Fleet]:  # type: ignore[no-untyped-def]
+    f = Fleet(fast_settings, Store(redis_client, fast_settings))
+    yield f
+    f.close()
+
+
+@pytest.fixture
+def client(fast_settings: Settings, redis_client) -> Client:  # type: ignore[no-untyped-def]
+    return Client(settings=fast_settings, connection=redis_client)
+
+
+def running_attempt(client: Client, rid: str) -> int | None:
+    status = client.status(rid)
+    return status.attempt if status.state is RequestState.RUNNING else None
+
+
+def test_a_worker_aborts_a_running_request_and_it_runs_again(fleet: Fleet, client: Client) -> None:
+    """Preemption's path on the real stack: the sim server's call is cancelled, the slot
+    freed, the request requeued without spending an attempt, then it succeeds."""
+    fleet.worker("w1", time_scale=0.2, slots=1)
+    handle = client.submit("x", priority="batch", max_tokens=1100, timeout=120)
+    wait_for(lambda: running_attempt(client, handle.id) is not None, what="running")
+    attempt = running_attempt(client, handle.id)
+    assert attempt is not None
+    store = fleet.store
+    assert store.abort([Abort(handle.id, attempt, "w1", "requeue", "preempted by test")]) == [
+        "sent"
+    ]
+    wait_for(lambda: store.stats().get("preempted", 0) == 1, timeout=10, what="preempted")
+    result = handle.result(timeout=60)
+    assert result.status == "succeeded" and result.attempt == attempt + 1
+    assert penalised_attempts(store, handle.id) == 1  # the preempted attempt was not spent
+    kinds = [e.type for e in store.events(count=1000)]
+    assert "abort" in kinds and "preempt" in kinds
+
+
+def test_a_worker_cancels_a_running_request(fleet: Fleet, client: Client) -> None:
+    fleet.worker("w1", time_scale=1.0, slots=1)
+    handle = client.submit("x", priority="batch", max_tokens=1100, timeout=120)
+    wait_for(lambda: running_attempt(client, handle.id) is not None, what="running")
+    attempt = running_attempt(client, handle.id)
+    assert attempt is not None
+    verdict = fleet.store.abort([Abort(handle.id, attempt, "w1", "cancel", "caller went away")])
+    assert verdict == ["sent"]
+    result = handle.result(timeout=10)  # long before its 18 s of decoding
+    assert result.status == "cancelled" and result.error == "caller went away"
+    wait_for(
+        lambda: int(fleet.store.redis.hget(fleet.store.keys.load("w1"), "slots") or 0) == 0,
+        what="slot freed",
+    )
