@@ -393,7 +393,8 @@ def _replay(
             now = (time.monotonic() - t0) * opts.speedup
             due = []
             while i < len(workload) and workload[i].arrival_s <= now:
-                due.append(workload[i])
+                if workload[i].refused is None:  # intake would refuse it (the sim's rule)
+                    due.append(workload[i])
                 i += 1
             if due:
                 handles = client.submit_many(
@@ -491,8 +492,9 @@ def _report(
         "wall_s": round(wall_s, 1),
         "requests": len(workload),
         "submitted": len(ids),
+        "refused": sum(1 for r in workload if r.refused is not None),
         "unfinished": unfinished,
-        "lost": len(workload) - len(ids),
+        "lost": sum(1 for r in workload if r.refused is None) - len(ids),
         "classes": class_summary(outcomes, sla, scale=opts.speedup),
         "sla_s": sla,
         "slot_utilisation_mean": sum(util) / len(util) if util else None,

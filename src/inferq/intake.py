@@ -21,7 +21,7 @@ from inferq.errors import InvalidRequest, UnknownPriorityClass
 from inferq.ids import new_id
 from inferq.models import ChatMessage, InferenceRequest, Payload
 from inferq.policy.estimate import estimate_messages_tokens, estimate_prompt_tokens
-from inferq.routes import check_known, parse_route
+from inferq.routes import check_context, check_known, default_max_tokens, parse_route
 
 #: Largest JSON encoding of generation parameters, bytes.
 MAX_PARAMS_BYTES = 16 * 1024
@@ -115,10 +115,11 @@ def build_request(
     _check_str("idempotency_key", idempotency_key, optional=True)
     payload = _payload(settings, prompt, messages, params)
     prompt_tokens = _prompt_tokens(settings, payload)
-    max_context = max(s.max_context for s in specs)
     if max_tokens is None:
-        max_tokens = min(settings.default_max_tokens, max(1, max_context - prompt_tokens))
-    _check_max_tokens(max_tokens, prompt_tokens, max_context, route.text)
+        max_tokens = default_max_tokens(settings.default_max_tokens, prompt_tokens, specs)
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+        raise InvalidRequest("max_tokens", f"must be an integer, got {_show(max_tokens)}")
+    check_context(max_tokens, prompt_tokens, specs, route.text)
     timeout_s, deadline_at = _deadline(cls, timeout, deadline, now)
     try:
         return InferenceRequest(
@@ -289,22 +290,6 @@ def _prompt_tokens(settings: Settings, payload: Payload) -> int:
         return estimate_messages_tokens(payload.messages, settings.chars_per_token)
     assert payload.prompt is not None
     return estimate_prompt_tokens(payload.prompt, settings.chars_per_token)
-
-
-def _check_max_tokens(max_tokens: Any, prompt_tokens: int, max_context: int, route: str) -> None:
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
-        raise InvalidRequest("max_tokens", f"must be an integer, got {_show(max_tokens)}")
-    if not 1 <= max_tokens <= max_context:
-        raise InvalidRequest(
-            "max_tokens",
-            f"{_show(max_tokens)} is outside 1..{max_context} (max context of {route})",
-        )
-    if prompt_tokens + max_tokens > max_context:
-        raise InvalidRequest(
-            "max_tokens",
-            f"prompt (~{prompt_tokens} tokens) + max_tokens {max_tokens} exceeds the max "
-            f"context of {route} ({max_context} tokens)",
-        )
 
 
 def _deadline(cls: PriorityClass, timeout: Any, deadline: Any, now: float) -> tuple[float, float]:

@@ -90,3 +90,59 @@ def check_known(route: Route, registry: Sequence[ModelSpec]) -> list[ModelSpec]:
         largest = max(m.params_b for m in registry)
         raise UnknownRoute("model", f"no model has {route.text} parameters (largest: {largest:g}b)")
     return specs
+
+
+# --- the context rule of intake (shared by the client and the simulator) ---------------
+
+
+def default_max_tokens(default: int, prompt_tokens: int, specs: Sequence[ModelSpec]) -> int:
+    """``max_tokens`` of a submission that gives none: ``default``, lowered to the room the
+    route's largest context leaves after the prompt (at least 1; a prompt that fills the
+    context is then refused by :func:`check_context`).
+
+    Args:
+        default: ``Settings.default_max_tokens``.
+        prompt_tokens: the prompt's (estimated) tokens.
+        specs: the models serving the route (:func:`check_known`).
+    """
+    max_context = max(s.max_context for s in specs)
+    return min(default, max(1, max_context - prompt_tokens))
+
+
+def check_context(
+    max_tokens: int, prompt_tokens: int, specs: Sequence[ModelSpec], route: str
+) -> None:
+    """Refuse a submission no model of its route could ever hold: the intake rule.
+
+    ``max_tokens`` must be in 1..the largest ``max_context`` of the route's models,
+    and ``prompt_tokens + max_tokens`` must fit that context (the model server would
+    refuse it: vLLM and llama.cpp reject a request whose prompt plus ``max_tokens``
+    exceeds the context window). :func:`inferq.intake.build_request` and the
+    simulator's workload (:mod:`inferq.sim.workload`) both call this, so the
+    simulator refuses exactly what a client is refused.
+
+    Args:
+        max_tokens: the requested output cap (an int; intake checks the type first).
+        prompt_tokens: the prompt's (estimated) tokens.
+        specs: the models serving the route (:func:`check_known`), non-empty.
+        route: the route's text, for the message.
+
+    Raises:
+        InvalidRequest: field ``max_tokens``, naming the limit.
+    """
+    max_context = max(s.max_context for s in specs)
+    if not 1 <= max_tokens <= max_context:
+        shown = (
+            repr(max_tokens)
+            if abs(max_tokens) < 10**18
+            else f"an integer of {max_tokens.bit_length()} bits"
+        )
+        raise InvalidRequest(
+            "max_tokens", f"{shown} is outside 1..{max_context} (max context of {route})"
+        )
+    if prompt_tokens + max_tokens > max_context:
+        raise InvalidRequest(
+            "max_tokens",
+            f"prompt (~{prompt_tokens} tokens) + max_tokens {max_tokens} exceeds the max "
+            f"context of {route} ({max_context} tokens)",
+        )

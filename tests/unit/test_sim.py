@@ -16,8 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inferq.config import Settings
-from inferq.errors import ConfigError
+from inferq.errors import ConfigError, InvalidRequest
+from inferq.intake import build_request
 from inferq.latency import service_time
+from inferq.policy.estimate import estimate_prompt_tokens
 from inferq.sim import POLICIES, SimConfig, SimPolicy, SimRequest, fixed_latency, replay, simulate
 from inferq.sim.capacity import offered_rate, peak_fleet, sustainable_rate
 from inferq.sim.fleet import parse_fleet
@@ -296,14 +298,64 @@ def test_peak_fleet_covers_the_busiest_window() -> None:
 # --- workload and fleet parsing ---------------------------------------------------------
 
 
-def test_trace_rows_become_routed_clamped_requests() -> None:
-    rows_ = [TraceRequest(0.0, 32_000, 5_000), TraceRequest(1.0, 100, 50, model="llama-3.1-70b")]
-    a, b = build_requests([("standard", r) for r in rows_], SETTINGS)
-    assert (a.route, a.max_tokens, a.output_tokens) == ("llama-3.1-8b", 768, 768)
+def test_trace_rows_become_routed_requests_never_clamped() -> None:
+    ctx = SPEC_8B.max_context
+    rows_ = [
+        TraceRequest(0.0, ctx - 100, 100),
+        TraceRequest(1.0, 100, 50, model="llama-3.1-70b"),
+        TraceRequest(2.0, ctx - 100, 101),
+    ]
+    a, b, c = build_requests([("standard", r) for r in rows_], SETTINGS)
+    assert (a.route, a.max_tokens, a.output_tokens, a.refused) == ("llama-3.1-8b", 100, 100, None)
     assert (b.route, b.max_tokens, b.output_tokens) == ("llama-3.1-70b", 50, 50)
+    # One token over the context: refused as a client would be, not clamped (issue 12, fault 4).
+    assert (c.max_tokens, c.output_tokens) == (101, 101)
+    assert c.refused == (
+        f"max_tokens: prompt (~{ctx - 100} tokens) + max_tokens 101 exceeds the max "
+        f"context of llama-3.1-8b ({ctx} tokens)"
+    )
     assert a.id < b.id and a.priority == "standard"
     with pytest.raises(ConfigError, match="priority"):
         build_requests([("nope", rows_[0])], SETTINGS)
+
+
+@given(st.integers(1, 400_000), st.integers(1, 400_000), st.sampled_from(["llama-3.1-8b", ">=13b"]))
+@settings(max_examples=60, deadline=None)
+def test_the_simulator_refuses_exactly_what_intake_refuses(
+    chars: int, max_tokens: int, route: str
+) -> None:
+    prompt = "x" * chars
+    prompt_tokens = estimate_prompt_tokens(prompt, SETTINGS.chars_per_token)
+    row = TraceRequest(0.0, prompt_tokens, max_tokens, model=route)
+    (req,) = build_requests([("batch", row)], SETTINGS)
+    try:
+        build_request(SETTINGS, prompt=prompt, model=route, priority="batch", max_tokens=max_tokens)
+        verdict = None
+    except InvalidRequest as exc:
+        verdict = str(exc)
+    assert req.refused == verdict
+
+
+def test_refused_requests_are_never_queued_and_counted_per_class() -> None:
+    ctx = SPEC_8B.max_context
+    rows_ = [
+        ("realtime", TraceRequest(0.0, 100, 20)),
+        ("realtime", TraceRequest(0.5, ctx, 20)),
+        ("batch", TraceRequest(1.0, ctx - 10, 11)),
+        ("batch", TraceRequest(1.5, 100, 20)),
+    ]
+    reqs = build_requests(rows_, SETTINGS)
+    config = SimConfig(settings=SETTINGS, fleet={"llama-3.1-8b": 1}, latency=fixed_latency(0.5))
+    result = simulate(reqs, POLICIES["inferq"], config)
+    statuses = [o.status for o in result.outcomes]
+    assert statuses == ["succeeded", "refused", "refused", "succeeded"]
+    assert all(o.dispatched_at is None for o in result.outcomes if o.status == "refused")
+    assert result.outcomes[1].reason == reqs[1].refused
+    report = summarize(result, SETTINGS.classes)
+    assert report["refused"] == {"realtime": 1, "batch": 1}
+    assert report["classes"]["realtime"]["refused"] == 1
+    assert report["classes"]["realtime"]["requests"] == 1  # figures over admitted requests
+    assert (report["overall"]["refused"], report["overall"]["requests"]) == (2, 2)
 
 
 def test_trace_option_and_fleet_parsing() -> None:

@@ -211,7 +211,8 @@ class _Sim:
         self.scale_events: list[ScaleEvent] = []
         self.samples: list[Sample] = []
         self.fleet = Fleet(config.vram_mib, config.slots)
-        self.initial = initial_fleet(policy, self.requests, config)
+        admitted = [r for r in self.requests if r.refused is None]
+        self.initial = initial_fleet(policy, admitted, config)
         for model, n in sorted(self.initial.items()):
             spec = settings.model_by_name.get(model)
             if spec is None:
@@ -226,7 +227,7 @@ class _Sim:
         if self.settings.scaling.pools:
             return list(self.settings.scaling.pools)
         models = set(self.initial)
-        for route in {r.route for r in self.requests}:
+        for route in {r.route for r in self.requests if r.refused is None}:
             try:
                 names = route_models(self.routing, route, False)
             except InvalidRequest:
@@ -287,6 +288,9 @@ class _Sim:
 
     def _arrive(self, o: RequestOutcome, index: int) -> None:
         r = o.request
+        if r.refused is not None:  # intake refused it: the client got an error, nothing queued
+            o.status, o.reason = "refused", r.refused
+            return
         o.deadline = r.arrival_s + self.timeout[r.priority]
         q = QueuedRequest(
             id=r.id,

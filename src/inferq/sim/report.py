@@ -10,6 +10,11 @@ Definitions (per class, and over all requests):
   reached that point (seconds).
 - expired: requests whose deadline passed, queued or running; starved: the
   expired ones that were never dispatched (no GPU time at all).
+- refused: requests intake refused at arrival (prompt + ``max_tokens`` beyond
+  every context of the route: :func:`inferq.routes.check_context`, the client's
+  rule); they never enter a queue, so every other figure, SLA attainment
+  included, is over the admitted requests only (as the real stack's metrics,
+  which never see a refused submission).
 - GPU-seconds: every worker's time from launch (cold start included) to
   stop, or to the end of the run; mean workers = GPU-seconds / run length.
 - GPU utilisation: occupied slot-seconds over the slot-seconds paid for
@@ -71,16 +76,24 @@ def summarize(
 
     Returns:
         ``{"policy", "summary", "requests", "duration_s", "classes": {class: {...}},
-        "overall": {...}, "fleet": {...}, "scaling": {...}, "fairness": {...},
+        "overall": {...}, "fleet": {...}, "scaling": {...}, "refused": {class: n},
+        "fairness": {...},
         "tenants": {tenant: {...}}, "run": {...}}``; durations in seconds, shares in 0..1.
     """
     sla = {c.name: c.sla_s for c in classes}
-    outcomes = [_reporting_outcome(o) for o in result.outcomes]
+    admitted = [o for o in result.outcomes if o.status != "refused"]
+    refused: dict[str, int] = {}
+    for o in result.outcomes:
+        if o.status == "refused":
+            refused[o.request.priority] = refused.get(o.request.priority, 0) + 1
+    outcomes = [_reporting_outcome(o) for o in admitted]
     per_class = class_summary(outcomes, sla)
     for cls, stats in per_class.items():
-        rows = [o for o in result.outcomes if o.request.priority == cls]
+        rows = [o for o in admitted if o.request.priority == cls]
         stats.update(_extras(rows, sla.get(cls)))
-    overall = _overall(result.outcomes, sla)
+        stats["refused"] = refused.get(cls, 0)
+    overall = _overall(admitted, sla)
+    overall["refused"] = sum(refused.values())
     return {
         "policy": result.policy,
         "summary": summary,
@@ -90,7 +103,8 @@ def summarize(
         "overall": overall,
         "fleet": _fleet(result),
         "scaling": _scaling(result),
-        "fairness": _fairness(result.outcomes, sla),
+        "refused": {c: refused[c] for c in sla if c in refused},
+        "fairness": _fairness(admitted, sla),
         "tenants": {t: _tenant(result.outcomes, t, sla) for t in watch_tenants},
         "run": {
             "wall_s": result.stats.wall_s,
@@ -123,6 +137,7 @@ def _tenant(
     ttfts = [v for o in mine if (v := o.ttft_s) is not None]
     return {
         "requests": len(mine),
+        "refused": sum(1 for o in mine if o.status == "refused"),
         "succeeded": sum(1 for o in mine if o.status == "succeeded"),
         "sla_met": sum(1 for o in mine if _met(o, sla)),
         "queue_wait_max_s": max(waits, default=None),
@@ -239,6 +254,7 @@ CLASS_COLUMNS = (
     "e2e p50/p95/p99 s",
     "expired",
     "starved",
+    "refused",
 )
 FLEET_COLUMNS = (
     "policy",
@@ -270,6 +286,7 @@ def class_rows(reports: Sequence[Report]) -> list[list[str]]:
                     "/".join(_sec(s[f"e2e_{q}_s"]) for q in ("p50", "p95", "p99")),
                     str(s["expired"]),
                     str(s["starved"]),
+                    str(s.get("refused", 0)),
                 ]
             )
     return rows

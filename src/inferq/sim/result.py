@@ -13,7 +13,7 @@ from inferq.sim.deployment import SimConfig
 from inferq.sim.fleet import SimWorker
 from inferq.sim.workload import SimRequest
 
-Status = Literal["queued", "running", "succeeded", "expired"]
+Status = Literal["queued", "running", "succeeded", "expired", "refused"]
 
 
 @dataclass(slots=True)
@@ -22,12 +22,13 @@ class RequestOutcome:
 
     Attributes:
         request: the request.
-        status: ``succeeded`` or ``expired`` at the end (``queued``/``running`` before).
+        status: ``succeeded`` or ``expired`` at the end (``queued``/``running`` before);
+            ``refused`` when intake refused it at arrival (never queued).
         deadline: submit + the class's ``timeout_s``.
         dispatched_at / first_token_at / finished_at: None when never reached.
         worker / model: where it ran.
         concurrency: the worker's running requests when it started (itself included).
-        reason: why it expired.
+        reason: why it expired, or why intake refused it.
         unschedulable: the first unschedulable report, if any.
     """
 

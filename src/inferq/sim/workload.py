@@ -5,8 +5,12 @@ A :class:`SimRequest` is what a client would have submitted for one trace row:
 - route: the row's own model when the registry knows it as a route, else the
   default model (``Settings.default_model``, ``llama-3.1-8b``);
 - prompt tokens = the trace's ``ContextTokens``; ``max_tokens`` = the trace's
-  ``GeneratedTokens`` clamped to the route's context (``max_context - prompt``,
-  at least 1); the request generates ``min(GeneratedTokens, max_tokens)`` tokens;
+  ``GeneratedTokens`` (what the request generates), never clamped;
+- refused: the intake rule a client meets (:func:`inferq.routes.check_context`:
+  prompt + ``max_tokens`` within the largest context of the route's models) is
+  applied to every row; a row it refuses becomes a request with ``refused`` set
+  to the client's error text, which the engine never queues and the report
+  counts per class;
 - priority class: the class the trace is mapped to, else the row's own, else
   ``Settings.default_priority``;
 - tenant: the row's own, else drawn from a Zipf law (:func:`inferq.traces.assign_tenants`).
@@ -24,7 +28,7 @@ from dataclasses import dataclass, replace
 from inferq import defaults
 from inferq.config import ModelSpec, Settings
 from inferq.errors import ConfigError, InvalidRequest
-from inferq.routes import check_known, parse_route
+from inferq.routes import check_context, check_known, parse_route
 from inferq.traces import TraceRequest, assign_tenants, load_trace, synthetic_batch, window
 
 
@@ -43,6 +47,7 @@ class SimRequest:
         max_tokens: the request's output cap (sizes its KV-cache reservation).
         task_type: kind of request (keys the output-token estimates), or None.
         source: where the row comes from (the trace file's stem, ``"synthetic"``).
+        refused: why intake refuses it (the client's ``InvalidRequest`` text), or None.
     """
 
     id: str
@@ -55,6 +60,7 @@ class SimRequest:
     max_tokens: int
     task_type: str | None = None
     source: str = ""
+    refused: str | None = None
 
 
 def request_id(index: int) -> str:
@@ -87,8 +93,8 @@ def build_requests(
         ConfigError: a class or the default model is unknown.
     """
     route = model or settings.default_model
-    default_spec = _route_spec(route, settings)
-    if default_spec is None:
+    default_specs = _route_specs(route, settings)
+    if default_specs is None:
         known = ", ".join(sorted(settings.model_by_name))
         raise ConfigError(f"model: {route!r} is not a route of the registry ({known})")
     rows = sorted(tagged, key=lambda pair: pair[1].arrival_s)
@@ -99,11 +105,15 @@ def build_requests(
         if priority not in settings.class_by_name:
             known = ", ".join(settings.class_by_name)
             raise ConfigError(f"priority: class {priority!r} is not configured ({known})")
-        own = _route_spec(row.model, settings) if row.model else None
-        spec, req_route = (
-            (own, row.model) if own is not None and row.model else (default_spec, route)
+        own = _route_specs(row.model, settings) if row.model else None
+        specs, req_route = (
+            (own, row.model) if own is not None and row.model else (default_specs, route)
         )
-        max_tokens = max(1, min(row.output_tokens, spec.max_context - row.prompt_tokens))
+        refused = None
+        try:
+            check_context(row.output_tokens, row.prompt_tokens, specs, req_route)
+        except InvalidRequest as exc:
+            refused = str(exc)
         out.append(
             SimRequest(
                 id=request_id(i),
@@ -112,19 +122,20 @@ def build_requests(
                 tenant=row.tenant or tenant,
                 route=req_route,
                 prompt_tokens=row.prompt_tokens,
-                output_tokens=min(row.output_tokens, max_tokens),
-                max_tokens=max_tokens,
+                output_tokens=row.output_tokens,
+                max_tokens=row.output_tokens,
                 task_type=row.task_type,
                 source=row.source,
+                refused=refused,
             )
         )
     return out
 
 
-def _route_spec(route: str, settings: Settings) -> ModelSpec | None:
-    """The preferred (smallest adequate) model of ``route``, or None when none serves it."""
+def _route_specs(route: str, settings: Settings) -> list[ModelSpec] | None:
+    """The models serving ``route`` (as intake finds them), or None when none does."""
     try:
-        return check_known(parse_route(route), settings.models)[0]
+        return check_known(parse_route(route), settings.models)
     except InvalidRequest:
         return None
 
