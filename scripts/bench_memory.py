@@ -73,13 +73,15 @@ def scan(client: redis.Redis, pattern: str) -> list[str]:
     return [str(k) for k in client.scan_iter(match=pattern, count=5000)]
 
 
-KINDS = ("request hashes", "queues", "deadlines index", "events stream", "other")
+KINDS = ("request hashes", "payloads", "queues", "deadlines index", "events stream", "other")
 
 
 def kind_of(keys: Keys, key: str) -> str:
     """Which of KINDS an inferq key is."""
     if key.startswith(keys.req("")):
         return "request hashes"
+    if key.startswith(keys.payload("")):
+        return "payloads"
     if key.startswith(keys.prefix + "q:"):
         return "queues"
     if key == keys.deadlines:

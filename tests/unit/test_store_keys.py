@@ -22,6 +22,7 @@ def test_every_key_is_under_the_prefix() -> None:
         k.deadlines,
         k.leases,
         k.done("a"),
+        k.payload("a"),
         k.idem("t", "x"),
         k.counts,
         k.stats,
@@ -54,6 +55,7 @@ def test_lua_templates_match_keys_py() -> None:
     templates = dict(re.findall(r"local function (k_\w+)\(p, [^)]*\) return p \.\. '([^']+)'", LIB))
     assert k.req("ID") == k.prefix + templates["k_req"] + "ID"
     assert k.done("ID") == k.prefix + templates["k_done"] + "ID"
+    assert k.payload("ID") == k.prefix + templates["k_payload"] + "ID"
     assert k.load("W") == k.prefix + templates["k_load"] + "W"
     assert k.inflight("W") == k.prefix + templates["k_inflight"] + "W"
     assert k.ctl("W") == k.prefix + templates["k_ctl"] + "W"
@@ -75,3 +77,10 @@ def test_idempotency_keys_of_colliding_plain_joins_differ() -> None:
     k = Keys("prod")
     assert k.idem("acme", "inv:42") != k.idem("acme:inv", "42")
     assert k.idem("acme", "inv:42") == "inferq:prod:idem:4.acme:6.inv:42"
+
+
+def test_request_id_of_reads_only_request_hash_keys() -> None:
+    k = Keys("prod")
+    assert k.request_id_of(k.req("abc")) == "abc"
+    assert k.request_id_of(k.payload("abc")) is None
+    assert k.request_id_of(k.done("abc")) is None

@@ -96,8 +96,11 @@ class AsyncStore:
 
     async def record(self, request_id: str) -> RequestRecord:
         """See :meth:`inferq.store.Store.record`."""
-        fields = await self.redis.hgetall(self.keys.req(request_id))
-        return calls.parse_record(request_id, fields, self.keys)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(self.keys.req(request_id))
+        pipe.get(self.keys.payload(request_id))
+        fields, payload = await pipe.execute()
+        return calls.parse_record(request_id, fields, payload, self.keys)
 
     async def wait_final(self, request_id: str, timeout_s: float) -> bool:
         """See :meth:`inferq.store.Store.wait_final`."""

@@ -437,11 +437,17 @@ def parse_dead_requeue(reply: Any) -> bool:
 def quarantine_call(
     keys: Keys, settings: Settings, key: str, reason: str, members: Sequence[tuple[str, str]]
 ) -> Call:
-    """``quarantine.lua``: move ``key`` aside, removing (zset key, member) references to it."""
+    """``quarantine.lua``: move ``key`` aside, removing (zset key, member) references to it.
+
+    A request hash goes aside with its payload key (the two keys of one record).
+    """
     argv: list[Any] = [keys.prefix, reason, settings.events_maxlen]
     for index_key, member in members:
         argv += [index_key, member]
-    return Call("quarantine", [key], argv)
+    request_id = keys.request_id_of(key)
+    return Call(
+        "quarantine", [key] if request_id is None else [key, keys.payload(request_id)], argv
+    )
 
 
 def parse_quarantine(reply: Any) -> None:
@@ -463,15 +469,19 @@ def parse_scaler_lease(reply: Any) -> bool:
 # --- plain reads ------------------------------------------------------------------------
 
 
-def parse_record(request_id: str, fields: dict[str, str], keys: Keys) -> RequestRecord:
-    """A request hash as a :class:`RequestRecord`.
+def parse_record(
+    request_id: str, fields: dict[str, str], payload: str | None, keys: Keys
+) -> RequestRecord:
+    """A request hash and its payload key's value as a :class:`RequestRecord`.
 
     Raises:
         RequestNotFound: the hash is empty (never submitted, or its result expired).
-        CorruptRecord: the hash does not parse.
+        CorruptRecord: the hash does not parse, or the payload is missing.
     """
     if not fields:
         raise RequestNotFound(request_id)
+    if payload is not None:
+        fields = {**fields, "payload": payload}
     return RequestRecord.from_fields(fields, keys.req(request_id))
 
 

@@ -91,6 +91,16 @@ class Keys:
     def leases(self) -> str:
         return f"{self.prefix}leases"
 
+    def payload(self, request_id: str) -> str:
+        """The request's payload (prompt or messages, JSON), apart from its hash so the
+        hash stays a listpack; it shares the hash's lifetime (``lua/includes/record.lua``)."""
+        return f"{self.prefix}payload:{request_id}"
+
+    def request_id_of(self, key: str) -> str | None:
+        """The id in a request hash's key (``req:<id>``), or None for any other key."""
+        head = f"{self.prefix}req:"
+        return key[len(head) :] if key.startswith(head) else None
+
     def done(self, request_id: str) -> str:
         return f"{self.prefix}done:{request_id}"
 

@@ -74,8 +74,11 @@ class Store(AdminCalls):
 
     def record(self, request_id: str) -> RequestRecord:
         """The request's record. Raises RequestNotFound, CorruptRecord."""
-        fields = self.redis.hgetall(self.keys.req(request_id))
-        return calls.parse_record(request_id, fields, self.keys)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(self.keys.req(request_id))
+        pipe.get(self.keys.payload(request_id))
+        fields, payload = pipe.execute()
+        return calls.parse_record(request_id, fields, payload, self.keys)
 
     def records(self, request_ids: Iterable[str]) -> list[RequestRecord | None]:
         """Records of many requests in one round trip (None where absent or corrupt)."""
@@ -83,10 +86,12 @@ class Store(AdminCalls):
         pipe = self.redis.pipeline(transaction=False)
         for rid in ids:
             pipe.hgetall(self.keys.req(rid))
+            pipe.get(self.keys.payload(rid))
+        replies = pipe.execute()
         out: list[RequestRecord | None] = []
-        for rid, fields in zip(ids, pipe.execute(), strict=True):
+        for rid, fields, payload in zip(ids, replies[::2], replies[1::2], strict=True):
             try:
-                out.append(calls.parse_record(rid, fields, self.keys))
+                out.append(calls.parse_record(rid, fields, payload, self.keys))
             except (RequestNotFound, CorruptRecord):
                 out.append(None)
         return out

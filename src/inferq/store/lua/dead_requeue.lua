@@ -3,7 +3,7 @@
 -- Returns 1 if requeued, 0 if the id is not in the dead letter.
 -- Invariant: attempt numbers only grow (attempt_base marks where the new budget starts), so
 -- fencing still rejects results of attempts made before the dead letter.
--- include: clock, keys, events, requeue
+-- include: clock, keys, record, events, requeue
 local p, id = ARGV[1], ARGV[2]
 if redis.call('ZREM', p .. 'dead', id) == 0 then return 0 end
 local key = k_req(p, id)
@@ -12,7 +12,7 @@ if not r[1] then return 0 end
 local now = now_ms()
 local deadline = now + math.floor(tonumber(r[5]) * 1000)
 redis.call('HSET', key, 'attempt_base', r[6], 'deadline_ms', deadline, 'error', '', 'finished_ms', '')
-redis.call('PERSIST', key)
+record_persist(p, id)
 redis.call('DEL', k_done(p, id))
 redis.call('ZADD', p .. 'deadlines', deadline, id)
 enqueue_again(p, id, {r[1], r[2], r[3], r[4]})

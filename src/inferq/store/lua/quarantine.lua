@@ -1,14 +1,17 @@
 -- quarantine: move a corrupt record aside and drop its id from the indexes that name it.
 -- KEYS[1] the corrupt key (may be absent, e.g. a queue member with no record)
+-- KEYS[2] when KEYS[1] is a request hash: its payload key (moved aside with it)
 -- ARGV: 1 prefix, 2 reason, 3 events maxlen, then pairs: index key, member to remove
 -- Returns 1.
 -- Invariant: nothing is deleted: the record is renamed to quarantined:<key> and the reason
 -- kept in the quarantine hash, where `inferq` reports it; no daemon meets it again.
 -- include: events
 local p, reason = ARGV[1], ARGV[2]
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  redis.call('RENAME', KEYS[1], p .. 'quarantined:' .. KEYS[1])
-  redis.call('PERSIST', p .. 'quarantined:' .. KEYS[1])
+for _, key in ipairs(KEYS) do
+  if redis.call('EXISTS', key) == 1 then
+    redis.call('RENAME', key, p .. 'quarantined:' .. key)
+    redis.call('PERSIST', p .. 'quarantined:' .. key)
+  end
 end
 redis.call('HSET', p .. 'quarantine', KEYS[1], reason)
 for i = 4, #ARGV, 2 do redis.call('ZREM', ARGV[i], ARGV[i + 1]) end

@@ -4,7 +4,7 @@
 -- ARGV: 1 prefix, 2 id, 3 class, 4 route, 5 tenant, 6 class_limit, 7 tenant_limit,
 --       8 timeout_ms, 9 deadline_ms ('' = now + timeout), 10 idem_ttl_s, 11 events maxlen,
 --       12 fingerprint of the request's fields ('' without a key),
---       13.. field/value pairs of the submission
+--       13.. field/value pairs of the submission (the payload goes to payload:<id>)
 -- Returns {'ok', id, submitted_ms, deadline_ms} | {'dup', existing_id}
 --       | {'conflict', existing_id} | {'full', 'class'|'tenant', limit}
 -- Invariant: a request is in exactly one queue iff its state is 'queued'; counts:c:<class>
@@ -12,7 +12,7 @@
 -- maps to at most one request, of its own tenant, with the same fingerprint, and only
 -- while that request's record exists (a key whose record expired is re-pointed); a
 -- refused submission writes nothing.
--- include: clock, keys, counts, events, wake
+-- include: clock, keys, record, counts, events, wake
 local p, id, class, route, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local idem, fp = KEYS[3], ARGV[12]
 if idem then
@@ -35,7 +35,14 @@ if redis.call('EXISTS', KEYS[1]) == 1 then return {'dup', id} end
 local now = now_ms()
 local deadline = tonumber(ARGV[9]) or (now + tonumber(ARGV[8]))
 local fields = {}
-for i = 13, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 13, #ARGV, 2 do
+  if ARGV[i] == 'payload' then
+    redis.call('SET', k_payload(p, id), ARGV[i + 1])
+  else
+    fields[#fields + 1] = ARGV[i]
+    fields[#fields + 1] = ARGV[i + 1]
+  end
+end
 redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('HSET', KEYS[1], 'state', 'queued', 'submitted_ms', now, 'deadline_ms', deadline,
   'attempts', 0)

@@ -1,6 +1,6 @@
 -- finalize: make a request final: state, result fields, notify the waiting client, expire
 -- the record.
--- include: keys, events
+-- include: keys, record, events
 -- Invariant: a final request is in no queue, lease or deadline index.
 
 local function finalize(p, id, state, now, ttl_s, maxlen, extra)
@@ -9,7 +9,7 @@ local function finalize(p, id, state, now, ttl_s, maxlen, extra)
   if extra then redis.call('HSET', key, unpack(extra)) end
   redis.call('ZREM', p .. 'deadlines', id)
   redis.call('ZREM', p .. 'leases', id)
-  redis.call('EXPIRE', key, ttl_s)
+  record_expire(p, id, ttl_s)
   redis.call('RPUSH', k_done(p, id), state)
   redis.call('EXPIRE', k_done(p, id), ttl_s)
   stat(p, state)

@@ -1,5 +1,5 @@
 -- requeue: put a request back in its queue after a failed or abandoned attempt.
--- include: keys, counts, wake, events, release, finalize
+-- include: keys, record, counts, wake, events, release, finalize
 
 -- Put a request back in its queue at its original position (score = submit time).
 local function enqueue_again(p, id, fields)
@@ -33,7 +33,7 @@ local function requeue_one(p, id, attempt, worker, err, penalize, max_attempts, 
     finalize(p, id, 'failed', now, ttl_s, maxlen,
       {'error', 'failed after ' .. attempts .. ' attempts: ' .. err})
     redis.call('ZADD', p .. 'dead', now, id)
-    redis.call('PERSIST', key)
+    record_persist(p, id)
     emit(p, maxlen, 'dead_letter', 'id', id, 'error', err)
     return 'dead'
   end
