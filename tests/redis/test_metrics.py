@@ -2,62 +2,155 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
 import urllib.request
 
+import pytest
 from prometheus_client import generate_latest
 
 from inferq.config import Settings
 from inferq.dispatcher.daemon import Dispatcher
-from inferq.metrics import build_registry, serve_metrics
+from inferq.errors import ConfigError
+from inferq.metrics import MetricsLease, build_registry, serve_metrics
 from inferq.store import Completion, Store
 
 from ..builders import inference_request
-from ..helpers import ready_worker
+from ..helpers import ready_worker, wait_for
+from ..tools import require_tool
 
 
-def test_store_collector_exports_queues_workers_and_counters(
+def _finish_one(store: Store, settings: Settings, worker: str = "w1", tenant: str = "t") -> None:
+    r = inference_request(settings, priority="realtime", tenant=tenant)
+    store.submit(r)
+    [(rid, attempt)] = store.assign(worker, "b", [(r.id, store.keys.queue("realtime", r.route), 1)])
+    store.complete(
+        worker,
+        [Completion(rid, attempt, "succeeded", prompt_tokens=5, completion_tokens=3)],
+    )
+
+
+def test_deployment_collector_exports_queues_workers_tenants_and_counters(
     store: Store, settings: Settings
 ) -> None:
     ready_worker(store, "w1", slots=1)
-    for _ in range(3):
-        store.submit(inference_request(settings, priority="realtime"))
+    for i in range(3):
+        store.submit(inference_request(settings, priority="realtime", tenant=f"t{i}"))
     store.redis.hset(store.keys.scaler_desired, "llama-3.1-8b", 2)
     Dispatcher(store).step()
-    registry, _ = build_registry(store)
+    registry, _ = build_registry(store, top_tenants=1)
     text = generate_latest(registry).decode()
     assert 'inferq_queue_depth{priority_class="realtime",route="llama-3.1-8b"} 2.0' in text
     assert 'inferq_workers{model="llama-3.1-8b",state="ready"} 1.0' in text
     assert 'inferq_workers_desired{model="llama-3.1-8b"} 2.0' in text
     assert 'inferq_requests_total{event="dispatched"} 1.0' in text
+    assert 'inferq_worker_slots{model="llama-3.1-8b",worker="w1"} 1.0' in text
+    assert 'inferq_worker_slots_in_use{model="llama-3.1-8b",worker="w1"} 1.0' in text
+    used = [ln for ln in text.splitlines() if ln.startswith("inferq_worker_kv_cache_used_bytes{")]
+    assert used and float(used[0].split()[-1]) > 0
+    assert "inferq_dead_letter_requests 0.0" in text
+    # Two tenants still queued, top 1 by name on a tie, the other folded into "other".
+    tenant_lines = [ln for ln in text.splitlines() if ln.startswith("inferq_tenant_queued")]
+    assert len(tenant_lines) == 2 and any('tenant="other"' in ln for ln in tenant_lines)
 
 
-def test_event_observer_fills_histograms_and_sla_counters(store: Store, settings: Settings) -> None:
+def test_event_observer_fills_latency_token_and_sla_series(
+    store: Store, settings: Settings
+) -> None:
     ready_worker(store, "w1")
-    r = inference_request(settings, priority="realtime")
-    store.submit(r)
-    [(rid, attempt)] = store.assign("w1", "b", [(r.id, store.keys.queue("realtime", r.route), 1)])
-    store.complete("w1", [Completion(rid, attempt, "succeeded", completion_tokens=3)])
+    _finish_one(store, settings)
     registry, observer = build_registry(store)
     for event in store.events():
         observer.observe(event.type, event.fields)
     text = generate_latest(registry).decode()
     assert 'inferq_e2e_latency_seconds_count{priority_class="realtime"} 1.0' in text
     assert 'inferq_queue_wait_seconds_count{priority_class="realtime"} 1.0' in text
-    assert 'inferq_sla_total{outcome="met",priority_class="realtime"} 1.0' in text
+    assert 'inferq_ttft_seconds_count{model="llama-3.1-8b",priority_class="realtime"} 1.0' in text
+    assert 'inferq_tpot_seconds_count{model="llama-3.1-8b",priority_class="realtime"} 1.0' in text
+    assert 'inferq_sla_requests_total{outcome="met",priority_class="realtime"} 1.0' in text
+    assert 'inferq_completion_tokens_total{model="llama-3.1-8b"} 3.0' in text
+    assert 'inferq_prompt_tokens_total{model="llama-3.1-8b"} 5.0' in text
+    assert 'inferq_tenant_requests_total{outcome="succeeded",tenant="t"} 1.0' in text
     observer.observe("finish", {"class": "realtime", "e2e_ms": "5000", "queue_ms": "10"})
     text = generate_latest(registry).decode()
-    assert 'inferq_sla_total{outcome="missed",priority_class="realtime"} 1.0' in text
+    assert 'inferq_sla_requests_total{outcome="missed",priority_class="realtime"} 1.0' in text
 
 
-def test_metrics_endpoint_serves_over_http(store: Store) -> None:
-    import socket
+def test_event_observer_counts_errors_retries_preemptions_and_refusals(
+    store: Store, settings: Settings
+) -> None:
+    registry, observer = build_registry(store)
+    text = generate_latest(registry).decode()
+    # Exported at zero before anything happens (alerts need a series).
+    assert "inferq_retries_total 0.0" in text
+    assert 'inferq_preemptions_total{priority_class="realtime"} 0.0' in text
+    assert 'inferq_rate_limit_refusals_total{tenant="other"} 0.0' in text
+    observer.observe("retry", {"id": "r", "error": "openai: request r timed out after 3 s"})
+    observer.observe("retry", {"id": "r", "error": "lease expired on worker w1"})
+    observer.observe("dead_letter", {"id": "r", "error": "openai: request r: HTTP 503 from x"})
+    observer.observe("retry", {"id": "r", "reason": "requeued from dead letter"})
+    observer.observe("preempt", {"id": "r", "class": "batch"})
+    observer.observe("rate_limited", {"tenant": "acme"})
+    text = generate_latest(registry).decode()
+    assert "inferq_retries_total 3.0" in text
+    assert 'inferq_backend_errors_total{kind="timeout"} 1.0' in text
+    assert 'inferq_backend_errors_total{kind="lease_lapsed"} 1.0' in text
+    assert 'inferq_backend_errors_total{kind="http_5xx"} 1.0' in text
+    assert 'inferq_preemptions_total{priority_class="batch"} 1.0' in text
+    assert 'inferq_rate_limit_refusals_total{tenant="acme"} 1.0' in text
 
+
+def test_only_the_metrics_lease_holder_exports_deployment_series(
+    store: Store, settings: Settings
+) -> None:
+    ready_worker(store, "w1")
+    one, two = MetricsLease(store, "one", ttl_s=30), MetricsLease(store, "two", ttl_s=30)
+    assert one.renew() and not two.renew()
+    texts = [generate_latest(build_registry(store, lease)[0]).decode() for lease in (one, two)]
+    assert "inferq_workers{" in texts[0] and "inferq_ttft_seconds" in texts[0]
+    assert "inferq_workers" not in texts[1] and "inferq_ttft_seconds" not in texts[1]
+    one.stop()  # gives the lease back: the other takes it at its next renewal
+    assert two.renew()
+    assert "inferq_workers{" in generate_latest(build_registry(store, two)[0]).decode()
+    two.stop()
+    assert store.redis.exists(store.keys.metrics_lease) == 0
+
+
+def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    observer = serve_metrics(store, port, addr="127.0.0.1")
+        return int(s.getsockname()[1])
+
+
+def test_metrics_endpoint_serves_over_http_on_the_given_host(store: Store) -> None:
+    server = serve_metrics(store, 0, host="127.0.0.1")
     try:
-        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+        assert server.url == f"http://127.0.0.1:{server.port}/metrics"
+        wait_for(lambda: server.lease.held, what="the metrics lease")
+        body = urllib.request.urlopen(server.url, timeout=5).read()
     finally:
-        observer.stop()
-    assert b"inferq_requests" in body
+        server.stop()
+    assert b"inferq_requests" in body and b"inferq_metrics_lease_held 1.0" in body
+
+
+def test_a_metrics_port_in_use_is_one_clear_error(store: Store) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"--metrics-port {port}: .* already in use"):
+            serve_metrics(store, port, host="127.0.0.1")
+
+
+def test_promtool_accepts_every_series(store: Store, settings: Settings) -> None:
+    promtool = require_tool("promtool", "apt-get install prometheus")
+    ready_worker(store, "w1")
+    _finish_one(store, settings)
+    registry, observer = build_registry(store)
+    for event in store.events():
+        observer.observe(event.type, event.fields)
+    text = generate_latest(registry)
+    out = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, timeout=30
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr).decode()

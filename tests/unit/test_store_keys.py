@@ -42,6 +42,7 @@ def test_every_key_is_under_the_prefix() -> None:
         k.wake,
         k.estimates,
         k.scaler_lease,
+        k.metrics_lease,
         k.scaler_desired,
         k.scaler_state,
         k.scaler_workers,

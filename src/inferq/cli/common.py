@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from inferq.config import Settings
-from inferq.errors import InferqError
+from inferq.errors import InferqError, redact_url
 from inferq.store import REDIS_ERRORS, Store, connect, describe_error
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -64,6 +64,47 @@ def fail(message: str) -> NoReturn:
 
 
 pass_ctx = click.make_pass_decorator(Context)
+
+
+def metrics_options(func: F) -> F:
+    """``--metrics-port`` and ``--metrics-host`` of a daemon."""
+    func = click.option(
+        "--metrics-host",
+        default="127.0.0.1",
+        show_default=True,
+        envvar="INFERQ_METRICS_HOST",
+        help="Address the metrics endpoint binds (0.0.0.0: every interface, e.g. in a container).",
+    )(func)
+    return click.option("--metrics-port", type=int, help="Serve Prometheus metrics on this port.")(
+        func
+    )
+
+
+def start_metrics(store: Store, port: int | None, host: str) -> str | None:
+    """Serve ``/metrics`` when ``port`` is given; returns its URL (None when not serving).
+
+    Raises:
+        ConfigError: the port is in use or the address cannot be bound.
+    """
+    if port is None:
+        return None
+    from inferq.metrics import serve_metrics
+
+    return serve_metrics(store, port, host).url
+
+
+def say_ready(
+    component: str, settings: Settings, metrics_url: str | None, detail: str = ""
+) -> None:
+    """Print the daemon's one ready line on stderr: Redis (redacted), namespace, metrics."""
+    parts = [
+        f"redis {redact_url(settings.redis_url)}",
+        f"namespace {settings.namespace}",
+        f"metrics {metrics_url or 'off'}",
+    ]
+    if detail:
+        parts.insert(0, detail)
+    click.echo(f"inferq {component} ready: " + ", ".join(parts), err=True)
 
 
 def pairs(option: str, values: tuple[str, ...]) -> dict[str, str]:

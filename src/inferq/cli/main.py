@@ -29,8 +29,11 @@ from inferq.cli.common import (
     err_console,
     fail,
     handle_errors,
+    metrics_options,
     pairs,
     pass_ctx,
+    say_ready,
+    start_metrics,
 )
 from inferq.cli.scaler import scaler
 from inferq.cli.simulate import simulate
@@ -313,18 +316,16 @@ def purge(obj: Context, yes: bool) -> None:
 
 @cli.command()
 @click.option("--tick", default=0.1, show_default=True, help="Longest idle sleep, seconds.")
-@click.option("--metrics-port", type=int, help="Expose Prometheus metrics on this port.")
+@metrics_options
 @pass_ctx
 @handle_errors
-def dispatcher(obj: Context, tick: float, metrics_port: int | None) -> None:
+def dispatcher(obj: Context, tick: float, metrics_port: int | None, metrics_host: str) -> None:
     """Run a dispatcher replica (any number may run)."""
     from inferq.dispatcher.daemon import Dispatcher
 
     d = Dispatcher(obj.store, tick_s=tick)
-    if metrics_port is not None:
-        from inferq.metrics import serve_metrics
-
-        serve_metrics(obj.store, metrics_port)
+    url = start_metrics(obj.store, metrics_port, metrics_host)
+    say_ready("dispatcher", obj.settings, url)
     signal.signal(signal.SIGTERM, lambda *_: d.stop())
     try:
         d.run()
@@ -388,7 +389,10 @@ def worker(
         heartbeat_interval_s=heartbeat_interval,
         stay_after_drain=stay_after_drain,
     )
-    sys.exit(run_worker(obj.settings, opts))
+    settings = obj.settings
+    sys.exit(
+        run_worker(settings, opts, on_ready=lambda wid: say_ready("worker", settings, None, wid))
+    )
 
 
 @cli.command()

@@ -15,7 +15,14 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from inferq.cli.common import Context, handle_errors, pairs
+from inferq.cli.common import (
+    Context,
+    handle_errors,
+    metrics_options,
+    pairs,
+    say_ready,
+    start_metrics,
+)
 from inferq.config import ScalingPool, ScalingSettings
 from inferq.policy.scaling import ScalingConfig
 from inferq.scaler.daemon import Mode, Scaler, describe
@@ -104,7 +111,7 @@ def scaling_settings(base: ScalingSettings, options: dict[str, Any]) -> ScalingS
     is_flag=True,
     help="Only publish desired counts (Redis scaler:desired, Prometheus) for KEDA or an HPA.",
 )
-@click.option("--metrics-port", type=int, help="Serve Prometheus metrics on this port.")
+@metrics_options
 @click.option("--once", is_flag=True, help="Make one decision and exit.")
 @click.option(
     "--pool",
@@ -171,10 +178,10 @@ def _run(obj: Context, options: dict[str, Any]) -> None:
         default_slots=options["slots"],
         on_decision=(lambda d: click.echo(describe(d))) if mode is Mode.DRY_RUN else None,
     )
-    if options["metrics_port"] is not None:
-        from inferq.metrics import serve_metrics
-
-        serve_metrics(store, options["metrics_port"])
+    url = start_metrics(store, options["metrics_port"], options["metrics_host"])
+    say_ready(
+        "scaler", obj.settings, url, f"{mode.value}, {platform.name if platform else 'no platform'}"
+    )
     try:
         if options["once"]:
             daemon.step()

@@ -3,7 +3,7 @@
 Each decision (every ``interval_s``, default 5 s):
 
 1. take or renew the lease (``P scaler:lease``, a compare-and-set in
-   ``lua/scaler_lease.lua``): any number of replicas may run, one acts, the
+   ``lua/lease.lua``): any number of replicas may run, one acts, the
    others stand by and take over within the lease time when it stops;
 2. read queues, heartbeats, reservations, the events stream of the last
    ``rate_window_s`` and the scaler's own state (``P scaler:state``: trend and

@@ -81,6 +81,10 @@ class AdminCalls(StoreBase):
         """Ids in the dead letter, oldest first."""
         return list(self.redis.zrange(self.keys.dead, 0, limit - 1))
 
+    def dead_letter_count(self) -> int:
+        """How many requests the dead letter holds."""
+        return int(self.redis.zcard(self.keys.dead))
+
     def requeue_dead(self, request_id: str) -> bool:
         """Requeue a dead-lettered request with a fresh attempt budget and deadline."""
         call = calls.dead_requeue_call(self.keys, self.settings, request_id)

@@ -454,14 +454,14 @@ def parse_quarantine(reply: Any) -> None:
     """The script always answers 1: nothing to report."""
 
 
-def scaler_lease_call(keys: Keys, replica_id: str, ttl_s: float | None) -> Call:
-    """``scaler_lease.lua``: take or renew the lease for ``ttl_s`` s (at least 1 ms), or
-    release it (``ttl_s`` None)."""
+def lease_call(key: str, replica_id: str, ttl_s: float | None) -> Call:
+    """``lease.lua``: take or renew the lease ``key`` (``keys.scaler_lease``,
+    ``keys.metrics_lease``) for ``ttl_s`` s (at least 1 ms), or release it (``ttl_s`` None)."""
     ttl_ms = 0 if ttl_s is None else max(1, round(ttl_s * 1000))
-    return Call("scaler_lease", [keys.scaler_lease], [replica_id, ttl_ms])
+    return Call("lease", [key], [replica_id, ttl_ms])
 
 
-def parse_scaler_lease(reply: Any) -> bool:
+def parse_lease(reply: Any) -> bool:
     """True when the replica holds (or released) the lease, False when another holds it."""
     return bool(reply)
 

@@ -47,6 +47,7 @@ P scaler:lease                  string  the acting scaler replica's id
 P scaler:desired                hash    model -> desired workers (metrics mode)
 P scaler:state                  hash    model -> JSON of its scaling state (trend, cooldowns)
 P scaler:workers                hash    worker id -> JSON of the scaler's tracking (idle, drain)
+P metrics:lease                 string  the replica that exports the deployment-wide metrics
 ==============================  ======  =============================================
 """
 
@@ -178,6 +179,10 @@ class Keys:
     @property
     def scaler_lease(self) -> str:
         return f"{self.prefix}scaler:lease"
+
+    @property
+    def metrics_lease(self) -> str:
+        return f"{self.prefix}metrics:lease"
 
     @property
     def scaler_desired(self) -> str:

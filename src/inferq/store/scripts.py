@@ -33,7 +33,7 @@ SCRIPTS = (
     "reap_leases",
     "dead_requeue",
     "quarantine",
-    "scaler_lease",
+    "lease",
 )
 
 _INCLUDE = re.compile(r"^--\s*include:\s*(.+)$", re.M)

@@ -426,6 +426,20 @@ class Store(AdminCalls):
                 out[wid] = 0
         return out
 
+    def worker_loads(self, worker_ids: Sequence[str]) -> dict[str, tuple[int, float]]:
+        """(slots, KV cache MiB) reserved by assigned work (``load:<id>``), per worker;
+        zeros when unreadable."""
+        pipe = self.redis.pipeline(transaction=False)
+        for wid in worker_ids:
+            pipe.hmget(self.keys.load(wid), "slots", "mib")
+        out: dict[str, tuple[int, float]] = {}
+        for wid, (slots, mib) in zip(worker_ids, pipe.execute(), strict=True):
+            try:
+                out[wid] = (max(0, int(float(slots or 0))), max(0.0, float(mib or 0)))
+            except ValueError:
+                out[wid] = (0, 0.0)
+        return out
+
     def worker_registered(self, worker_id: str) -> bool:
         """True while the worker's heartbeat hash exists (it has not left or lapsed)."""
         return bool(self.redis.exists(self.keys.worker(worker_id)))
@@ -444,6 +458,22 @@ class Store(AdminCalls):
         """Moving means of generated tokens: (model, task_type or '') -> tokens."""
         return calls.parse_estimates(self.redis.hgetall(self.keys.estimates))
 
+    # --- metrics side ---------------------------------------------------------
+
+    def hold_metrics_lease(self, replica_id: str, ttl_s: float) -> bool:
+        """Take or renew the metrics exporter's lease for ``ttl_s`` seconds.
+
+        Returns True when ``replica_id`` holds it now (and so exports the deployment-wide
+        series), False when another replica does.
+        """
+        call = calls.lease_call(self.keys.metrics_lease, replica_id, ttl_s)
+        return calls.parse_lease(self._call(call))
+
+    def release_metrics_lease(self, replica_id: str) -> bool:
+        """Give the metrics lease up if ``replica_id`` holds it (another takes over at once)."""
+        call = calls.lease_call(self.keys.metrics_lease, replica_id, None)
+        return calls.parse_lease(self._call(call))
+
     # --- scaler side ----------------------------------------------------------
 
     def hold_scaler_lease(self, replica_id: str, ttl_s: float) -> bool:
@@ -451,13 +481,13 @@ class Store(AdminCalls):
 
         Returns True when ``replica_id`` holds it now, False when another replica does.
         """
-        call = calls.scaler_lease_call(self.keys, replica_id, ttl_s)
-        return calls.parse_scaler_lease(self._call(call))
+        call = calls.lease_call(self.keys.scaler_lease, replica_id, ttl_s)
+        return calls.parse_lease(self._call(call))
 
     def release_scaler_lease(self, replica_id: str) -> bool:
         """Give the lease up if ``replica_id`` holds it (so another replica takes over at once)."""
-        call = calls.scaler_lease_call(self.keys, replica_id, None)
-        return calls.parse_scaler_lease(self._call(call))
+        call = calls.lease_call(self.keys.scaler_lease, replica_id, None)
+        return calls.parse_lease(self._call(call))
 
     def scaler_hash(self, key: str) -> dict[str, str]:
         """One of the scaler's hashes (``keys.scaler_state``, ``keys.scaler_workers``).

@@ -25,6 +25,7 @@ import re
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,10 +91,13 @@ def build_engine(settings: Settings, opts: WorkerOptions, store: Store | None = 
     return Engine(store or Store(connect(settings.redis_url), settings), config, server)
 
 
-def run_worker(settings: Settings, opts: WorkerOptions) -> int:
+def run_worker(
+    settings: Settings, opts: WorkerOptions, on_ready: Callable[[str], None] | None = None
+) -> int:
     """Run a worker until it drains; returns the process exit code (0 after a drain).
 
-    Must run in the main thread (RQ installs signal handlers).
+    ``on_ready(worker_id)`` runs once the model server is loaded and the worker has
+    joined the fleet. Must run in the main thread (RQ installs signal handlers).
     """
     engine = build_engine(settings, opts)
     consumer = delivery.make_consumer(engine, settings.redis_url)
@@ -109,6 +113,8 @@ def run_worker(settings: Settings, opts: WorkerOptions) -> int:
     delivery.bind(engine)
     try:
         engine.start()
+        if on_ready is not None:
+            on_ready(engine.worker_id)
         consumer.serve()
         engine.begin_drain()
         consumer.accept_claimed()

@@ -1,5 +1,6 @@
--- scaler_lease: take, renew or release the lease of the acting scaler replica.
--- KEYS[1] scaler:lease
+-- lease: take, renew or release a named lease held by one replica (the acting scaler's
+-- scaler:lease, the metrics exporter's metrics:lease).
+-- KEYS[1] the lease key
 -- ARGV: 1 replica id, 2 ttl_ms ('0' releases the lease when this replica holds it)
 -- Returns 1 when this replica holds the lease after the call (taken or renewed) or
 -- released it; 0 when another replica holds it.

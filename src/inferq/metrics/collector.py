@@ -1,0 +1,137 @@
+"""Deployment-wide gauges read from Redis at scrape time.
+
+:class:`DeploymentCollector` reads the queues, the workers, the scaler's desired
+counts and the lifetime counters on every scrape. Every replica could read them,
+and every replica would then export the same totals (a ``sum()`` over replicas
+double counts): only the holder of the metrics lease yields them (see
+:mod:`inferq.metrics.server`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from inferq.metrics.labels import top_n
+from inferq.store import Store
+
+
+class DeploymentCollector(Collector):
+    """Queues, workers, tenants' backlogs, the dead letter and lifetime counters from Redis.
+
+    Args:
+        store: the deployment's store.
+        exporting: True while this replica holds the metrics lease (checked per scrape).
+        top_tenants: tenants whose queued requests get their own label; the rest: ``other``.
+    """
+
+    def __init__(self, store: Store, exporting: Callable[[], bool], top_tenants: int) -> None:
+        self.store = store
+        self.exporting = exporting
+        self.top_tenants = top_tenants
+
+    def collect(self) -> Iterator[Metric]:
+        if not self.exporting():
+            return
+        yield from self._queues()
+        yield from self._workers()
+        desired = GaugeMetricFamily(
+            "inferq_workers_desired", "Workers the scaler wants per model", labels=["model"]
+        )
+        for model, n in sorted(self.store.desired_workers().items()):
+            desired.add_metric([model], n)
+        yield desired
+        totals = CounterMetricFamily(
+            "inferq_requests", "Lifetime request counters by event", labels=["event"]
+        )
+        for event, n in sorted(self.store.stats().items()):
+            totals.add_metric([event], n)
+        yield totals
+        yield GaugeMetricFamily(
+            "inferq_dead_letter_requests",
+            "Requests in the dead letter",
+            value=self.store.dead_letter_count(),
+        )
+
+    def _queues(self) -> Iterator[Metric]:
+        depth = GaugeMetricFamily(
+            "inferq_queue_depth", "Queued requests", labels=["priority_class", "route"]
+        )
+        oldest = GaugeMetricFamily(
+            "inferq_queue_oldest_wait_seconds",
+            "Wait of the oldest queued request",
+            labels=["priority_class", "route"],
+        )
+        for cls, route, n, wait in self.store.queue_depths():
+            depth.add_metric([cls, route], n)
+            oldest.add_metric([cls, route], wait or 0.0)
+        yield depth
+        yield oldest
+        per_tenant: dict[str, dict[str, float]] = {}
+        for field, n in self.store.queued_counts().items():
+            kind, _, rest = field.partition(":")
+            cls, _, tenant = rest.partition(":")
+            if kind == "t" and tenant and n > 0:
+                per_tenant.setdefault(cls, {})[tenant] = float(n)
+        tenants = GaugeMetricFamily(
+            "inferq_tenant_queued_requests",
+            "Queued requests per tenant (the top tenants by backlog, the rest as other)",
+            labels=["priority_class", "tenant"],
+        )
+        for cls, counts in sorted(per_tenant.items()):
+            for tenant, queued in sorted(top_n(counts, self.top_tenants).items()):
+                tenants.add_metric([cls, tenant], queued)
+        yield tenants
+
+    def _workers(self) -> Iterator[Metric]:
+        infos, _ = self.store.workers()
+        loads = self.store.worker_loads([w.id for w in infos])
+        now = self.store.now()
+        by_state = GaugeMetricFamily("inferq_workers", "Live workers", labels=["model", "state"])
+        labels = ["worker", "model"]
+        slots = GaugeMetricFamily(
+            "inferq_worker_slots", "Concurrent requests at most", labels=labels
+        )
+        busy = GaugeMetricFamily(
+            "inferq_worker_slots_in_use",
+            "Slots held by assigned and running requests",
+            labels=labels,
+        )
+        kv = GaugeMetricFamily(
+            "inferq_worker_kv_cache_bytes", "VRAM the worker may fill with KV cache", labels=labels
+        )
+        kv_used = GaugeMetricFamily(
+            "inferq_worker_kv_cache_used_bytes",
+            "KV cache reserved by the worker's assigned and running requests",
+            labels=labels,
+        )
+        vram_free = GaugeMetricFamily(
+            "inferq_worker_vram_free_bytes", "Free VRAM the worker reports", labels=labels
+        )
+        age = GaugeMetricFamily(
+            "inferq_worker_heartbeat_age_seconds",
+            "Since the worker's last heartbeat",
+            labels=labels,
+        )
+        counts: dict[tuple[str, str], int] = {}
+        for w in infos:
+            counts[(w.model, w.state.value)] = counts.get((w.model, w.state.value), 0) + 1
+            key = [w.id, w.model]
+            slots.add_metric(key, w.slots)
+            held, mib = loads.get(w.id, (0, 0.0))
+            busy.add_metric(key, max(held, w.in_flight))
+            kv.add_metric(key, w.kv_cache_mib * 2**20)
+            kv_used.add_metric(key, mib * 2**20)
+            vram_free.add_metric(key, w.vram_free_mib * 2**20)
+            age.add_metric(key, max(0.0, now - w.last_heartbeat))
+        for (model, state), n in sorted(counts.items()):
+            by_state.add_metric([model, state], n)
+        yield by_state
+        yield slots
+        yield busy
+        yield kv
+        yield kv_used
+        yield vram_free
+        yield age

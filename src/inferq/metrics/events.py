@@ -1,0 +1,246 @@
+"""Latency histograms and request counters fed from the events stream.
+
+:class:`EventObserver` tails the deployment's events stream in a thread and
+accounts every event it knows (the fields are the Lua scripts', see
+``docs/architecture.md``, "Events"):
+
+============================================  ===========================================
+``finish`` / ``fail`` / ``expire``            queue wait, TTFT, TPOT, end-to-end latency,
+                                              SLA met or missed, prompt/completion tokens,
+                                              requests per tenant (top N, then ``other``)
+``retry`` / ``dead_letter``                   failed attempts by error kind, retries
+``preempt``                                   preemptions per class (a running request
+                                              paused for a more urgent one)
+``rate_limited``                              submits refused by a tenant rate limit
+============================================  ===========================================
+
+Event types that no script emits yet (``preempt``, ``rate_limited``) are counted as
+soon as one does: the counters are exported at zero until then, so dashboards and
+alerts can be written against them now. Models are the serving worker's (a
+request's ``model`` field may be a size requirement), looked up from the workers'
+heartbeats and ``worker_joined`` events.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from inferq.metrics.labels import ERROR_KINDS, OTHER, StickyLabels, error_kind
+from inferq.store import REDIS_ERRORS, Store
+
+log = logging.getLogger(__name__)
+
+#: Latency buckets, seconds: from a fast realtime answer to a slow batch one.
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
+#: Time per output token buckets, seconds: 2 ms (a small model on a big card) to 1 s.
+TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
+#: Tenants with their own label value; every other tenant counts under ``other``.
+DEFAULT_TOP_TENANTS = 20
+#: What tailing the events stream may raise and survive (Redis away, a malformed reply).
+_TAIL_ERRORS: tuple[type[BaseException], ...] = (*REDIS_ERRORS, OSError, ValueError)
+#: Seconds between two reads of the workers' models when an event names an unknown one.
+_MODEL_REFRESH_S = 5.0
+
+
+def _num(fields: Mapping[str, str], name: str) -> float | None:
+    raw = fields.get(name, "")
+    if raw == "":
+        return None
+    return float(raw)
+
+
+class EventObserver:
+    """Tails the events stream and fills the request histograms and counters (a thread).
+
+    Args:
+        store: the deployment's store.
+        registry: where the histograms and counters are registered.
+        sla_s: class -> SLA, seconds (a finish whose TTFT is within it counts as met).
+        top_tenants: tenants with their own label value (the first seen); others: ``other``.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        registry: CollectorRegistry,
+        sla_s: dict[str, float],
+        top_tenants: int = DEFAULT_TOP_TENANTS,
+    ) -> None:
+        self.store = store
+        self.sla_s = sla_s
+        self.tenant_label = StickyLabels(top_tenants)
+        self._models: dict[str, str] = {}
+        self._models_read_at = 0.0
+        cls_model = ["priority_class", "model"]
+        self.queue_wait = Histogram(
+            "inferq_queue_wait_seconds",
+            "Submit to dispatch",
+            ["priority_class"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            "inferq_ttft_seconds",
+            "Time to first token: submit to the first generated token (finish when unknown)",
+            cls_model,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.tpot = Histogram(
+            "inferq_tpot_seconds",
+            "Time per output token after the first: (finish - first token) / (tokens - 1)",
+            cls_model,
+            buckets=TPOT_BUCKETS,
+            registry=registry,
+        )
+        self.e2e = Histogram(
+            "inferq_e2e_latency_seconds",
+            "Submit to final result",
+            ["priority_class"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.sla = Counter(
+            "inferq_sla_requests",
+            "Final results against the class SLA on time to first token (outcome met/missed)",
+            ["priority_class", "outcome"],
+            registry=registry,
+        )
+        self.prompt_tokens = Counter(
+            "inferq_prompt_tokens",
+            "Prompt tokens of finished requests",
+            ["model"],
+            registry=registry,
+        )
+        self.completion_tokens = Counter(
+            "inferq_completion_tokens",
+            "Generated tokens of finished requests",
+            ["model"],
+            registry=registry,
+        )
+        self.finished = Counter(
+            "inferq_tenant_requests",
+            "Final results per tenant (the first tenants seen by name, the rest as other)",
+            ["tenant", "outcome"],
+            registry=registry,
+        )
+        self.errors = Counter(
+            "inferq_backend_errors",
+            "Failed attempts by error kind (timeout, connection, http_5xx, lease_lapsed, ...)",
+            ["kind"],
+            registry=registry,
+        )
+        self.retries = Counter(
+            "inferq_retries", "Requests queued again after a failed attempt", registry=registry
+        )
+        self.preemptions = Counter(
+            "inferq_preemptions",
+            "Running requests paused for a more urgent one",
+            ["priority_class"],
+            registry=registry,
+        )
+        self.rate_limited = Counter(
+            "inferq_rate_limit_refusals",
+            "Submits refused by a tenant rate limit",
+            ["tenant"],
+            registry=registry,
+        )
+        # Exported at zero from the start, so rates and alerts have a series to read.
+        for kind in ERROR_KINDS:
+            self.errors.labels(kind)
+        for cls in sla_s:
+            self.preemptions.labels(cls)
+        self.rate_limited.labels(OTHER)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="metrics-events", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop tailing and wait for the thread (at most one blocking read, 1 s)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=3)
+
+    def model_of(self, worker: str) -> str:
+        """The model ``worker`` serves (from its heartbeat), or ``unknown``."""
+        if worker and worker not in self._models:
+            now = time.monotonic()
+            if now - self._models_read_at >= _MODEL_REFRESH_S:
+                self._models_read_at = now
+                try:
+                    infos, _ = self.store.workers()
+                except _TAIL_ERRORS as exc:
+                    log.warning("metrics: workers unreadable (%s)", exc)
+                    infos = []
+                for info in infos:
+                    self._models[info.id] = info.model
+        return self._models.get(worker, "unknown")
+
+    def observe(self, etype: str, fields: dict[str, str]) -> None:
+        """Account one event; types this observer does not count are ignored.
+
+        Raises:
+            ValueError: a numeric field is not a number.
+        """
+        if etype == "worker_joined":
+            self._models[fields.get("worker", "")] = fields.get("model", "unknown")
+        elif etype in ("retry", "dead_letter"):
+            if "error" in fields:  # a failed attempt (a requeue from the dead letter has none)
+                self.errors.labels(error_kind(fields["error"])).inc()
+            if etype == "retry":
+                self.retries.inc()
+        elif etype == "preempt":
+            self.preemptions.labels(fields.get("class", "unknown")).inc()
+        elif etype == "rate_limited":
+            self.rate_limited.labels(self.tenant_label(fields.get("tenant", "default"))).inc()
+        elif etype in ("finish", "fail", "expire") and fields.get("class"):
+            self._final(etype, fields)
+
+    def _final(self, etype: str, fields: dict[str, str]) -> None:
+        cls = fields["class"]
+        e2e = (_num(fields, "e2e_ms") or 0.0) / 1000
+        ttft = _num(fields, "ttft_ms")
+        queue = _num(fields, "queue_ms")
+        if queue is not None:
+            self.queue_wait.labels(cls).observe(queue / 1000)
+        self.e2e.labels(cls).observe(e2e)
+        outcome = {"finish": "succeeded", "fail": "failed", "expire": "expired"}[etype]
+        self.finished.labels(self.tenant_label(fields.get("tenant", "default")), outcome).inc()
+        first = (ttft if ttft is not None else e2e * 1000) / 1000
+        met = etype == "finish" and first <= self.sla_s.get(cls, float("inf"))
+        self.sla.labels(cls, "met" if met else "missed").inc()
+        if etype != "finish":
+            return
+        model = self.model_of(fields.get("worker", ""))
+        self.ttft.labels(cls, model).observe(first)
+        tokens = int(_num(fields, "tokens") or 0)
+        ptokens = int(_num(fields, "ptokens") or 0)
+        self.completion_tokens.labels(model).inc(tokens)
+        self.prompt_tokens.labels(model).inc(ptokens)
+        if tokens > 1 and ttft is not None:
+            self.tpot.labels(cls, model).observe(max(0.0, e2e - first) / (tokens - 1))
+
+    def _run(self) -> None:
+        last = "$"
+        while not self._stop.is_set():
+            try:
+                entries = self.store.tail_events(last, count=1000, block_s=1.0)
+            except _TAIL_ERRORS as exc:
+                if self._stop.is_set():
+                    return
+                log.warning("metrics: events stream unavailable (%s)", exc)
+                self._stop.wait(1.0)
+                continue
+            for eid, fields in entries:
+                last = eid
+                try:
+                    self.observe(fields.get("type", ""), fields)
+                except (ValueError, KeyError):
+                    log.warning("metrics: malformed event %s", eid)
