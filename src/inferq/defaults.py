@@ -259,3 +259,10 @@ LOCAL_STOP_TIMEOUT_S = 10.0
 #: before handing its in-flight requests back (a second SIGTERM): two minutes covers
 #: a 4,096-token answer at 40 tokens/s.
 LOCAL_DRAIN_TIMEOUT_S = 120.0
+
+# --- the heartbeat process (issue 13, fault 5) ---
+#: How long the heartbeat process keeps beating for a worker process that sends it
+#: nothing, seconds: a GC pause, an in-process backend holding the GIL, a paused VM or
+#: SIGSTOP shorter than this does not get a live worker reaped; a worker hung longer is
+#: let go (its heartbeat lapses and its requests are requeued).
+HEARTBEAT_STALL_S = 30.0

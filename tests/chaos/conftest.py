@@ -165,17 +165,20 @@ class Deployment:
     Args:
         url: the Redis URL.
         log_dir: where each process's output goes (``<name>.log``).
+        heartbeat_s / lease_s: the deployment's timings (default: the fast ones above).
     """
 
-    def __init__(self, url: str, log_dir: Path) -> None:
+    def __init__(
+        self, url: str, log_dir: Path, *, heartbeat_s: float = HEARTBEAT_S, lease_s: float = LEASE_S
+    ) -> None:
         self.url = url
         self.log_dir = log_dir
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.settings = Settings.load(
             redis_url=url,
             namespace=f"c{uuid.uuid4().hex[:10]}",
-            heartbeat_interval_s=HEARTBEAT_S,
-            lease_s=LEASE_S,
+            heartbeat_interval_s=heartbeat_s,
+            lease_s=lease_s,
             max_attempts=MAX_ATTEMPTS,
         )
         self.store = Store(connect(url), self.settings)
@@ -229,7 +232,7 @@ class Deployment:
             "--slots",
             str(slots),
             "--heartbeat-interval",
-            repr(HEARTBEAT_S),
+            repr(self.settings.heartbeat_interval_s),
             "-o",
             f"time_scale={time_scale}",
         )
@@ -414,6 +417,9 @@ def zygote_main() -> None:
                     worker_id=wid,
                     heartbeat_interval_s=settings.heartbeat_interval_s,
                     server_options={"time_scale": time_scale},
+                    # A heartbeat process is a fresh interpreter (~0.5 s of CPU), the cost
+                    # the zygote exists to avoid; these tests kill and drain, never stall.
+                    heartbeat_process=False,
                 )
                 pid = os.fork()
                 if pid == 0:

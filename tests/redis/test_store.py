@@ -224,7 +224,7 @@ def test_cancel_queued_assigned_and_running(store: Store, settings: Settings) ->
 
 def test_heartbeat_joins_extends_leases_and_reports_drain(store: Store, settings: Settings) -> None:
     info = ready_worker(store, "w1")
-    assert store.heartbeat(info, ttl_s=30) == (False, False)
+    assert store.heartbeat(info, ttl_s=30)[:2] == (False, False)
     r = inference_request(settings)
     store.submit(r)
     store.assign("w1", "b", [(r.id, queue_key(store, r), 1.0)])
@@ -233,10 +233,33 @@ def test_heartbeat_joins_extends_leases_and_reports_drain(store: Store, settings
     store.heartbeat(info, ttl_s=30)
     assert (store.redis.zscore(store.keys.leases, r.id) or 0) > (before or 0)
     assert store.request_drain("w1")
-    assert store.heartbeat(info, ttl_s=30) == (False, True)
+    assert store.heartbeat(info, ttl_s=30)[:2] == (False, True)
     assert not store.request_drain("ghost")
     workers, bad = store.workers()
     assert [w.id for w in workers] == ["w1"] and bad == []
+
+
+def test_heartbeat_tells_a_reaped_worker_which_attempts_are_no_longer_its_own(
+    store: Store, settings: Settings
+) -> None:
+    info = ready_worker(store, "w1")
+    r, q = inference_request(settings), inference_request(settings)
+    store.submit(r)
+    store.submit(q)
+    [(rid, attempt)] = store.assign("w1", "b1", [(r.id, queue_key(store, r), 1.0)])
+    [(qid, qattempt)] = store.assign("w1", "b2", [(q.id, queue_key(store, q), 1.0)])
+    store.start("w1", [(rid, attempt), (qid, qattempt)])
+    held = [(rid, attempt), (qid, qattempt)]
+    beat = store.heartbeat(info, ttl_s=30, held=held)
+    assert beat.lost == [] and not beat.joined and beat.now_ms > 0
+    # Declared dead: both requeued; one of them dispatched to it again under a new attempt.
+    assert store.remove_worker("w1", reason="test", dead=True, stale_before=time.time() + 60)
+    beat = store.heartbeat(info, ttl_s=30, held=held)
+    assert beat.joined and sorted(beat.lost) == sorted(held)
+    [(rid2, attempt2)] = store.assign("w1", "b3", [(r.id, queue_key(store, r), 1.0)])
+    assert (rid2, attempt2) == (rid, attempt + 1)
+    beat = store.heartbeat(info, ttl_s=30, held=[(rid, attempt), (rid, attempt2)])
+    assert beat.lost == [(rid, attempt)]  # the new attempt is its own, the old one is not
 
 
 def test_remove_dead_worker_requeues_but_spares_a_live_one(

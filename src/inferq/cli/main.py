@@ -354,6 +354,12 @@ def dispatcher(obj: Context, tick: float, metrics_port: int | None, metrics_host
 @click.option("--label", multiple=True, metavar="KEY=VALUE", help="Label (repeat).")
 @click.option("--heartbeat-interval", default=1.0, show_default=True, help="Seconds.")
 @click.option(
+    "--heartbeat-thread",
+    is_flag=True,
+    help="Beat from a thread of the worker instead of a heartbeat process (a stall of the "
+    "worker longer than the heartbeat TTL then gets it reaped).",
+)
+@click.option(
     "--stay-after-drain",
     is_flag=True,
     help="After a drain asked through Redis, leave the fleet, then wait for SIGTERM "
@@ -372,6 +378,7 @@ def worker(
     worker_id: str | None,
     label: tuple[str, ...],
     heartbeat_interval: float,
+    heartbeat_thread: bool,
     stay_after_drain: bool,
 ) -> None:
     """Run a GPU worker beside one loaded model; SIGTERM drains it."""
@@ -388,6 +395,7 @@ def worker(
         labels=pairs("--label", label),
         heartbeat_interval_s=heartbeat_interval,
         stay_after_drain=stay_after_drain,
+        heartbeat_process=not heartbeat_thread,
     )
     settings = obj.settings
     sys.exit(

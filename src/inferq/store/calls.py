@@ -10,13 +10,13 @@ request hash, an event, the output estimates) live here for the same reason.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 from inferq.config import Settings
 from inferq.errors import IdempotencyConflict, QueueFull, RequestNotFound
-from inferq.models import Event, InferenceRequest, RequestRecord, WorkerInfo, from_ms
+from inferq.models import Event, InferenceRequest, RequestRecord, from_ms
 from inferq.store.keys import Keys
 
 
@@ -226,26 +226,56 @@ def parse_remove_worker(reply: Sequence[Any]) -> list[str] | None:
 # --- worker -----------------------------------------------------------------------------
 
 
-def heartbeat_call(keys: Keys, settings: Settings, info: WorkerInfo, ttl_s: float) -> Call:
-    """``heartbeat.lua``: publish ``info`` for ``ttl_s`` seconds and extend its leases."""
+class Beat(NamedTuple):
+    """What a heartbeat tells its worker.
+
+    Attributes:
+        joined: the hash was absent: a first beat, or the worker had been declared dead.
+        drain: ``inferq drain`` (or the scaler) asked it to drain.
+        now_ms: Redis TIME when the beat was written, milliseconds since the epoch.
+        lost: (request id, attempt) pairs the worker said it runs that are no longer its
+            own under that attempt (requeued by the reaper, re-dispatched, or final).
+    """
+
+    joined: bool
+    drain: bool
+    now_ms: int
+    lost: list[tuple[str, int]]
+
+
+def heartbeat_call(
+    keys: Keys,
+    settings: Settings,
+    worker_id: str,
+    fields: Mapping[str, str],
+    ttl_s: float,
+    held: Sequence[tuple[str, int]] = (),
+) -> Call:
+    """``heartbeat.lua``: publish ``fields`` (a :class:`WorkerInfo` hash) for ``ttl_s``
+    seconds, extend the worker's leases, and check the ``held`` (request id, attempt) pairs."""
     argv: list[Any] = [
         keys.prefix,
-        info.id,
+        worker_id,
         round(ttl_s * 1000),
         round(settings.lease_s * 1000),
         settings.events_maxlen,
+        len(held),
     ]
-    for name, value in info.to_fields().items():
+    for rid, attempt in held:
+        argv += [rid, attempt]
+    for name, value in fields.items():
         argv += [name, value]
     return Call(
-        "heartbeat", [keys.worker(info.id), keys.inflight(info.id), keys.drain(info.id)], argv
+        "heartbeat", [keys.worker(worker_id), keys.inflight(worker_id), keys.drain(worker_id)], argv
     )
 
 
-def parse_heartbeat(reply: Sequence[Any]) -> tuple[bool, bool]:
-    """(joined, drain requested)."""
-    joined, drain, _now = reply
-    return bool(joined), bool(drain)
+def parse_heartbeat(reply: Sequence[Any]) -> Beat:
+    """The :class:`Beat` of a ``heartbeat.lua`` reply."""
+    joined, drain, now = reply[:3]
+    rest = reply[3:]
+    lost = [(str(rest[i]), int(rest[i + 1])) for i in range(0, len(rest) - 1, 2)]
+    return Beat(bool(joined), bool(drain), int(now), lost)
 
 
 def start_call(

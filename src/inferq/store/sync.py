@@ -270,14 +270,31 @@ class Store(AdminCalls):
 
     # --- worker side ----------------------------------------------------------
 
-    def heartbeat(self, info: WorkerInfo, ttl_s: float) -> tuple[bool, bool]:
-        """Publish a heartbeat and extend the worker's leases.
+    def heartbeat(
+        self, info: WorkerInfo, ttl_s: float, held: Sequence[tuple[str, int]] = ()
+    ) -> calls.Beat:
+        """Publish a heartbeat, extend the worker's leases, check its held attempts.
+
+        Args:
+            info: the worker's state.
+            ttl_s: how long the hash lives without another beat, seconds.
+            held: (request id, attempt) pairs the worker runs.
 
         Returns:
-            (joined, drain_requested): joined is true on the first beat (or after
-            the hash expired); drain_requested when ``inferq drain`` asked it to drain.
+            A :class:`~inferq.store.calls.Beat` (joined, drain requested, Redis time,
+            the held attempts that are no longer the worker's own).
         """
-        call = calls.heartbeat_call(self.keys, self.settings, info, ttl_s)
+        return self.heartbeat_fields(info.id, info.to_fields(), ttl_s, held)
+
+    def heartbeat_fields(
+        self,
+        worker_id: str,
+        fields: dict[str, str],
+        ttl_s: float,
+        held: Sequence[tuple[str, int]] = (),
+    ) -> calls.Beat:
+        """:meth:`heartbeat` from a heartbeat hash already flattened (the heartbeat process)."""
+        call = calls.heartbeat_call(self.keys, self.settings, worker_id, fields, ttl_s, held)
         return calls.parse_heartbeat(self._call(call))
 
     def start(self, worker_id: str, pairs: Sequence[tuple[str, int]]) -> list[str]:

@@ -42,9 +42,11 @@ from inferq.config import ModelSpec
 from inferq.errors import CorruptRecord, RequestNotFound
 from inferq.latency import decode_slowdown
 from inferq.models import RequestRecord, WorkerInfo, WorkerState
-from inferq.store import CONNECTION_ERRORS, REPLY_ERRORS, Abort, Completion, Store
+from inferq.store import CONNECTION_ERRORS, REPLY_ERRORS, Abort, Beat, Completion, Store
+from inferq.workers.clock import RedisClock
 from inferq.workers.control import ControlReader
 from inferq.workers.gpu import GpuInfo
+from inferq.workers.pulse import HeartbeatProcess
 from inferq.workers.servers import ModelServer, ServerError, ServerRequest
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,9 @@ class WorkerConfig:
         gpu: the card (NVML or configured).
         labels: free-form labels published in the heartbeat.
         heartbeat_interval_s: seconds between beats.
+        heartbeat_process: beat from a child process (:mod:`inferq.workers.pulse`), so
+            a stall of this process shorter than ``HEARTBEAT_STALL_S`` does not get it
+            reaped; False beats from a thread (tests that run engines in-process).
     """
 
     worker_id: str
@@ -79,6 +84,7 @@ class WorkerConfig:
     gpu_index: int | None = None
     labels: dict[str, str] = field(default_factory=dict)
     heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
+    heartbeat_process: bool = False
 
 
 class Engine:
@@ -98,13 +104,19 @@ class Engine:
         self.config = config
         self.server = server
         self.state = WorkerState.STARTING
-        self.started_at = time.time()
+        self.clock = RedisClock()  # every timing on Redis TIME (issue 13, fault 4)
+        self.started_at = 0.0  # set on the first beat, on Redis TIME
+        self._pulse: HeartbeatProcess | None = None
+        self._beats = 0
         self.kv_cache_mib = config.spec.kv_cache_mib(config.gpu.total_mib)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="engine", daemon=True)
-        self._running: dict[str, tuple[asyncio.Task[None], int]] = {}
-        # request id -> (epoch s its server call began, prompt tokens, max_tokens)
-        self._begun: dict[str, tuple[float, int, int]] = {}
+        # Tracked by (request id, attempt): an old attempt finishing (a worker reaped and
+        # the request re-dispatched here) must never clear the live one.
+        self._running: dict[tuple[str, int], asyncio.Task[None]] = {}
+        # (request id, attempt) -> (Redis epoch s its server call began, prompt tokens,
+        # max_tokens)
+        self._begun: dict[tuple[str, int], tuple[float, int, int]] = {}
         self._pending: list[tuple[Completion, str | None]] = []
         self._flush_wanted: asyncio.Event | None = None
         self._flusher: asyncio.Task[None] | None = None
@@ -114,7 +126,7 @@ class Engine:
         self._beat_thread: threading.Thread | None = None
         # Requests this engine holds: accepted (from before start.lua) until their
         # result is written or they are handed back. Guarded by _held_lock.
-        self._held: set[str] = set()
+        self._held: set[tuple[str, int]] = set()
         self._held_lock = threading.Lock()
         self.on_drain_requested: Callable[[], None] = lambda: os.kill(os.getpid(), signal.SIGTERM)
         self.finished = 0
@@ -151,7 +163,17 @@ class Engine:
         """
         self._thread.start()
         self._call(self._init_loop())
+        self.started_at = time.time()  # replaced by Redis TIME once the first beat replies
         self.beat()
+        self.started_at = self.clock.now()
+        if self.config.heartbeat_process:
+            self._pulse = HeartbeatProcess(
+                self.store.settings,
+                self.config.worker_id,
+                ttl_s=self._ttl_s,
+                interval_s=self.config.heartbeat_interval_s,
+                on_beat=self._on_beat,
+            )
         self._beat_thread = threading.Thread(
             target=self._beat_forever, name="heartbeat", daemon=True
         )
@@ -188,7 +210,7 @@ class Engine:
                 [(rid, attempt, self.config.worker_id, reason) for rid, attempt in items],
                 penalize=False,
             )
-        self._unhold(rid for rid, _ in items)
+        self._unhold(items)
         return len(items)
 
     def cold_shutdown(self) -> None:
@@ -204,6 +226,8 @@ class Engine:
         self._beat_stop.set()
         if self._beat_thread is not None:
             self._beat_thread.join(timeout=5)
+        if self._pulse is not None:  # before leaving: it would register the worker again
+            self._pulse.close()
         self.store.remove_worker(self.config.worker_id, reason=reason, dead=False)
         self._call(self._shutdown_loop())
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -236,20 +260,65 @@ class Engine:
             slots=c.slots,
             in_flight=self.in_flight,
             state=self.state,
-            last_heartbeat=time.time(),
+            last_heartbeat=self.clock.now(),
             started_at=self.started_at,
             gpu_name=c.gpu.name,
             gpu_index=c.gpu_index,
             labels=c.labels,
         )
 
+    @property
+    def _ttl_s(self) -> float:
+        return self.config.heartbeat_interval_s * defaults.HEARTBEAT_TTL_INTERVALS
+
     def beat(self) -> None:
-        """Publish one heartbeat; asks for a drain when ``inferq drain`` flagged this worker."""
-        ttl = self.config.heartbeat_interval_s * defaults.HEARTBEAT_TTL_INTERVALS
-        _, drain = self.store.heartbeat(self.info(), ttl_s=ttl)
-        if drain and self.state is WorkerState.READY:
+        """Publish one heartbeat from this process and act on its reply (:meth:`_on_beat`)."""
+        self._on_beat(self.store.heartbeat(self.info(), ttl_s=self._ttl_s, held=self.held()))
+
+    def _on_beat(self, beat: Beat) -> None:
+        """A heartbeat's reply (from this process or the heartbeat process): set the clock,
+        stop attempts that are no longer ours, drain when asked."""
+        self.clock.observe(beat.now_ms)
+        if beat.joined and self._beats:
+            log.warning(
+                "worker %s was declared dead (no heartbeat within %.1f s) and registered again",
+                self.config.worker_id,
+                self._ttl_s,
+            )
+        self._beats += 1
+        if beat.lost:
+            self.forget_lost(beat.lost)
+        if beat.drain and self.state is WorkerState.READY:
             log.info("worker %s: drain requested remotely", self.config.worker_id)
             self.on_drain_requested()
+
+    def forget_lost(self, lost: Iterable[tuple[str, int]]) -> None:
+        """Stop the (request id, attempt) pairs that are no longer this worker's own.
+
+        The reaper requeued them (this worker was declared dead) or they finished: their
+        result would be stale, and running them on wastes a slot beside the live attempt.
+        Nothing is written for them; a later attempt of the same request is untouched.
+        """
+        pairs = set(lost)
+        self._unhold(pairs)
+        self._loop.call_soon_threadsafe(self._cancel_lost, pairs)
+
+    def _cancel_lost(self, pairs: set[tuple[str, int]]) -> None:
+        stopped = [key for key in pairs if key in self._running]
+        for key in stopped:  # out of _running at once: a repeated report stops nothing twice
+            self._running.pop(key).cancel()
+            self._begun.pop(key, None)
+        if stopped and not self._running:
+            with self._idle:
+                self._idle.notify_all()
+        if stopped:
+            log.warning(
+                "worker %s: stopped %d attempts that are no longer its own (requeued "
+                "while it was silent): %s",
+                self.config.worker_id,
+                len(stopped),
+                ", ".join(f"{rid}#{attempt}" for rid, attempt in sorted(stopped)[:5]),
+            )
 
     def _safe_beat(self) -> None:
         try:
@@ -257,9 +326,25 @@ class Engine:
         except CONNECTION_ERRORS as exc:
             log.warning("heartbeat failed: %s", exc)
 
+    def _pulse_or_beat(self) -> None:
+        """Hand the heartbeat to the heartbeat process, or beat here without one."""
+        if self._pulse is not None:
+            try:
+                fields = self.info().to_fields()
+            except CONNECTION_ERRORS as exc:
+                log.warning("heartbeat failed: %s", exc)
+                return
+            if self._pulse.send(fields, self.held()):
+                if not self._pulse.ready:
+                    self._safe_beat()
+                return
+            log.warning("heartbeat process exited; beating from the worker process")
+            self._pulse = None
+        self._safe_beat()
+
     def _beat_forever(self) -> None:
         while not self._beat_stop.wait(self.config.heartbeat_interval_s):
-            self._safe_beat()
+            self._pulse_or_beat()
             try:
                 self.recover_orphans()
             except CONNECTION_ERRORS as exc:
@@ -308,14 +393,13 @@ class Engine:
         self.abort(command.request_id, command.attempt, command.action, command.reason)
 
     async def _abort(self, rid: str, attempt: int, action: AbortAction, reason: str) -> str:
-        entry = self._running.get(rid)
-        if entry is None:
+        task = self._running.get((rid, attempt))
+        if task is None:
             with self._held_lock:
-                return "launching" if rid in self._held else "not_running"
-        task, running_attempt = entry
-        if running_attempt != attempt or task.done() or not task.cancel():
-            return "not_running"  # another attempt, or finished: its result is on its way
-        begun = self._begun.get(rid)
+                return "launching" if (rid, attempt) in self._held else "not_running"
+        if task.done() or not task.cancel():
+            return "not_running"  # finished: its result is on its way
+        begun = self._begun.get((rid, attempt))
         await asyncio.gather(task, return_exceptions=True)
         generated = self._generated(begun)
         self.aborted += 1
@@ -327,7 +411,7 @@ class Engine:
                     [(rid, attempt, generated)],
                 )
             finally:  # a failed write: recover_orphans hands it back after a lease
-                self._unhold([rid])
+                self._unhold([(rid, attempt)])
         else:
             status: Literal["cancelled", "expired"] = (
                 "cancelled" if action == "cancel" else "expired"
@@ -343,7 +427,7 @@ class Engine:
             return 0
         t0, prompt, max_tokens = begun
         spec = self.config.spec
-        decoding = time.time() - t0 - prompt / spec.prefill_tps
+        decoding = self.clock.now() - t0 - prompt / spec.prefill_tps
         rate = spec.decode_tps / decode_slowdown(spec.batch_efficiency, max(1, self.in_flight))
         return max(0, min(max_tokens, int(decoding * rate)))
 
@@ -382,12 +466,12 @@ class Engine:
         not: claimed for it, their batch not (yet) accepted."""
         inflight = self.store.held_by(self.config.worker_id)
         with self._held_lock:
-            return inflight - self._held
+            return inflight - {rid for rid, _ in self._held}
 
     def _requeue_orphan(self, rid: str, attempt: int) -> bool:
         # Under the lock, so accept() cannot start it between the check and the requeue.
         with self._held_lock:
-            if rid in self._held:
+            if (rid, attempt) in self._held:
                 return False  # its batch arrived meanwhile
             try:
                 [verdict] = self.store.requeue(
@@ -409,13 +493,18 @@ class Engine:
             key, reason = broken
             self.store.quarantine(key, f"{reason} (batch {batch}, worker {self.config.worker_id})")
 
-    def _hold(self, ids: list[str]) -> None:
+    def _hold(self, pairs: Iterable[tuple[str, int]]) -> None:
         with self._held_lock:
-            self._held.update(ids)
+            self._held.update(pairs)
 
-    def _unhold(self, ids: Iterable[str]) -> None:
+    def _unhold(self, pairs: Iterable[tuple[str, int]]) -> None:
         with self._held_lock:
-            self._held.difference_update(ids)
+            self._held.difference_update(pairs)
+
+    def held(self) -> list[tuple[str, int]]:
+        """The (request id, attempt) pairs this engine holds now."""
+        with self._held_lock:
+            return sorted(self._held)
 
     # --- accepting work (called from the RQ job, main thread) ---------------------
 
@@ -425,8 +514,8 @@ class Engine:
         Returns counts of ``run``, ``stale`` and ``expired`` verdicts. A request whose
         record does not parse is failed with the reason and its record quarantined.
         """
-        self._hold([rid for rid, _ in items])
-        launched: set[str] = set()
+        self._hold(items)
+        launched: set[tuple[str, int]] = set()
         try:
             verdicts = self.store.start(self.config.worker_id, items)
             runnable = [item for item, v in zip(items, verdicts, strict=True) if v == "run"]
@@ -435,9 +524,9 @@ class Engine:
                 record = record or self._reread(rid, attempt)
                 if record is not None:
                     self._loop.call_soon_threadsafe(self._launch, record, attempt)
-                    launched.add(rid)
+                    launched.add((rid, attempt))
         finally:  # what did not start here (a failed call included): recover_orphans' job
-            self._unhold(rid for rid, _ in items if rid not in launched)
+            self._unhold(item for item in items if item not in launched)
         counts = {"run": 0, "stale": 0, "expired": 0}
         for v in verdicts:
             counts[v] = counts.get(v, 0) + 1
@@ -450,7 +539,7 @@ class Engine:
         try:
             return self.store.record(rid)
         except RequestNotFound:
-            self._unhold([rid])
+            self._unhold([(rid, attempt)])
             return None
         except CorruptRecord as exc:
             reason = exc.reason
@@ -460,7 +549,7 @@ class Engine:
                 [Completion(rid, attempt, "failed", error=f"corrupt request record: {reason}")],
             )
         finally:
-            self._unhold([rid])
+            self._unhold([(rid, attempt)])
         self.store.quarantine(self.store.keys.req(rid), f"request record: {reason}")
         return None
 
@@ -472,21 +561,21 @@ class Engine:
         self._flusher = asyncio.create_task(self._flush_forever())
 
     def _launch(self, record: RequestRecord, attempt: int) -> None:
-        rid = record.request.id
+        key = (record.request.id, attempt)
         task = asyncio.create_task(self._run(record, attempt))
-        self._running[rid] = (task, attempt)
-        task.add_done_callback(lambda _t: self._done(rid))
+        self._running[key] = task
+        task.add_done_callback(lambda _t: self._done(key))
 
-    def _done(self, rid: str) -> None:
-        self._running.pop(rid, None)
-        self._begun.pop(rid, None)
+    def _done(self, key: tuple[str, int]) -> None:
+        self._running.pop(key, None)
+        self._begun.pop(key, None)
         if not self._running:
             with self._idle:
                 self._idle.notify_all()
 
     async def _run(self, record: RequestRecord, attempt: int) -> None:
         req = record.request
-        remaining = req.deadline - time.time()
+        remaining = req.deadline - self.clock.now()
         breq = ServerRequest(
             id=req.id,
             model=self.config.spec.name,
@@ -495,8 +584,8 @@ class Engine:
             prompt_tokens=req.prompt_tokens,
             timeout_s=max(0.001, remaining),
         )
-        t0 = time.time()
-        self._begun[req.id] = (t0, req.prompt_tokens, req.max_tokens)
+        t0 = self.clock.now()
+        self._begun[(req.id, attempt)] = (t0, req.prompt_tokens, req.max_tokens)
         try:
             result = await asyncio.wait_for(
                 self.server.generate(breq, concurrency=self.in_flight),
@@ -540,7 +629,7 @@ class Engine:
                 self.store.requeue, [(rid, attempt, self.config.worker_id, str(exc))]
             )
         finally:  # requeue failed (Redis down): recover_orphans hands it back later
-            self._unhold([rid])
+            self._unhold([(rid, attempt)])
 
     def _queue(self, outcome: Completion, task_type: str | None = None) -> None:
         self._pending.append((outcome, task_type))
@@ -583,12 +672,12 @@ class Engine:
             return True
         except Exception:
             log.exception("dropped the result of %s", outcome.request_id)
-            self._unhold([outcome.request_id])
+            self._unhold([(outcome.request_id, outcome.attempt)])
         return False
 
     def _write(self, batch: list[tuple[Completion, str | None]]) -> None:
         verdicts = self.store.complete(self.config.worker_id, [o for o, _ in batch])
-        self._unhold(o.request_id for o, _ in batch)
+        self._unhold((o.request_id, o.attempt) for o, _ in batch)
         observed = []
         for (outcome, task), verdict in zip(batch, verdicts, strict=True):
             if verdict == "ok" and outcome.status == "succeeded":
@@ -599,11 +688,11 @@ class Engine:
         self.store.update_estimates(observed, defaults.OUTPUT_ESTIMATE_ALPHA)
 
     async def _cancel_all(self) -> list[tuple[str, int]]:
-        held = [(rid, task, attempt) for rid, (task, attempt) in self._running.items()]
-        for _, task, _ in held:
+        held = list(self._running.items())
+        for _, task in held:
             task.cancel()
-        await asyncio.gather(*(task for _, task, _ in held), return_exceptions=True)
-        return [(rid, attempt) for rid, _, attempt in held]
+        await asyncio.gather(*(task for _, task in held), return_exceptions=True)
+        return [key for key, _ in held]
 
     async def _shutdown_loop(self) -> None:
         if self._flusher is not None:

@@ -55,6 +55,7 @@ class WorkerOptions:
     labels: dict[str, str] = field(default_factory=dict)
     heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
     stay_after_drain: bool = False
+    heartbeat_process: bool = True
 
 
 def build_engine(settings: Settings, opts: WorkerOptions, store: Store | None = None) -> Engine:
@@ -86,6 +87,7 @@ def build_engine(settings: Settings, opts: WorkerOptions, store: Store | None = 
         gpu_index=opts.gpu_index,
         labels=opts.labels,
         heartbeat_interval_s=opts.heartbeat_interval_s,
+        heartbeat_process=opts.heartbeat_process,
     )
     server = make_server(opts.server, spec, **opts.server_options)
     return Engine(store or Store(connect(settings.redis_url), settings), config, server)

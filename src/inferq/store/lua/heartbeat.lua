@@ -1,15 +1,22 @@
--- heartbeat: publish a worker's state and extend the leases of its in-flight requests.
+-- heartbeat: publish a worker's state, extend the leases of its in-flight requests, and tell
+-- it which of the attempts it runs are no longer its own.
 -- KEYS[1] worker:<w>   KEYS[2] inflight:<w>   KEYS[3] drain:<w>
--- ARGV: 1 prefix, 2 worker id, 3 ttl_ms, 4 lease_ms, 5 events maxlen, 6.. field/value pairs
--- Returns {joined (1 if the hash was absent), drain_requested (1|0), now_ms}
+-- ARGV: 1 prefix, 2 worker id, 3 ttl_ms, 4 lease_ms, 5 events maxlen, 6 n (held attempts),
+--       7 .. 6+2n: (request id, attempt) pairs the worker runs, then field/value pairs
+-- Returns {joined (1 if the hash was absent), drain_requested (1|0), now_ms,
+--          lost id, lost attempt, ...}: lost = a held attempt that is no longer assigned to
+--          or running on this worker under that attempt number (the worker was declared dead
+--          and the request requeued, re-dispatched or finished elsewhere).
 -- Invariant: a live worker's hash exists and is in the workers index with its last beat;
--- while it beats, none of its requests' leases lapse; a silent worker's hash expires after ttl.
--- include: clock, events
+-- while it beats, none of its requests' leases lapse; a silent worker's hash expires after ttl;
+-- a worker running an attempt that is no longer its own learns it on its next beat.
+-- include: clock, keys, events
 local p, w, ttl, lease_ms, maxlen = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local n = tonumber(ARGV[6])
 local now = now_ms()
 local joined = 1 - redis.call('EXISTS', KEYS[1])
 local fields = {}
-for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 7 + 2 * n, #ARGV do fields[#fields + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('HSET', KEYS[1], 'last_heartbeat_ms', now)
 redis.call('PEXPIRE', KEYS[1], ttl)
@@ -21,4 +28,13 @@ if joined == 1 then
   local model = redis.call('HGET', KEYS[1], 'model') or ''
   emit(p, maxlen, 'worker_joined', 'worker', w, 'model', model)
 end
-return {joined, redis.call('EXISTS', KEYS[3]), now}
+local out = {joined, redis.call('EXISTS', KEYS[3]), now}
+for i = 7, 6 + 2 * n, 2 do
+  local id, attempt = ARGV[i], ARGV[i + 1]
+  local r = redis.call('HMGET', k_req(p, id), 'state', 'attempts', 'worker')
+  if (r[1] ~= 'assigned' and r[1] ~= 'running') or r[2] ~= attempt or r[3] ~= w then
+    out[#out + 1] = id
+    out[#out + 1] = attempt
+  end
+end
+return out
