@@ -417,9 +417,6 @@ def zygote_main() -> None:
                     worker_id=wid,
                     heartbeat_interval_s=settings.heartbeat_interval_s,
                     server_options={"time_scale": time_scale},
-                    # A heartbeat process is a fresh interpreter (~0.5 s of CPU), the cost
-                    # the zygote exists to avoid; these tests kill and drain, never stall.
-                    heartbeat_process=False,
                 )
                 pid = os.fork()
                 if pid == 0:

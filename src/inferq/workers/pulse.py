@@ -5,7 +5,7 @@ pause, an in-process backend holding the GIL, a paused VM, SIGSTOP. Past the hea
 TTL (3 s) the dispatcher then reaps a worker that is alive, and every request it runs
 is dispatched again (issue 13, fault 5: 4 requests ran 35 times and none succeeded).
 So ``inferq worker`` beats from a small child process (``python -m
-inferq.workers.pulse``):
+inferq.workers.pulse``, or forked from the worker before its threads start):
 
 - the worker writes one JSON line on the child's stdin each heartbeat interval: its
   heartbeat hash and the (request id, attempt) pairs it runs (``{"fields": ...,
@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -72,13 +73,7 @@ class HeartbeatProcess:
         self._on_beat = on_beat
         self._lock = threading.Lock()
         self._ready = threading.Event()
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "inferq.workers.pulse"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-        )
+        self._child, self._stdin, self._stdout = _start_child()
         first = {
             "settings": settings.model_dump(mode="json"),
             "worker_id": worker_id,
@@ -92,18 +87,18 @@ class HeartbeatProcess:
 
     @property
     def pid(self) -> int:
-        return self._proc.pid
+        return self._child.pid
 
     @property
     def ready(self) -> bool:
         """True once the child has beaten (until then the worker beats itself too: the
-        child needs a second or so to start, longer than a short heartbeat TTL)."""
+        child may need a second or so to start, longer than a short heartbeat TTL)."""
         return self._ready.is_set()
 
     @property
     def alive(self) -> bool:
         """True while the child runs."""
-        return self._proc.poll() is None
+        return self._child.poll() is None
 
     def send(
         self, fields: dict[str, str], held: Sequence[tuple[str, int]], *, now: bool = False
@@ -117,33 +112,25 @@ class HeartbeatProcess:
     def close(self, timeout_s: float = 5.0) -> None:
         """Close the child's stdin (it exits) and wait for it."""
         with self._lock:
-            stdin = self._proc.stdin
-            if stdin is not None and not stdin.closed:
+            if not self._stdin.closed:
                 with contextlib.suppress(OSError):
-                    stdin.close()
-        try:
-            self._proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+                    self._stdin.close()
+        self._child.wait(timeout_s)
 
     def _write(self, message: dict[str, Any]) -> bool:
         line = json.dumps(message, separators=(",", ":")) + "\n"
         with self._lock:
-            stdin = self._proc.stdin
-            if stdin is None or stdin.closed or self._proc.poll() is not None:
+            if self._stdin.closed or self._child.poll() is not None:
                 return False
             try:
-                stdin.write(line)
-                stdin.flush()
-            except (BrokenPipeError, OSError, ValueError):
+                self._stdin.write(line)
+                self._stdin.flush()
+            except (OSError, ValueError):
                 return False
         return True
 
     def _read(self) -> None:
-        stdout = self._proc.stdout
-        assert stdout is not None
-        for line in stdout:
+        for line in self._stdout:
             try:
                 raw = json.loads(line)
                 beat = Beat(
@@ -160,6 +147,93 @@ class HeartbeatProcess:
                 self._on_beat(beat)
             except Exception:  # the reader must outlive a bad reply
                 log.exception("handling a heartbeat reply failed")
+
+
+class _Child:
+    """A child process by pid: forked, or a :class:`subprocess.Popen`."""
+
+    def __init__(self, pid: int, popen: subprocess.Popen[str] | None = None) -> None:
+        self.pid = pid
+        self._popen = popen
+        self._code: int | None = None
+
+    def poll(self) -> int | None:
+        if self._popen is not None:
+            return self._popen.poll()
+        if self._code is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self._code = -1
+            else:
+                if pid:
+                    self._code = os.waitstatus_to_exitcode(status)
+        return self._code
+
+    def wait(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.poll() is None:
+            if time.monotonic() >= deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, signal.SIGKILL)
+                if self._popen is not None:
+                    self._popen.wait()
+                else:
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(self.pid, 0)
+                    self._code = -signal.SIGKILL
+                return
+            time.sleep(0.02)
+
+
+def _start_child() -> tuple[_Child, IO[str], IO[str]]:
+    """Start the heartbeat child; returns it, its stdin and its stdout (text, line-buffered).
+
+    Forked when this process has no other thread yet (``inferq worker`` starts it before
+    any): the child then shares the imports already done and costs milliseconds. Else a
+    fresh interpreter (``python -m inferq.workers.pulse``, ~0.5-1 s of CPU), since a fork
+    beside running threads may inherit a lock one of them held.
+    """
+    if hasattr(os, "fork") and threading.active_count() == 1:
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            code = 1
+            try:
+                os.close(to_child_w)
+                os.close(from_child_r)
+                _ignore_stop_signals()
+                stdin = os.fdopen(to_child_r, "r")
+                stdout = os.fdopen(from_child_w, "w", buffering=1)
+                code = serve(stdin, stdout)
+            except BaseException:
+                log.exception("heartbeat process failed")
+            finally:
+                os._exit(code)
+        os.close(to_child_r)
+        os.close(from_child_w)
+        return (
+            _Child(pid),
+            os.fdopen(to_child_w, "w", buffering=1),
+            os.fdopen(from_child_r, "r"),
+        )
+    popen = subprocess.Popen(
+        [sys.executable, "-m", "inferq.workers.pulse"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+    )
+    assert popen.stdin is not None and popen.stdout is not None
+    return _Child(popen.pid, popen), popen.stdin, popen.stdout
+
+
+def _ignore_stop_signals() -> None:
+    # Ctrl-C or a SIGTERM sent to the worker's process group starts the worker's drain,
+    # which must go on beating: the child ends only when the worker closes its stdin.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 class _Latest:
@@ -194,7 +268,10 @@ class _Latest:
 
 def serve(stdin: IO[str], stdout: IO[str]) -> int:
     """The child's loop (see the module docstring); returns its exit code."""
-    first = json.loads(stdin.readline() or "null")
+    try:
+        first = json.loads(stdin.readline() or "null")
+    except ValueError:
+        first = None
     if not isinstance(first, dict):
         return 0  # the worker went away before saying anything
     settings = Settings.model_validate(first["settings"])
@@ -246,10 +323,7 @@ def serve(stdin: IO[str], stdout: IO[str]) -> int:
 def main() -> int:
     """``python -m inferq.workers.pulse``: started by :class:`HeartbeatProcess` only."""
     setup_logging("WARNING")
-    # Ctrl-C or a SIGTERM sent to the worker's process group starts the worker's drain,
-    # which must go on beating: the child ends only when the worker closes its stdin.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _ignore_stop_signals()
     return serve(sys.stdin, sys.stdout)
 
 

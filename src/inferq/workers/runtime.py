@@ -107,6 +107,7 @@ class Engine:
         self.clock = RedisClock()  # every timing on Redis TIME (issue 13, fault 4)
         self.started_at = 0.0  # set on the first beat, on Redis TIME
         self._pulse: HeartbeatProcess | None = None
+        self._drain_asked = threading.Event()
         self._beats = 0
         self.kv_cache_mib = config.spec.kv_cache_mib(config.gpu.total_mib)
         self._loop = asyncio.new_event_loop()
@@ -161,12 +162,7 @@ class Engine:
         Raises:
             ServerError: the model server could not load the model.
         """
-        self._thread.start()
-        self._call(self._init_loop())
-        self.started_at = time.time()  # replaced by Redis TIME once the first beat replies
-        self.beat()
-        self.started_at = self.clock.now()
-        if self.config.heartbeat_process:
+        if self.config.heartbeat_process:  # first: forked before this engine's threads
             self._pulse = HeartbeatProcess(
                 self.store.settings,
                 self.config.worker_id,
@@ -174,6 +170,12 @@ class Engine:
                 interval_s=self.config.heartbeat_interval_s,
                 on_beat=self._on_beat,
             )
+            log.debug("heartbeat process %d", self._pulse.pid)
+        self._thread.start()
+        self._call(self._init_loop())
+        self.started_at = time.time()  # replaced by Redis TIME once the first beat replies
+        self.beat()
+        self.started_at = self.clock.now()
         self._beat_thread = threading.Thread(
             target=self._beat_forever, name="heartbeat", daemon=True
         )
@@ -288,7 +290,10 @@ class Engine:
         self._beats += 1
         if beat.lost:
             self.forget_lost(beat.lost)
-        if beat.drain and self.state is WorkerState.READY:
+        if beat.drain and self.state is WorkerState.READY and not self._drain_asked.is_set():
+            # Once: the replies of two beaters may both carry the flag before the drain
+            # begins, and a second stop signal would be a cold shutdown.
+            self._drain_asked.set()
             log.info("worker %s: drain requested remotely", self.config.worker_id)
             self.on_drain_requested()
 
