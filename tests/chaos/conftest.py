@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -199,11 +199,12 @@ class Deployment:
             "INFERQ_MAX_ATTEMPTS": str(s.max_attempts),
         }
 
-    def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        """Run ``python -m inferq --log-level info ARGS`` as ``name`` (output in its log)."""
+    def spawn(self, name: str, *args: str, wrapper: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+        """Run ``python -m inferq --log-level info ARGS`` as ``name`` (output in its log),
+        under the ``wrapper`` command when given (e.g. ``faketime``)."""
         with (self.log_dir / f"{name}.log").open("ab") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "inferq", "--log-level", "info", *args],
+                [*wrapper, sys.executable, "-m", "inferq", "--log-level", "info", *args],
                 env=self.env(),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -217,7 +218,13 @@ class Deployment:
         self.spawn(name, "dispatcher", "--tick", repr(tick_s))
 
     def worker(
-        self, wid: str, *, slots: int = 8, time_scale: float = 0.5, ready: bool = True
+        self,
+        wid: str,
+        *,
+        slots: int = 8,
+        time_scale: float = 0.5,
+        ready: bool = True,
+        wrapper: Sequence[str] = (),
     ) -> None:
         """Start a sim worker; with ``ready``, return once its heartbeat says ``ready``."""
         self.spawn(
@@ -235,6 +242,7 @@ class Deployment:
             repr(self.settings.heartbeat_interval_s),
             "-o",
             f"time_scale={time_scale}",
+            wrapper=wrapper,
         )
         if ready:
             self.wait_ready([wid])
