@@ -92,6 +92,10 @@ GPU_MEMORY_UTILIZATION = 0.9
 # --- dispatcher ---
 #: Tick when nothing wakes the dispatcher, seconds (issue #3: 100 ms).
 DISPATCH_TICK_S = 0.1
+#: Longest time between two expiry-and-recovery passes of a dispatcher, seconds, whatever
+#: its tick: a lost worker's requests return within the reaper's bound (3 heartbeats +
+#: this) even with ``--tick 8`` (issue 13, fault 6). Half a heartbeat interval.
+RECOVERY_EVERY_MAX_S = 0.5
 #: Requests read from the head of each queue per decision round.
 QUEUE_HEAD = 256
 #: Largest batch the dispatcher forms for one worker, requests.

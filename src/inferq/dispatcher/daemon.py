@@ -129,8 +129,16 @@ class Dispatcher:
                 backoff = min(backoff * 2, 5.0)
         log.info("dispatcher stopped")
 
+    @property
+    def recovery_every_s(self) -> float:
+        """Seconds between expiry-and-recovery passes: the tick, at most
+        ``RECOVERY_EVERY_MAX_S``."""
+        return min(self.tick_s, defaults.RECOVERY_EVERY_MAX_S)
+
     def _wait(self) -> None:
-        self.store.wait_for_work(self.tick_s)
+        """Sleep until woken, the tick, or the next recovery pass, whichever comes first."""
+        due = self._housekept_at + self.recovery_every_s - time.monotonic()
+        self.store.wait_for_work(max(0.0, min(self.tick_s, due)))
 
     def step(self) -> StepReport:
         """One expire / recover / decide / claim round. Returns what it did."""
@@ -140,7 +148,7 @@ class Dispatcher:
         if time.monotonic() - self._names_checked_at >= QUEUE_NAMES_CHECK_S:
             report.quarantined += self.store.quarantine_bad_queue_names()
             self._names_checked_at = time.monotonic()
-        if started - self._housekept_at >= self.tick_s:
+        if started - self._housekept_at >= self.recovery_every_s:
             # Expiry and recovery once per tick, not on every wake-up: a burst of
             # submissions then costs one snapshot and one claim per step.
             report.expired = len(self.store.expire_due())

@@ -61,7 +61,7 @@ class AdminCalls(StoreBase):
         """Raw (stream id, fields) of the events after ``after`` (``$``: only new ones),
         blocking up to ``block_s`` for the first (XREAD)."""
         reply = self.redis.xread(
-            {self.keys.events: after}, count=count, block=round(block_s * 1000)
+            {self.keys.events: after}, count=count, block=round(self.block_s(block_s) * 1000)
         )
         return [(eid, fields) for _, entries in reply or [] for eid, fields in entries]
 

@@ -17,7 +17,7 @@ from inferq.errors import IdempotencyConflict, QueueFull, RedisUnavailable
 from inferq.models import InferenceRequest, RequestRecord
 from inferq.store import calls
 from inferq.store.calls import Call, Submitted
-from inferq.store.connection import AsyncConnection, open_async_redis
+from inferq.store.connection import MIN_BLOCK_S, AsyncConnection, block_limit_s, open_async_redis
 from inferq.store.keys import Keys
 from inferq.store.scripts import script_source
 
@@ -40,6 +40,7 @@ class AsyncStore:
         self._scripts = {
             name: client.register_script(script_source(name)) for name in CLIENT_SCRIPTS
         }
+        self._block_limit = block_limit_s(client)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> AsyncStore:
@@ -106,6 +107,8 @@ class AsyncStore:
         """See :meth:`inferq.store.Store.wait_final`."""
         key = self.keys.done(request_id)
         wait = min(timeout_s, defaults.BLOCK_CHUNK_S)
+        if self._block_limit is not None:  # a reply within the socket timeout
+            wait = max(MIN_BLOCK_S, min(wait, self._block_limit))
         token = await self.redis.blmove(key, key, timeout=wait, src="RIGHT", dest="LEFT")
         return token is not None
 

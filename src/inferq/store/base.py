@@ -7,7 +7,7 @@ from typing import Any
 from inferq.config import Settings
 from inferq.store import calls
 from inferq.store.calls import Call
-from inferq.store.connection import Connection
+from inferq.store.connection import MIN_BLOCK_S, Connection, block_limit_s
 from inferq.store.keys import Keys
 from inferq.store.scripts import SCRIPTS, script_source
 
@@ -28,6 +28,15 @@ class StoreBase:
         self.settings = settings
         self.keys = Keys(settings.namespace)
         self._scripts = {name: client.register_script(script_source(name)) for name in SCRIPTS}
+        self._block_limit = block_limit_s(client)
+
+    def block_s(self, wanted_s: float) -> float:
+        """How long one blocking command may block for a wait of ``wanted_s`` seconds:
+        at most ``wanted_s`` and at most half the connection's socket timeout
+        (:func:`~inferq.store.connection.block_limit_s`); callers wait in chunks."""
+        if self._block_limit is None:
+            return wanted_s
+        return max(MIN_BLOCK_S, min(wanted_s, self._block_limit))
 
     def close(self) -> None:
         """Close the connection pool."""

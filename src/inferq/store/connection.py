@@ -86,6 +86,29 @@ SENTINEL_TIMEOUT_S = 2.0
 #: Seconds the failover watch waits for a sentinel message before checking that its
 #: pool is still in use, and before trying the sentinels again when none answers.
 WATCH_POLL_S = 1.0
+#: redis-py's socket timeout when neither inferq nor the URL sets one, seconds
+#: (``redis.connection.AbstractConnection``'s default).
+REDIS_PY_SOCKET_TIMEOUT_S = 5.0
+#: Shortest block of a blocking command, seconds (Redis takes decimal timeouts, ms steps).
+MIN_BLOCK_S = 0.01
+
+
+def block_limit_s(client: Any) -> float | None:
+    """The longest a blocking command (BLPOP, BLMOVE, XREAD BLOCK) may block on ``client``
+    so that its reply comes within the connection's socket timeout: half that timeout
+    (the URL's ``socket_timeout``, else redis-py's 5 s), or None when reads never time out.
+
+    A block longer than the socket timeout makes redis-py raise TimeoutError before Redis
+    answers (issue 13, fault 6: ``inferq dispatcher --tick 8`` waited in 8 s BLPOPs on a
+    5 s socket and spent its time in error backoff); callers wait in chunks of this.
+    """
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    timeout = kwargs.get("socket_timeout", REDIS_PY_SOCKET_TIMEOUT_S)
+    if timeout is None and "socket_timeout" in kwargs:
+        return None  # set to None explicitly: no read timeout
+    return max(MIN_BLOCK_S, float(timeout or REDIS_PY_SOCKET_TIMEOUT_S) / 2)
+
+
 #: Seconds between PINGs on an idle pooled connection before reusing it.
 HEALTH_CHECK_INTERVAL_S = 15
 #: redis-py's Sentinel managers (untyped in redis-py, so held as Any).

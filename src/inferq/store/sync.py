@@ -9,6 +9,7 @@ metrics' reads in :class:`~inferq.store.admin.AdminCalls`, which it extends.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
@@ -21,7 +22,7 @@ from inferq.policy.snapshot import Decision
 from inferq.store import calls, repair
 from inferq.store.admin import AdminCalls
 from inferq.store.calls import Abort, Completion, Submitted
-from inferq.store.connection import REPLY_ERRORS, connect
+from inferq.store.connection import MIN_BLOCK_S, REPLY_ERRORS, connect
 from inferq.store.snapshot import DispatchView, read_dispatch_view
 
 log = logging.getLogger("inferq.store")
@@ -104,7 +105,7 @@ class Store(AdminCalls):
         every waiter wakes: no polling loop. Returns True when a token arrived.
         """
         key = self.keys.done(request_id)
-        wait = min(timeout_s, defaults.BLOCK_CHUNK_S)
+        wait = self.block_s(min(timeout_s, defaults.BLOCK_CHUNK_S))
         token = self.redis.blmove(key, key, timeout=wait, src="RIGHT", dest="LEFT")
         return token is not None
 
@@ -177,8 +178,12 @@ class Store(AdminCalls):
 
     def wait_for_work(self, timeout_s: float) -> None:
         """Block until a submission, a requeue or a freed slot pushes the wake token, at
-        most ``timeout_s`` (BLPOP: every dispatcher replica shares the one token)."""
-        self.redis.blpop([self.keys.wake], timeout=timeout_s)
+        most ``timeout_s`` (BLPOP: every dispatcher replica shares the one token), in
+        chunks that fit the connection's socket timeout (:meth:`block_s`)."""
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) >= MIN_BLOCK_S:
+            if self.redis.blpop([self.keys.wake], timeout=self.block_s(left)) is not None:
+                return
 
     def dispatch_view(
         self, classes: Sequence[str], head: int, heartbeat_ttl_s: float
@@ -349,7 +354,7 @@ class Store(AdminCalls):
         first, then takes whatever else is there. Unreadable commands are logged and
         dropped."""
         key = self.keys.ctl(worker_id)
-        first = self.redis.blpop([key], timeout=timeout_s)
+        first = self.redis.blpop([key], timeout=self.block_s(timeout_s))
         if first is None:
             return []
         raw = [first[1]]

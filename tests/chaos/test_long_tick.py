@@ -1,0 +1,76 @@
+"""Any tick and any blocking wait works with any socket timeout a URL carries
+(issue 13, fault 6).
+
+Before: ``inferq dispatcher --tick 8`` blocked in 8 s BLPOPs on redis-py's 5 s socket
+timeout, so every idle wait ended in a TimeoutError and the error backoff: a 4-token
+request on an idle fleet took 41.8 s and a killed worker's request was still running
+after 75 s. Now blocking commands block at most half the socket timeout and loop
+(``store.connection.block_limit_s``), and expiry and recovery run at least every
+``RECOVERY_EVERY_MAX_S`` (0.5 s) whatever the tick.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from inferq import defaults
+from inferq.errors import ResultTimeout
+
+from .conftest import HEARTBEAT_S, LEASE_S, Deployment, RedisServer, wait_for
+
+#: A killed worker's requests are back in their queue within this long of the kill, s:
+#: the reaper's 3 heartbeats, one recovery pass, and a loaded CI host's slack.
+REQUEUE_BOUND_S = 3 * HEARTBEAT_S + defaults.RECOVERY_EVERY_MAX_S + LEASE_S
+
+
+@pytest.fixture(params=["", "?socket_timeout=0.5"], ids=["default-socket", "socket-0.5s"])
+def deployment(
+    request: pytest.FixtureRequest, redis_server: RedisServer, tmp_path: Path
+) -> Iterator[Deployment]:
+    d = Deployment(redis_server.url + request.param, tmp_path / "logs")
+    yield d
+    d.close()
+
+
+def test_tick_8_serves_promptly_and_recovers_a_killed_worker_in_time(d8: Deployment) -> None:
+    d = d8
+    d.worker("w1", time_scale=0.2)
+    started = time.monotonic()
+    result = d.client.submit("hi", priority="realtime", max_tokens=4, timeout=30).result(timeout=30)
+    served_s = time.monotonic() - started
+    assert result.status == "succeeded", (result.error, d.logs())
+    assert served_s < 3.0, f"a 4-token request on an idle fleet took {served_s:.1f} s"
+    # A long request on w1; kill w1 while it runs: back in its queue in time.
+    handle = d.client.submit("long", priority="standard", max_tokens=4000, timeout=60)
+    wait_for(
+        lambda: (r := d.store.record(handle.id)) is not None and r.state.value == "running",
+        20,
+        "the long request running",
+        d.logs,
+    )
+    # A client's wait longer than the socket timeout ends on its own timeout, not redis-py's.
+    with pytest.raises(ResultTimeout):
+        d.client.result(handle.id, timeout=2.0)
+    killed_at = d.store.now()
+    d.kill("w1")
+    wait_for(
+        lambda: d.store.record(handle.id).state.value == "queued",
+        15,
+        "the killed worker's request requeued",
+        d.logs,
+    )
+    lost = [e for e in d.events() if e.type == "worker_lost" and e.fields.get("worker") == "w1"]
+    assert lost, d.logs()
+    requeue_s = lost[0].at - killed_at
+    assert requeue_s < REQUEUE_BOUND_S, f"requeued {requeue_s:.2f} s after the kill"
+    assert "redis unavailable" not in d.log("dispatcher"), d.log("dispatcher")
+
+
+@pytest.fixture
+def d8(deployment: Deployment) -> Deployment:
+    deployment.dispatcher(tick_s=8.0)
+    return deployment
