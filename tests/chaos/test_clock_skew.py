@@ -7,32 +7,28 @@ host's wall clock, so with the clock 15 s ahead a request with 10 s left expired
 monotonic clock (``inferq/workers/clock.py``) and never reads the wall clock for that.
 
 The shifted clock is libfaketime's (Debian's ``faketime``; ``.ci/run`` installs it),
-skipped where it is missing. ``FAKETIME=+15s`` shifts the monotonic clock by the same
-15 s too: libfaketime 0.9.10 with ``DONT_FAKE_MONOTONIC=1`` breaks Python's
-``time.sleep`` (``clock_nanosleep`` with an absolute monotonic time fails with EINVAL),
-and a constant shift of the monotonic clock changes no interval the worker measures.
+skipped where it is missing (failed under ``INFERQ_REQUIRE_TOOLS=1``).
+``FAKETIME=+15s`` shifts the monotonic clock by the same 15 s too: libfaketime
+0.9.10 with ``DONT_FAKE_MONOTONIC=1`` breaks Python's ``time.sleep``
+(``clock_nanosleep`` with an absolute monotonic time fails with EINVAL), and a
+constant shift of the monotonic clock changes no interval the worker measures.
 """
 
 from __future__ import annotations
 
-import shutil
-
-import pytest
-
+from ..tools import require_tool
 from .conftest import Deployment
 
-FAKETIME = shutil.which("faketime")
 SKEW_S = 15.0
 
 
-@pytest.mark.skipif(FAKETIME is None, reason="libfaketime missing: apt-get install faketime")
 def test_a_worker_clock_15_s_ahead_neither_expires_early_nor_reports_negative_ttft(
     deployment: Deployment,
 ) -> None:
+    faketime = require_tool("faketime", "apt-get install faketime")
     d = deployment
-    assert FAKETIME is not None
     d.dispatcher()
-    d.worker("skewed", time_scale=1.0, wrapper=[FAKETIME, "-f", f"+{SKEW_S:g}s"])
+    d.worker("skewed", time_scale=1.0, wrapper=[faketime, "-f", f"+{SKEW_S:g}s"])
     handles = [
         d.client.submit(f"q{i}", priority="realtime", max_tokens=16, timeout=10) for i in range(3)
     ]
