@@ -199,12 +199,16 @@ class Deployment:
             "INFERQ_MAX_ATTEMPTS": str(s.max_attempts),
         }
 
-    def spawn(self, name: str, *args: str, wrapper: Sequence[str] = ()) -> subprocess.Popen[bytes]:
-        """Run ``python -m inferq --log-level info ARGS`` as ``name`` (output in its log),
-        under the ``wrapper`` command when given (e.g. ``faketime``)."""
+    def spawn(
+        self, name: str, *args: str, module: Sequence[str] = ("inferq",)
+    ) -> subprocess.Popen[bytes]:
+        """Run ``python -m inferq --log-level info ARGS`` as ``name`` (output in its log);
+        ``module`` replaces ``inferq`` (with its own arguments) when given, run from the
+        repository root (e.g. ``tests.fakes.skewed_clock 15``)."""
         with (self.log_dir / f"{name}.log").open("ab") as out:
             proc = subprocess.Popen(
-                [*wrapper, sys.executable, "-m", "inferq", "--log-level", "info", *args],
+                [sys.executable, "-m", *module, "--log-level", "info", *args],
+                cwd=Path(__file__).resolve().parents[2],
                 env=self.env(),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -224,7 +228,7 @@ class Deployment:
         slots: int = 8,
         time_scale: float = 0.5,
         ready: bool = True,
-        wrapper: Sequence[str] = (),
+        module: Sequence[str] = ("inferq",),
     ) -> None:
         """Start a sim worker; with ``ready``, return once its heartbeat says ``ready``."""
         self.spawn(
@@ -242,7 +246,7 @@ class Deployment:
             repr(self.settings.heartbeat_interval_s),
             "-o",
             f"time_scale={time_scale}",
-            wrapper=wrapper,
+            module=module,
         )
         if ready:
             self.wait_ready([wid])

@@ -6,17 +6,13 @@ host's wall clock, so with the clock 15 s ahead a request with 10 s left expired
 0.02 s and reported ``ttft_ms = -14994``. The worker now carries Redis TIME on its
 monotonic clock (``inferq/workers/clock.py``) and never reads the wall clock for that.
 
-The shifted clock is libfaketime's (Debian's ``faketime``; ``.ci/run`` installs it),
-skipped where it is missing (failed under ``INFERQ_REQUIRE_TOOLS=1``).
-``FAKETIME=+15s`` shifts the monotonic clock by the same 15 s too: libfaketime
-0.9.10 with ``DONT_FAKE_MONOTONIC=1`` breaks Python's ``time.sleep``
-(``clock_nanosleep`` with an absolute monotonic time fails with EINVAL), and a
-constant shift of the monotonic clock changes no interval the worker measures.
+The shifted clock is ``tests/fakes/skewed_clock.py``'s: the worker's ``time.time`` and
+``time.time_ns`` run 15 s ahead (libfaketime cannot shift a Python process here; see
+that module).
 """
 
 from __future__ import annotations
 
-from ..tools import require_tool
 from .conftest import Deployment
 
 SKEW_S = 15.0
@@ -25,10 +21,9 @@ SKEW_S = 15.0
 def test_a_worker_clock_15_s_ahead_neither_expires_early_nor_reports_negative_ttft(
     deployment: Deployment,
 ) -> None:
-    faketime = require_tool("faketime", "apt-get install faketime")
     d = deployment
     d.dispatcher()
-    d.worker("skewed", time_scale=1.0, wrapper=[faketime, "-f", f"+{SKEW_S:g}s"])
+    d.worker("skewed", time_scale=1.0, module=("tests.fakes.skewed_clock", repr(SKEW_S)))
     handles = [
         d.client.submit(f"q{i}", priority="realtime", max_tokens=16, timeout=10) for i in range(3)
     ]
