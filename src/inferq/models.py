@@ -52,10 +52,16 @@ FINAL_STATES = frozenset(
 
 
 class WorkerState(StrEnum):
-    """Worker lifecycle: starting (loading the model) -> ready -> draining -> gone."""
+    """Worker lifecycle: starting (loading the model) -> ready -> draining -> gone.
+
+    ``unhealthy``: ready, but its model server fails its probes (down, overloaded,
+    answering errors); it is assigned nothing and returns to ``ready`` by itself when
+    a probe passes (:mod:`inferq.workers.health`).
+    """
 
     STARTING = "starting"
     READY = "ready"
+    UNHEALTHY = "unhealthy"
     DRAINING = "draining"
 
 
@@ -345,7 +351,7 @@ class WorkerInfo(BaseModel):
         kv_cache_mib: VRAM the worker may fill with KV cache, MiB.
         slots: concurrent requests at most.
         in_flight: requests running now.
-        state: ``starting``, ``ready`` or ``draining``.
+        state: ``starting``, ``ready``, ``unhealthy`` or ``draining``.
         last_heartbeat / started_at: epoch seconds.
         gpu_name / gpu_index: the card, when known.
         labels: free-form ``key=value`` labels.

@@ -43,9 +43,11 @@ from inferq.errors import CorruptRecord, RequestNotFound
 from inferq.latency import decode_slowdown
 from inferq.models import RequestRecord, WorkerInfo, WorkerState
 from inferq.store import CONNECTION_ERRORS, REPLY_ERRORS, Abort, Completion, Store
+from inferq.workers import failures
 from inferq.workers.control import ControlReader
 from inferq.workers.gpu import GpuInfo
-from inferq.workers.servers import ModelServer, ServerError, ServerRequest
+from inferq.workers.health import HealthMonitor
+from inferq.workers.servers import FailureKind, ModelServer, ServerError, ServerRequest
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +124,12 @@ class Engine:
         self.aborted = 0
         self._control = ControlReader(store, config.worker_id, self._on_control)
         self._rq: Any = None  # RQ's connection, opened when a broken job must be inspected
+        self.health = HealthMonitor(
+            server,
+            worker_id=config.worker_id,
+            get_state=lambda: self.state,
+            set_state=self._set_health_state,
+        )
 
     # --- identity, as the delivery seam sees it ----------------------------------------
 
@@ -167,6 +175,11 @@ class Engine:
             self.config.slots,
             self.kv_cache_mib,
         )
+
+    def _set_health_state(self, state: WorkerState) -> None:
+        """The health monitor's transition (ready <-> unhealthy), published at once."""
+        self.state = state
+        self._safe_beat()
 
     def begin_drain(self) -> None:
         """Take no new batches (the dispatcher sees ``draining`` on the next beat)."""
@@ -247,7 +260,7 @@ class Engine:
         """Publish one heartbeat; asks for a drain when ``inferq drain`` flagged this worker."""
         ttl = self.config.heartbeat_interval_s * defaults.HEARTBEAT_TTL_INTERVALS
         _, drain = self.store.heartbeat(self.info(), ttl_s=ttl)
-        if drain and self.state is WorkerState.READY:
+        if drain and self.state in (WorkerState.READY, WorkerState.UNHEALTHY):
             log.info("worker %s: drain requested remotely", self.config.worker_id)
             self.on_drain_requested()
 
@@ -531,13 +544,31 @@ class Engine:
         self._queue(outcome, req.task_type)
 
     async def _failed(self, rid: str, attempt: int, exc: ServerError) -> None:
+        """Fail ``rid`` at once (a request error) or requeue it with a backoff, spending
+        an attempt unless the model server's infrastructure failed
+        (:mod:`inferq.workers.failures`); any retryable failure has the server probed."""
         self.failed += 1
-        if not exc.retryable:
+        retry = failures.plan(exc, attempt)
+        if not retry.retry:
             self._queue(Completion(rid, attempt, "failed", error=str(exc)))
             return
+        self.health.suspect()
+        log.info(
+            "request %s attempt %d: %s failure, retry in %.2f s%s: %s",
+            rid,
+            attempt,
+            retry.kind,
+            retry.delay_s,
+            "" if retry.spend_attempt else " (no attempt spent)",
+            exc,
+        )
         try:
             await asyncio.to_thread(
-                self.store.requeue, [(rid, attempt, self.config.worker_id, str(exc))]
+                self.store.requeue,
+                [(rid, attempt, self.config.worker_id, str(exc))],
+                infra=retry.kind is FailureKind.INFRASTRUCTURE,
+                delay_s=retry.delay_s,
+                kind=retry.kind.value,
             )
         finally:  # requeue failed (Redis down): recover_orphans hands it back later
             self._unhold([rid])
@@ -606,6 +637,7 @@ class Engine:
         return [(rid, attempt) for rid, _, attempt in held]
 
     async def _shutdown_loop(self) -> None:
+        await self.health.close()
         if self._flusher is not None:
             self._flusher.cancel()
             await asyncio.gather(self._flusher, return_exceptions=True)
