@@ -260,6 +260,9 @@ class Result(BaseModel):
         worker: the worker that produced it (None if it never ran).
         attempt: the attempt (fencing number) that produced it.
         error: the reason for any status but ``succeeded``.
+        finish_reason: why generation stopped, as the model server said (``stop``: the
+            model ended or a stop sequence; ``length``: ``max_tokens`` reached); None
+            when it did not say or the request did not succeed.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -273,6 +276,7 @@ class Result(BaseModel):
     attempt: int = 0
     timings: Timings
     error: str | None = None
+    finish_reason: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -324,6 +328,7 @@ class RequestRecord(BaseModel):
                     attempt=attempt,
                     timings=timings,
                     error=fields.get("error") or None,
+                    finish_reason=fields.get("finish_reason") or None,
                 )
             return cls(
                 request=request,

@@ -171,6 +171,7 @@ def test_truncated_streams_are_retried_not_recorded_as_success(
         results = [h.result(timeout=30) for h in handles]
     assert [r.status for r in results] == ["succeeded"] * 3
     assert [r.output for r in results] == ["w0 w1 w2 w3"] * 3
+    assert {r.finish_reason for r in results} == {"length"}  # 4 of the stand-in's 5 words
     retries = [e for e in fleet.store.events() if e.type == "retry"]
     assert {e.fields["kind"] for e in retries} == {"truncated"}
     assert len(retries) == 3

@@ -61,6 +61,7 @@ class Completion:
     completion_tokens: int = 0
     first_token_at: float | None = None
     error: str = ""
+    finish_reason: str | None = None
 
 
 def _pairs(flat: Sequence[Any]) -> list[tuple[Any, Any]]:
@@ -287,6 +288,7 @@ def complete_call(
             c.completion_tokens,
             first,
             c.error,
+            c.finish_reason or "",
         ]
     return Call("complete", [], argv)
 

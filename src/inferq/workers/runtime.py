@@ -540,6 +540,7 @@ class Engine:
             prompt_tokens=result.prompt_tokens,
             completion_tokens=result.completion_tokens,
             first_token_at=first,
+            finish_reason=result.finish_reason,
         )
         self._queue(outcome, req.task_type)
 
