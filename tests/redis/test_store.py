@@ -253,6 +253,28 @@ def test_a_delayed_retry_can_be_cancelled_or_expire(store: Store, settings: Sett
     assert store.promote_due() == (0, None)
 
 
+def test_a_lost_workers_requests_become_suspects_that_run_alone(
+    store: Store, settings: Settings
+) -> None:
+    ready_worker(store, "w1")
+    a, b = inference_request(settings), inference_request(settings)
+    for r in (a, b):
+        store.submit(r)
+    qkey = queue_key(store, a)
+    assert len(store.assign("w1", "b1", [(a.id, qkey, 1.0), (b.id, qkey, 1.0)])) == 2
+    requeued = store.remove_worker("w1", reason="crashed", dead=True, stale_before=time.time() + 60)
+    assert sorted(requeued or []) == sorted([a.id, b.id])
+    assert store.redis.hget(store.keys.req(a.id), "suspect") == "1"
+    ready_worker(store, "w2")
+    [(first, attempt)] = store.assign("w2", "b2", [(a.id, qkey, 1.0), (b.id, qkey, 1.0)])
+    assert first == a.id  # alone: b is not claimed beside it
+    assert store.redis.hget(store.keys.load("w2"), "isolated") == a.id
+    assert store.assign("w2", "b3", [(b.id, qkey, 1.0)]) == []  # nothing beside a suspect
+    store.complete("w2", [Completion(a.id, attempt, "succeeded", output="ok")])
+    assert not store.redis.hexists(store.keys.load("w2"), "isolated")
+    assert [rid for rid, _ in store.assign("w2", "b4", [(b.id, qkey, 1.0)])] == [b.id]
+
+
 def test_expire_due_tells_the_waiting_client(store: Store, settings: Settings) -> None:
     r = inference_request(settings, timeout=0.1)
     keep = inference_request(settings)
