@@ -266,6 +266,13 @@ SCALER_EVENTS_CAP = 20_000
 #: start (it is stopped and no longer counted as capacity on its way): the worker's
 #: own wait for its model server (SERVER_LOAD_TIMEOUT_S, 600 s) plus a minute.
 SCALER_START_TIMEOUT_S = 660.0
+#: A worker the scaler launched that stays ``unhealthy`` (its model server failing its
+#: probes) this long is drained, and the pool launches a replacement, seconds. Two
+#: minutes: longer than a model server restart (llama.cpp ~0.6 s measured; an 8B model
+#: from local NVMe 15-60 s, the registry's cold starts), so a restart in progress is not
+#: replaced, and shorter than Kubernetes' 300 s not-ready toleration
+#: (kube-apiserver ``--default-not-ready-toleration-seconds``) after which pods move.
+UNHEALTHY_REPLACE_S = 120.0
 #: ``local`` platform: seconds ``stop`` waits for a drained, deregistered worker to
 #: exit on its own before signalling it (it leaves within a second of deregistering).
 LOCAL_STOP_TIMEOUT_S = 10.0
