@@ -129,6 +129,20 @@ SERVER_LOAD_TIMEOUT_S = 600.0
 #: Pause between two checks while waiting for the model server, seconds.
 SERVER_LOAD_POLL_S = 0.5
 
+# --- failures and retries (issue 13; inferq.workers.failures, inferq.workers.health) ---
+#: First backoff ceiling of a retry, seconds: full jitter draws from [0, base x 2^(n-1)]
+#: (AWS Architecture Blog, "Exponential Backoff And Jitter"); 0.25 s lets the first retry
+#: of a realtime request (SLA 2 s) land well inside its SLA.
+RETRY_BACKOFF_BASE_S = 0.25
+#: Largest backoff ceiling, seconds (issue 13: "the backoff capped, e.g. 30 s"): a server
+#: back from an outage is found within ~30 s by requests already waiting.
+RETRY_BACKOFF_CAP_S = 30.0
+#: Pause between two probes of a model server the worker holds unhealthy, seconds:
+#: recovery is noticed within a second, at the cost of one cheap request per second.
+HEALTH_PROBE_INTERVAL_S = 1.0
+#: Longest wait for one health probe (health endpoint or 1-token request), seconds.
+HEALTH_PROBE_TIMEOUT_S = 5.0
+
 # --- llama.cpp model server (issue 13; ``python -m inferq.llama_server``) ---
 #: Port: llama.cpp's own ``llama-server`` default.
 LLAMA_PORT = 8080
@@ -256,6 +270,13 @@ SCALER_EVENTS_CAP = 20_000
 #: start (it is stopped and no longer counted as capacity on its way): the worker's
 #: own wait for its model server (SERVER_LOAD_TIMEOUT_S, 600 s) plus a minute.
 SCALER_START_TIMEOUT_S = 660.0
+#: A worker the scaler launched that stays ``unhealthy`` (its model server failing its
+#: probes) this long is drained, and the pool launches a replacement, seconds. Two
+#: minutes: longer than a model server restart (llama.cpp ~0.6 s measured; an 8B model
+#: from local NVMe 15-60 s, the registry's cold starts), so a restart in progress is not
+#: replaced, and shorter than Kubernetes' 300 s not-ready toleration
+#: (kube-apiserver ``--default-not-ready-toleration-seconds``) after which pods move.
+UNHEALTHY_REPLACE_S = 120.0
 #: ``local`` platform: seconds ``stop`` waits for a drained, deregistered worker to
 #: exit on its own before signalling it (it leaves within a second of deregistering).
 LOCAL_STOP_TIMEOUT_S = 10.0

@@ -250,6 +250,7 @@ def _params_json(params: Mapping[str, Any] | None) -> str:
     if not isinstance(params, Mapping):
         raise InvalidRequest("params", f"must be a mapping, got {type(params).__name__}")
     _check_shape(params)
+    _check_one_answer(params)
     try:
         text = json.dumps(dict(params), allow_nan=False, ensure_ascii=False)
         size = len(text.encode("utf-8"))
@@ -262,6 +263,25 @@ def _params_json(params: Mapping[str, Any] | None) -> str:
             "params", f"{size} bytes of JSON exceeds the limit of {MAX_PARAMS_BYTES}"
         )
     return text
+
+
+#: Parameters that ask an OpenAI-compatible server for several answers to one request
+#: (``n`` choices, ``best_of`` candidates). One request gets one answer: a stream would
+#: interleave the choices, and the result, token counts and KV-cache reservation are
+#: sized for one sequence.
+MULTI_ANSWER_PARAMS = ("n", "best_of")
+
+
+def _check_one_answer(params: Mapping[str, Any]) -> None:
+    for name in MULTI_ANSWER_PARAMS:
+        value = params.get(name)
+        if value is None or (type(value) is int and value == 1):
+            continue
+        raise InvalidRequest(
+            f"params.{name}",
+            f"must be 1 (one answer per request; submit several requests instead), "
+            f"got {_show(value)}",
+        )
 
 
 def _check_shape(params: Mapping[str, Any]) -> None:

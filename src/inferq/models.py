@@ -52,10 +52,16 @@ FINAL_STATES = frozenset(
 
 
 class WorkerState(StrEnum):
-    """Worker lifecycle: starting (loading the model) -> ready -> draining -> gone."""
+    """Worker lifecycle: starting (loading the model) -> ready -> draining -> gone.
+
+    ``unhealthy``: ready, but its model server fails its probes (down, overloaded,
+    answering errors); it is assigned nothing and returns to ``ready`` by itself when
+    a probe passes (:mod:`inferq.workers.health`).
+    """
 
     STARTING = "starting"
     READY = "ready"
+    UNHEALTHY = "unhealthy"
     DRAINING = "draining"
 
 
@@ -254,6 +260,9 @@ class Result(BaseModel):
         worker: the worker that produced it (None if it never ran).
         attempt: the attempt (fencing number) that produced it.
         error: the reason for any status but ``succeeded``.
+        finish_reason: why generation stopped, as the model server said (``stop``: the
+            model ended or a stop sequence; ``length``: ``max_tokens`` reached); None
+            when it did not say or the request did not succeed.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -267,6 +276,7 @@ class Result(BaseModel):
     attempt: int = 0
     timings: Timings
     error: str | None = None
+    finish_reason: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -318,6 +328,7 @@ class RequestRecord(BaseModel):
                     attempt=attempt,
                     timings=timings,
                     error=fields.get("error") or None,
+                    finish_reason=fields.get("finish_reason") or None,
                 )
             return cls(
                 request=request,
@@ -345,7 +356,7 @@ class WorkerInfo(BaseModel):
         kv_cache_mib: VRAM the worker may fill with KV cache, MiB.
         slots: concurrent requests at most.
         in_flight: requests running now.
-        state: ``starting``, ``ready`` or ``draining``.
+        state: ``starting``, ``ready``, ``unhealthy`` or ``draining``.
         last_heartbeat / started_at: epoch seconds.
         gpu_name / gpu_index: the card, when known.
         labels: free-form ``key=value`` labels.

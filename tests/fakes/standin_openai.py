@@ -11,6 +11,13 @@ request it receives in :attr:`StandIn.requests`.
     ``"error"``  answer ``error_status`` with ``error_body``.
     ``"drop"``   read the request, then close the connection without an answer.
     ``"garbage"`` answer 200 with a body that is not JSON.
+    ``"truncate"`` begin the answer (SSE: ``truncate_after`` chunks; otherwise a 200 with an
+                 empty body), then close the connection: no finish reason, no ``[DONE]``.
+
+``fail_posts``: when set, ``mode`` applies to that many POSTs only, later ones are
+answered as ``ok``. ``retry_after``: a ``Retry-After`` header sent with ``error``
+answers. Answers carry ``finish_reason`` (``length`` when ``max_tokens`` cut them,
+else ``stop``). ``GET /health`` answers 200 (503 in ``error`` mode with a 5xx status).
 
 ``GET /v1/models`` answers 503 for the first ``models_unavailable`` calls, then
 ``models_status`` with the list ``models``.
@@ -21,12 +28,13 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Literal, Self
 
-Mode = Literal["ok", "slow", "error", "drop", "garbage"]
+Mode = Literal["ok", "slow", "error", "drop", "garbage", "truncate"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,7 @@ class Recorded:
     path: str
     headers: dict[str, str]
     body: Any
+    at: float = 0.0  # time.monotonic() when received
 
 
 @dataclass
@@ -58,6 +67,9 @@ class StandIn:
     models: list[str] = field(default_factory=lambda: ["llama-3.1-8b"])
     models_status: int = 200
     models_unavailable: int = 0
+    fail_posts: int | None = None
+    retry_after: str | None = None
+    truncate_after: int = 2
     requests: list[Recorded] = field(default_factory=list)
     _server: _Server | None = None
     _thread: threading.Thread | None = None
@@ -93,6 +105,16 @@ class StandIn:
     def record(self, item: Recorded) -> None:
         with self._lock:
             self.requests.append(item)
+
+    def mode_for_post(self) -> Mode:
+        """The mode of the next POST (``ok`` once ``fail_posts`` are spent)."""
+        with self._lock:
+            if self.fail_posts is None:
+                return self.mode
+            if self.fail_posts > 0:
+                self.fail_posts -= 1
+                return self.mode
+            return "ok"
 
     def take_models_unavailable(self) -> bool:
         """True (and one fewer left) while GET /v1/models should still answer 503."""
@@ -147,8 +169,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         s = self.standin
-        s.record(Recorded("GET", self.path, dict(self.headers.items()), None))
-        if self.path != "/v1/models":
+        s.record(Recorded("GET", self.path, dict(self.headers.items()), None, time.monotonic()))
+        if self.path == "/health":
+            down = s.mode == "error" and s.error_status >= 500 and s.fail_posts is None
+            self._json(503 if down else 200, {"status": "error" if down else "ok"})
+        elif self.path != "/v1/models":
             self._json(404, {"error": {"message": f"no route {self.path}"}})
         elif s.take_models_unavailable():
             self._json(503, {"error": "model is loading"})
@@ -162,25 +187,49 @@ class _Handler(BaseHTTPRequestHandler):
         s = self.standin
         raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         body = json.loads(raw) if raw else {}
-        s.record(Recorded("POST", self.path, dict(self.headers.items()), body))
-        if s.mode == "drop":
+        s.record(Recorded("POST", self.path, dict(self.headers.items()), body, time.monotonic()))
+        mode = s.mode_for_post()
+        if mode == "drop":
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
             return
-        if s.mode == "error":
-            self._json(s.error_status, s.error_body)
+        if mode == "error":
+            extra = {} if s.retry_after is None else {"Retry-After": s.retry_after}
+            self._json(s.error_status, s.error_body, extra)
             return
-        if s.mode == "garbage":
+        if mode == "garbage":
             self._send(200, "text/plain", b"<html>not json</html>")
             return
-        if s.mode == "slow" and s._stop.wait(s.delay_s):
+        if mode == "truncate":
+            self._truncate(body)
+            return
+        if mode == "slow" and s._stop.wait(s.delay_s):
             return
         self._answer(body)
+
+    def _truncate(self, body: dict[str, Any]) -> None:
+        self.close_connection = True
+        if body.get("stream"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for i in range(self.standin.truncate_after):
+                self._data(
+                    {"choices": [{"index": 0, "text": f" t{i}", "delta": {"content": f" t{i}"}}]}
+                )
+        else:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        self.wfile.flush()
+        self.connection.shutdown(socket.SHUT_RDWR)
 
     def _answer(self, body: dict[str, Any]) -> None:
         s = self.standin
         chat = self.path == "/v1/chat/completions"
         n = min(int(body.get("max_tokens", 16)), s.completion_tokens)
+        finish = "length" if n < s.completion_tokens else "stop"
         words = [f"w{i}" for i in range(n)]
         usage = {
             "prompt_tokens": s.prompt_tokens,
@@ -189,7 +238,7 @@ class _Handler(BaseHTTPRequestHandler):
         }
         if body.get("stream"):
             want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            self._stream(words, chat, usage if (s.include_usage and want_usage) else None)
+            self._stream(words, chat, usage if (s.include_usage and want_usage) else None, finish)
             return
         text = " ".join(words)
         choice: dict[str, Any] = (
@@ -197,12 +246,15 @@ class _Handler(BaseHTTPRequestHandler):
             if chat
             else {"index": 0, "text": text}
         )
+        choice["finish_reason"] = finish
         answer: dict[str, Any] = {"id": "cmpl-1", "model": body.get("model"), "choices": [choice]}
         if s.include_usage:
             answer["usage"] = usage
         self._json(200, answer)
 
-    def _stream(self, words: list[str], chat: bool, usage: dict[str, int] | None) -> None:
+    def _stream(
+        self, words: list[str], chat: bool, usage: dict[str, int] | None, finish: str
+    ) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
@@ -215,6 +267,8 @@ class _Handler(BaseHTTPRequestHandler):
                 {"index": 0, "delta": {"content": piece}} if chat else {"index": 0, "text": piece}
             )
             self._data({"choices": [choice]})
+        end = {"index": 0, "delta": {}} if chat else {"index": 0, "text": ""}
+        self._data({"choices": [{**end, "finish_reason": finish}]})
         if usage is not None:
             self._data({"choices": [], "usage": usage})
         self._event("data: [DONE]")
@@ -226,11 +280,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(text.encode() + b"\n\n")
         self.wfile.flush()
 
-    def _json(self, status: int, body: Any) -> None:
-        self._send(status, "application/json", json.dumps(body).encode())
+    def _json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+        self._send(status, "application/json", json.dumps(body).encode(), headers)
 
-    def _send(self, status: int, content_type: str, data: bytes) -> None:
+    def _send(
+        self, status: int, content_type: str, data: bytes, headers: dict[str, str] | None = None
+    ) -> None:
         self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()

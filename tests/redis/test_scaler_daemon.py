@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from inferq.cli.main import Context
 from inferq.cli.scaler import parse_pool, scaler
 from inferq.config import ModelSpec, ScalingPool, ScalingSettings, Settings
-from inferq.models import Event
+from inferq.models import Event, WorkerState
 from inferq.policy.scaling import ModelLimits, ScaleDecision, ScalingConfig
 from inferq.policy.scaling_inputs import (
     Tracked,
@@ -136,6 +136,27 @@ def test_scale_down_drains_an_idle_worker_and_stops_it_only_once_it_left(
     assert report.stopped == ["idle"]
     assert backend.prepared == backend.stopped == ["idle"]
     assert "idle" not in store.scaler_hash(store.keys.scaler_workers)
+
+
+def test_a_worker_unhealthy_past_its_limit_is_drained_and_replaced(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = RecordingPlatform()
+    sick = worker_info("sick").model_copy(update={"state": WorkerState.UNHEALTHY})
+    store.heartbeat(sick, ttl_s=30)
+    backend.running["sick"] = WorkerHandle("sick", MODEL, "ref-sick")
+    s = make(store, backend, unhealthy_replace_s=100.0)
+    clock = [store.now()]
+    monkeypatch.setattr(s.store, "now", lambda: clock[0])
+    first = s.step()
+    assert first.launched and first.replaced == []  # no capacity: the pool's minimum
+    assert store.redis.exists(store.keys.drain("sick")) == 0
+    clock[0] += 99.0
+    assert s.step().replaced == []
+    clock[0] += 2.0
+    assert s.step().replaced == ["sick"]
+    assert store.redis.exists(store.keys.drain("sick")) == 1
+    assert s.step().replaced == []  # asked once
 
 
 def test_idle_time_is_kept_in_redis_so_another_replica_continues_it(store: Store) -> None:

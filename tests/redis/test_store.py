@@ -191,6 +191,90 @@ def test_drain_hand_back_does_not_count_towards_max_attempts(
         assert store.requeue([(rid, attempt, "w1", "draining")], penalize=False) == ["queued"]
 
 
+def test_infrastructure_failures_spend_no_attempt_but_count_failures(
+    store: Store, settings: Settings
+) -> None:
+    ready_worker(store, "w1")
+    r = inference_request(settings)
+    store.submit(r)
+    qkey = queue_key(store, r)
+    for i in range(settings.max_attempts + 3):
+        [(rid, attempt)] = store.assign("w1", f"b{i}", [(r.id, qkey, 1.0)])
+        verdict = store.requeue(
+            [(rid, attempt, "w1", "refused")], infra=True, kind="infrastructure"
+        )
+        assert verdict == ["queued"]
+    key = store.keys.req(r.id)
+    assert store.redis.hget(key, "failures") == str(settings.max_attempts + 3)
+    assert int(store.redis.hget(store.keys.stats, "retried_infra")) == settings.max_attempts + 3
+    retry = [e for e in store.events() if e.type == "retry"][-1]
+    assert retry.fields["kind"] == "infrastructure"
+    # the attempts budget is intact: a server error after all that still gets its retries
+    for i in range(settings.max_attempts):
+        [(rid, attempt)] = store.assign("w1", f"c{i}", [(r.id, qkey, 1.0)])
+        verdict = store.requeue([(rid, attempt, "w1", "HTTP 500")])
+        assert verdict == (["dead"] if i == settings.max_attempts - 1 else ["queued"])
+
+
+def test_a_delayed_retry_waits_on_redis_time_then_returns_to_its_position(
+    store: Store, settings: Settings
+) -> None:
+    ready_worker(store, "w1")
+    older, newer = inference_request(settings), inference_request(settings)
+    store.submit(older)
+    time.sleep(0.005)
+    store.submit(newer)
+    qkey = queue_key(store, older)
+    [(rid, attempt)] = store.assign("w1", "b", [(older.id, qkey, 1.0)])
+    assert store.requeue([(rid, attempt, "w1", "429")], infra=True, delay_s=0.3) == ["queued"]
+    assert store.record(rid).state is RequestState.QUEUED
+    assert store.redis.zrange(qkey, 0, -1) == [newer.id]  # not dispatchable yet
+    assert store.queued_counts()["c:standard"] == 2  # but still counted as queued
+    promoted, wait_s = store.promote_due()
+    assert promoted == 0 and wait_s is not None and 0.1 < wait_s <= 0.3
+    time.sleep(0.35)
+    assert store.promote_due() == (1, None)
+    assert store.redis.zrange(qkey, 0, -1) == [older.id, newer.id]  # original position
+    assert store.redis.hget(store.keys.req(rid), "not_before_ms") is None
+
+
+def test_a_delayed_retry_can_be_cancelled_or_expire(store: Store, settings: Settings) -> None:
+    ready_worker(store, "w1")
+    a, b = inference_request(settings), inference_request(settings, timeout=0.2)
+    for r in (a, b):
+        store.submit(r)
+        [(rid, attempt)] = store.assign("w1", "x", [(r.id, queue_key(store, r), 1.0)])
+        store.requeue([(rid, attempt, "w1", "503")], infra=True, delay_s=60)
+    assert store.cancel(a.id) == "cancelled"
+    time.sleep(0.25)
+    assert [rid for rid, _ in store.expire_due()] == [b.id]
+    assert store.redis.zcard(store.keys.delayed) == 0
+    assert store.queued_counts().get("c:standard", 0) == 0
+    assert store.promote_due() == (0, None)
+
+
+def test_a_lost_workers_requests_become_suspects_that_run_alone(
+    store: Store, settings: Settings
+) -> None:
+    ready_worker(store, "w1")
+    a, b = inference_request(settings), inference_request(settings)
+    for r in (a, b):
+        store.submit(r)
+    qkey = queue_key(store, a)
+    assert len(store.assign("w1", "b1", [(a.id, qkey, 1.0), (b.id, qkey, 1.0)])) == 2
+    requeued = store.remove_worker("w1", reason="crashed", dead=True, stale_before=time.time() + 60)
+    assert sorted(requeued or []) == sorted([a.id, b.id])
+    assert store.redis.hget(store.keys.req(a.id), "suspect") == "1"
+    ready_worker(store, "w2")
+    [(first, attempt)] = store.assign("w2", "b2", [(a.id, qkey, 1.0), (b.id, qkey, 1.0)])
+    assert first == a.id  # alone: b is not claimed beside it
+    assert store.redis.hget(store.keys.load("w2"), "isolated") == a.id
+    assert store.assign("w2", "b3", [(b.id, qkey, 1.0)]) == []  # nothing beside a suspect
+    store.complete("w2", [Completion(a.id, attempt, "succeeded", output="ok")])
+    assert not store.redis.hexists(store.keys.load("w2"), "isolated")
+    assert [rid for rid, _ in store.assign("w2", "b4", [(b.id, qkey, 1.0)])] == [b.id]
+
+
 def test_expire_due_tells_the_waiting_client(store: Store, settings: Settings) -> None:
     r = inference_request(settings, timeout=0.1)
     keep = inference_request(settings)

@@ -95,6 +95,15 @@ def test_params_must_be_json() -> None:
     assert "exceeds the limit of 16384" in str(refuse(params={"x": "y" * 20000}))
 
 
+def test_several_answers_per_request_are_refused_naming_the_field() -> None:
+    error = refuse(params={"n": 3})
+    assert error.field == "params.n" and "must be 1" in str(error) and "got 3" in str(error)
+    assert refuse(params={"best_of": 2}).field == "params.best_of"
+    assert refuse(params={"n": True}).field == "params.n"
+    req = build_request(SETTINGS, prompt="x", params={"n": 1, "temperature": 0})
+    assert req.payload.params["n"] == 1
+
+
 def test_classifier_fills_in_class_and_route() -> None:
     assert classify(SETTINGS, "chat") == ("realtime", "llama-3.1-8b")
     assert classify(SETTINGS, "unknown-kind") == ("standard", "llama-3.1-8b")

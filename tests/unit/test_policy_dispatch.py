@@ -84,6 +84,7 @@ def worker_st(draw: st.DrawFn, wid: str) -> WorkerView:
         kv_cache_mib=kv,
         reserved_slots=draw(st.integers(0, slots)),
         reserved_mib=draw(st.sampled_from([0.0, kv / 3, kv])),
+        isolated=draw(st.sampled_from([False, False, False, True])),
     )
 
 
@@ -102,6 +103,7 @@ def request_st(draw: st.DrawFn, rid: str, cls: str, worker_ids: Sequence[str]) -
         prompt_tokens=draw(st.integers(0, 3000)),
         max_tokens=draw(st.integers(1, 3000)),
         excluded_worker=draw(st.sampled_from([None, *worker_ids])),
+        alone=draw(st.sampled_from([False, False, False, True])),
     )
 
 
@@ -150,6 +152,10 @@ def placeable_at_end(
     for w in snapshot.workers:
         batch = batches.get(w.id)
         items = batch.items if batch else ()
+        if any(reqs[a.request_id].alone for a in items):
+            continue  # it runs a suspect alone
+        if req.alone and items:
+            continue
         used = sum(reqs[a.request_id].prompt_tokens + reqs[a.request_id].max_tokens for a in items)
         if len(items) >= pol.max_batch or (items and used + tokens > pol.batch_token_budget):
             continue
@@ -207,6 +213,9 @@ def test_assigns_only_to_eligible_workers_within_capacity(
             reqs[a.request_id].prompt_tokens + reqs[a.request_id].max_tokens for a in batch.items
         )
         assert len(batch.items) == 1 or tokens <= pol.batch_token_budget
+        assert not w.isolated
+        if any(reqs[a.request_id].alone for a in batch.items):
+            assert len(batch.items) == 1 and w.reserved_slots == 0
     assert len(seen) == len(set(seen))
     expired = {rid for rid, _ in decision.expired}
     unschedulable = {rid for rid, _ in decision.unschedulable}
@@ -588,6 +597,22 @@ def test_excluded_worker_used_only_when_alone() -> None:
     assert assigned(decide(both, policy())) == {"r": "w1"}
     alone = Snapshot(now=NOW, queued={"realtime": [r]}, workers=[worker("w0")])
     assert assigned(decide(alone, policy())) == {"r": "w0"}
+
+
+def test_a_suspect_runs_alone_and_its_worker_takes_nothing_else() -> None:
+    suspect = dataclasses.replace(request("s", waited=5.0), alone=True)
+    others = [request(f"r{i}") for i in range(3)]
+    busy = dataclasses.replace(worker("busy"), reserved_slots=1)
+    snap = Snapshot(
+        now=NOW, queued={"realtime": [suspect, *others]}, workers=[busy, worker("idle")]
+    )
+    decision = decide(snap, policy())
+    by_worker = {b.worker_id: [a.request_id for a in b.items] for b in decision.batches}
+    assert by_worker["idle"] == ["s"]
+    assert sorted(by_worker["busy"]) == ["r0", "r1", "r2"]
+    isolated = dataclasses.replace(worker("idle"), reserved_slots=1, isolated=True)
+    snap = Snapshot(now=NOW, queued={"realtime": [suspect, *others]}, workers=[isolated])
+    assert decide(snap, policy()).batches == ()
 
 
 # --- the policy object -------------------------------------------------------------

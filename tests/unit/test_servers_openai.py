@@ -13,8 +13,9 @@ import pytest
 from inferq.config import ModelSpec
 from inferq.errors import ConfigError
 from inferq.models import ChatMessage, Payload
-from inferq.workers.servers import ServerError, ServerRequest, make_server
-from inferq.workers.servers.openai import OpenAIServer, error_message, sse_data
+from inferq.workers.failures import classify, plan
+from inferq.workers.servers import FailureKind, ServerError, ServerRequest, make_server
+from inferq.workers.servers.openai import OpenAIServer, error_message, retry_after_s, sse_data
 from tests.fakes.standin_openai import StandIn, free_port
 
 SPEC = ModelSpec(
@@ -386,3 +387,150 @@ def test_invalid_options_name_the_option() -> None:
 def test_repr_redacts_credentials_in_the_url() -> None:
     b = OpenAIServer(SPEC, base_url="http://user:pw@127.0.0.1:8000")
     assert "pw" not in repr(b)
+
+
+# --- failure kinds, truncation, finish reason, probes (issue 13) ---------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [
+        (429, FailureKind.INFRASTRUCTURE),
+        (502, FailureKind.INFRASTRUCTURE),
+        (503, FailureKind.INFRASTRUCTURE),
+        (504, FailureKind.INFRASTRUCTURE),
+        (500, FailureKind.SERVER),
+        (408, FailureKind.SERVER),
+        (400, FailureKind.REQUEST),
+        (404, FailureKind.REQUEST),
+    ],
+)
+def test_http_failures_are_classified_by_status(
+    standin: StandIn, status: int, kind: FailureKind
+) -> None:
+    standin.mode = "error"
+    standin.error_status = status
+    assert classify(generate_error(backend(standin), prompt_request())) is kind
+
+
+def test_retry_after_is_read_from_a_429(standin: StandIn) -> None:
+    standin.mode = "error"
+    standin.error_status = 429
+    standin.retry_after = "2"
+    error = generate_error(backend(standin), prompt_request())
+    assert error.retry_after_s == 2.0
+    assert plan(error, 1).delay_s >= 2.0
+    assert not plan(error, 1).spend_attempt
+
+
+def test_retry_after_accepts_seconds_and_http_dates() -> None:
+    assert retry_after_s("3") == 3.0
+    assert retry_after_s(" 0 ") == 0.0
+    assert retry_after_s(None) is None
+    assert retry_after_s("soon") is None
+    assert retry_after_s("Wed, 21 Oct 2015 07:28:10 GMT", now=1445412480.0) == 10.0
+    assert retry_after_s("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412490.0) == 0.0
+
+
+def test_refused_connection_is_an_infrastructure_failure() -> None:
+    error = generate_error(backend(f"http://127.0.0.1:{free_port()}"), prompt_request())
+    assert classify(error) is FailureKind.INFRASTRUCTURE
+
+
+def test_dropped_connection_before_the_answer_is_an_infrastructure_failure(
+    standin: StandIn,
+) -> None:
+    standin.mode = "drop"
+    assert (
+        classify(generate_error(backend(standin), prompt_request())) is FailureKind.INFRASTRUCTURE
+    )
+
+
+def test_a_stream_cut_off_before_its_finish_is_truncated_not_a_success(standin: StandIn) -> None:
+    standin.mode = "truncate"
+    error = generate_error(backend(standin, stream=True), prompt_request())
+    assert error.retryable
+    assert classify(error) is FailureKind.TRUNCATED
+    assert plan(error, 1).spend_attempt
+
+
+def test_a_chat_stream_cut_off_is_truncated(standin: StandIn) -> None:
+    standin.mode = "truncate"
+    error = generate_error(backend(standin, stream=True), chat_request())
+    assert classify(error) is FailureKind.TRUNCATED
+
+
+def test_a_200_with_an_empty_body_is_truncated(standin: StandIn) -> None:
+    standin.mode = "truncate"
+    error = generate_error(backend(standin), prompt_request())
+    assert classify(error) is FailureKind.TRUNCATED
+    assert "empty body" in str(error)
+
+
+def test_a_cut_off_stream_does_not_poison_the_next_request_on_the_pool(
+    standin: StandIn,
+) -> None:
+    standin.mode = "truncate"
+    standin.fail_posts = 1
+    b = backend(standin, stream=True)
+
+    async def go() -> tuple[BaseException | None, Any]:
+        try:
+            first: BaseException | None = None
+            try:
+                await b.generate(prompt_request(), concurrency=1)
+            except ServerError as exc:
+                first = exc
+            return first, await b.generate(prompt_request(), concurrency=1)
+        finally:
+            await b.close()
+
+    first, second = asyncio.run(go())
+    assert isinstance(first, ServerError)
+    assert second.output == "w0 w1 w2 w3 w4"
+    assert second.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_finish_reason_is_recorded(standin: StandIn, stream: bool) -> None:
+    standin.completion_tokens = 40
+    result = generate(backend(standin, stream=stream), prompt_request())
+    assert result.finish_reason == "length"
+    standin.completion_tokens = 3
+    result = generate(backend(standin, stream=stream), chat_request())
+    assert result.finish_reason == "stop"
+
+
+def test_estimated_completion_tokens_never_exceed_max_tokens(standin: StandIn) -> None:
+    standin.include_usage = False
+    standin.completion_tokens = 16
+    result = generate(backend(standin), prompt_request())  # 16 words ~ 30 chars ~ 8 tokens
+    assert result.completion_tokens <= 16
+    long = ServerRequest(
+        id="r2",
+        model=SPEC.name,
+        payload=Payload(prompt="x"),
+        max_tokens=2,
+        prompt_tokens=1,
+        timeout_s=10.0,
+    )
+    standin.completion_tokens = 2
+    assert generate(backend(standin), long).completion_tokens <= 2
+
+
+def test_probe_passes_on_a_healthy_server_and_fails_on_a_dead_one(standin: StandIn) -> None:
+    async def probe(b: OpenAIServer) -> ServerError | None:
+        try:
+            return await b.probe()
+        finally:
+            await b.close()
+
+    assert asyncio.run(probe(backend(standin))) is None
+    probe_post = standin.posts()[-1]
+    assert probe_post.body["max_tokens"] == 1
+    standin.mode = "error"
+    standin.error_status = 500
+    error = asyncio.run(probe(backend(standin)))
+    assert error is not None and error.status == 503  # /health said so first
+    dead = asyncio.run(probe(backend(f"http://127.0.0.1:{free_port()}")))
+    assert dead is not None and classify(dead) is FailureKind.INFRASTRUCTURE

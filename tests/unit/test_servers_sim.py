@@ -104,6 +104,7 @@ def test_output_is_min_of_max_tokens_and_sim_output_tokens(max_tokens: int, want
     expected = min(max_tokens, wanted)
     assert result.completion_tokens == expected
     assert len(result.output.split()) == expected
+    assert result.finish_reason == ("length" if wanted >= max_tokens else "stop")
 
 
 @pytest.mark.parametrize("bad", [-1, 2.5, "10", True, None])

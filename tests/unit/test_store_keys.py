@@ -40,6 +40,7 @@ def test_every_key_is_under_the_prefix() -> None:
         k.quarantined("x"),
         k.events,
         k.wake,
+        k.delayed,
         k.estimates,
         k.scaler_lease,
         k.metrics_lease,

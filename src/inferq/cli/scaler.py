@@ -15,6 +15,7 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
+from inferq import defaults
 from inferq.cli.common import (
     Context,
     handle_errors,
@@ -125,6 +126,10 @@ def scaling_settings(base: ScalingSettings, options: dict[str, Any]) -> ScalingS
 @click.option("--down-cooldown-s", type=float, help="Seconds between an action and a down [60].")
 @click.option("--replica-id", help="This replica's lease id [host-pid-random].")
 @click.option(
+    "--unhealthy-replace-s", type=float, default=defaults.UNHEALTHY_REPLACE_S, show_default=True,
+    help="Drain (and so replace) a launched worker unhealthy this long.",
+)  # fmt: skip
+@click.option(
     "--worker-backend", "worker_server", default="sim", show_default=True,
     help="local, docker: the workers' model server (their --backend).",
 )  # fmt: skip
@@ -176,6 +181,7 @@ def _run(obj: Context, options: dict[str, Any]) -> None:
         mode=mode,
         replica_id=options["replica_id"],
         default_slots=options["slots"],
+        unhealthy_replace_s=options["unhealthy_replace_s"],
         on_decision=(lambda d: click.echo(describe(d))) if mode is Mode.DRY_RUN else None,
     )
     url = start_metrics(store, options["metrics_port"], options["metrics_host"])

@@ -4,7 +4,8 @@ Stateless: every piece of state (queues, reservations, fairness credits and
 counters) lives in Redis, so any number of replicas may run and any may be
 restarted at any time. Each step:
 
-1. expire due requests (the deadlines index; the waiting clients are told);
+1. expire due requests (the deadlines index; the waiting clients are told) and move
+   retries whose backoff has passed back to their queues (``promote.lua``);
 2. recover: remove workers whose heartbeat lapsed (their requests go back to
    their queues, their RQ queue is emptied) and requeue lapsed leases;
 3. read a snapshot (three pipelined round trips), call
@@ -55,6 +56,7 @@ class StepReport:
     """What one dispatcher step did (counts), and how long its decision took (seconds)."""
 
     expired: int = 0
+    promoted: int = 0
     requeued: int = 0
     workers_lost: int = 0
     batches: int = 0
@@ -97,6 +99,7 @@ class Dispatcher:
         self._housekept_at = -1e9
         self._outage = False  # a connection error since the last step that could reap
         self._reap_from = 0.0  # monotonic: no reaping before (grace after an outage)
+        self._next_due: float | None = None  # monotonic: the next delayed retry is due
 
     def stop(self) -> None:
         """Ask :meth:`run` to return after the current step."""
@@ -136,9 +139,12 @@ class Dispatcher:
         return min(self.tick_s, defaults.RECOVERY_EVERY_MAX_S)
 
     def _wait(self) -> None:
-        """Sleep until woken, the tick, or the next recovery pass, whichever comes first."""
-        due = self._housekept_at + self.recovery_every_s - time.monotonic()
-        self.store.wait_for_work(max(0.0, min(self.tick_s, due)))
+        """Sleep until woken, the tick, the next recovery pass, or a retry whose backoff
+        ends first."""
+        timeout = min(self.tick_s, self._housekept_at + self.recovery_every_s - time.monotonic())
+        if self._next_due is not None:  # wake for a retry whose backoff ends before the tick
+            timeout = min(timeout, max(0.01, self._next_due - time.monotonic()))
+        self.store.wait_for_work(max(0.0, timeout))
 
     def step(self) -> StepReport:
         """One expire / recover / decide / claim round. Returns what it did."""
@@ -152,9 +158,12 @@ class Dispatcher:
             # Expiry and recovery once per tick, not on every wake-up: a burst of
             # submissions then costs one snapshot and one claim per step.
             report.expired = len(self.store.expire_due())
+            report.promoted = self._promote()
             if self._may_reap(stalled_s=time.monotonic() - started):
                 self._recover(report)
             self._housekept_at = started
+        elif self._next_due is not None and started >= self._next_due:
+            report.promoted = self._promote()  # a backoff ended between two ticks
         view = self.store.dispatch_view(self.classes, self.queue_head, self.heartbeat_ttl_s)
         self._quarantine(view, report)
         t1 = time.perf_counter()
@@ -177,6 +186,12 @@ class Dispatcher:
                 report.step_s * 1000,
             )
         return report
+
+    def _promote(self) -> int:
+        """Retries whose backoff has passed back to their queues; remembers the next due."""
+        promoted, wait_s = self.store.promote_due()
+        self._next_due = None if wait_s is None else time.monotonic() + wait_s
+        return promoted
 
     def _dispatch(self, batch: Batch, view: DispatchView, report: StepReport) -> None:
         batch_id = new_id()

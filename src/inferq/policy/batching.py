@@ -47,6 +47,7 @@ class OpenBatch:
     mib: float = 0.0
     free_slots: int = field(init=False)
     free_mib: float = field(init=False)
+    alone: bool = False  # it holds a suspect, which runs alone: closed to anything else
 
     def __post_init__(self) -> None:
         self.free_slots = self.worker.free_slots - len(self.items)
@@ -54,9 +55,11 @@ class OpenBatch:
 
     def closed(self, max_batch: int) -> bool:
         """True when no further request can join (no slot, or ``max_batch`` reached)."""
-        return self.free_slots <= 0 or len(self.items) >= max_batch
+        return self.alone or self.free_slots <= 0 or len(self.items) >= max_batch
 
-    def has_room(self, tokens: int, need_mib: float, max_batch: int, budget: int) -> bool:
+    def has_room(
+        self, tokens: int, need_mib: float, max_batch: int, budget: int, *, alone: bool = False
+    ) -> bool:
         """True when a request of ``tokens`` (prompt + max) needing ``need_mib`` MiB fits.
 
         Args:
@@ -64,9 +67,15 @@ class OpenBatch:
             need_mib: its KV-cache need on this worker's model, MiB.
             max_batch: the policy's largest batch, requests.
             budget: the policy's batch token budget, tokens.
+            alone: the request is a suspect: it fits only an empty batch of a worker
+                with nothing reserved.
         """
         items = self.items
-        if self.free_slots <= 0 or len(items) >= max_batch or need_mib > self.free_mib:
+        if self.alone or self.free_slots <= 0 or len(items) >= max_batch:
+            return False
+        if need_mib > self.free_mib:
+            return False
+        if alone and (items or self.worker.reserved_slots > 0):
             return False
         return not items or self.tokens + tokens <= budget
 

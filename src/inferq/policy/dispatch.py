@@ -232,7 +232,9 @@ class _Run:
         )
 
     def _place(self, item: _Item) -> OpenBatch | None:
-        return self.index.place(item.models, item.tokens, item.req.excluded_worker)
+        return self.index.place(
+            item.models, item.tokens, item.req.excluded_worker, alone=item.req.alone
+        )
 
     def _drop(self, item: _Item) -> None:
         item.pending = False
@@ -346,7 +348,7 @@ class _Run:
         )
         if not batch.items:
             self.order.append(batch)
-        self.index.add(batch, assignment, item.tokens)
+        self.index.add(batch, assignment, item.tokens, alone=item.req.alone)
         self.vtc[item.cls.name].charge(req.tenant, cost)
         delta = self.delta[item.cls.name]
         delta[req.tenant] = delta.get(req.tenant, 0.0) + cost

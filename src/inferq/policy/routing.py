@@ -9,7 +9,11 @@ A worker is eligible for a request (design brief, issue 3) when
   least ``degrade_after_s``;
 - the model's context holds ``prompt + max_tokens`` (``ModelSpec.max_context``);
 - it has a free slot and ``free_mib >= need_mib`` (reservations of assigned but
-  unfinished work already subtracted).
+  unfinished work already subtracted);
+- it is not running a suspect alone (``isolated``), and for a suspect (``alone``: a
+  request that was on a worker that crashed) it has nothing reserved at all: a
+  suspect runs alone, so a poison request that crashes its worker again takes no
+  other request with it (issue 13, fault 2).
 
 Among eligible workers the preferred one is the first model in route order
 (the exact model before its fallbacks; for a size requirement the smallest
@@ -105,7 +109,9 @@ def eligible(
     worker: WorkerView, request: QueuedRequest, policy: DispatchPolicy, now: float
 ) -> bool:
     """True when ``worker`` may take ``request`` now (the rule in the module docstring)."""
-    if not worker.ready or worker.free_slots < 1:
+    if not worker.ready or worker.isolated or worker.free_slots < 1:
+        return False
+    if request.alone and worker.reserved_slots > 0:
         return False
     spec = policy.model_by_name.get(worker.model)
     if spec is None:
@@ -161,7 +167,7 @@ class WorkerIndex:
         ranked = sorted(workers, key=lambda w: (w.utilisation, w.id))
         for w in ranked:
             spec = policy.model_by_name.get(w.model)
-            if spec is None or not w.ready or w.free_slots < 1:
+            if spec is None or not w.ready or w.isolated or w.free_slots < 1:
                 continue
             batch = OpenBatch(worker=w, spec=spec)
             if not batch.closed(self._max_batch):
@@ -175,7 +181,12 @@ class WorkerIndex:
         return self._open
 
     def place(
-        self, models: Sequence[str], tokens: int, excluded: str | None = None
+        self,
+        models: Sequence[str],
+        tokens: int,
+        excluded: str | None = None,
+        *,
+        alone: bool = False,
     ) -> OpenBatch | None:
         """The preferred open batch for a request, or None when none has room.
 
@@ -183,6 +194,8 @@ class WorkerIndex:
             models: the request's serving models, in preference order.
             tokens: its prompt + max_tokens.
             excluded: a worker id to take only when no other has room.
+            alone: a suspect: only an empty batch of a worker with nothing reserved
+                (a refusal for that reason says nothing of other requests' room).
         """
         key = tuple(models)
         if tokens >= self._refused.get(key, tokens + 1):
@@ -194,17 +207,21 @@ class WorkerIndex:
                 continue
             need = kv_mib(tokens, bucket[0].spec)
             for batch in bucket:
-                if batch.has_room(tokens, need, self._max_batch, self._budget):
+                if batch.has_room(tokens, need, self._max_batch, self._budget, alone=alone):
                     if batch.worker.id != excluded:
                         return batch
                     fallback = batch
-        if fallback is None:
+        if fallback is None and not alone:
             self._refused[key] = min(tokens, self._refused.get(key, tokens))
         return fallback
 
-    def add(self, batch: OpenBatch, assignment: Assignment, tokens: int) -> None:
-        """Append ``assignment`` to ``batch``; the batch leaves its bucket once closed."""
+    def add(
+        self, batch: OpenBatch, assignment: Assignment, tokens: int, *, alone: bool = False
+    ) -> None:
+        """Append ``assignment`` to ``batch`` (``alone``: a suspect, which closes it); the
+        batch leaves its bucket once closed."""
         batch.add(assignment, tokens)
+        batch.alone = batch.alone or alone
         if batch.closed(self._max_batch):
             self._buckets[batch.worker.model].remove(batch)
             self._open -= 1

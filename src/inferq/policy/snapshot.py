@@ -35,6 +35,8 @@ class QueuedRequest:
     attempts: int = 0
     #: the worker whose attempt failed last; avoided when another can serve.
     excluded_worker: str | None = None
+    #: a suspect (it was on a worker that crashed): runs alone on an otherwise idle worker.
+    alone: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,8 @@ class WorkerView:
     kv_cache_mib: float
     reserved_slots: int = 0
     reserved_mib: float = 0.0
+    #: it runs a suspect alone (see :attr:`QueuedRequest.alone`): it takes nothing else.
+    isolated: bool = False
 
     @property
     def free_slots(self) -> int:

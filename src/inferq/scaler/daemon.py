@@ -53,7 +53,7 @@ from typing import TypeVar
 from inferq import defaults
 from inferq.config import Settings
 from inferq.errors import ConfigError, CorruptRecord
-from inferq.models import Event
+from inferq.models import Event, WorkerState
 from inferq.policy.scaling import (
     ModelLoad,
     ScaleDecision,
@@ -102,6 +102,7 @@ class ScalerReport:
         now: the decision's time, epoch s (Redis clock).
         decisions: one per managed model.
         launched / drained / stopped: worker ids launched, asked to drain, stopped.
+        replaced: unhealthy workers asked to drain (unhealthy past ``unhealthy_replace_s``).
         quarantined: corrupt records moved aside.
     """
 
@@ -111,6 +112,7 @@ class ScalerReport:
     launched: list[str] = field(default_factory=list)
     drained: list[str] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
     quarantined: int = 0
 
 
@@ -165,6 +167,7 @@ class Scaler:
         start_timeout_s: float = defaults.SCALER_START_TIMEOUT_S,
         default_slots: int = defaults.SIM_WORKER_SLOTS,
         on_decision: Callable[[ScaleDecision], None] | None = None,
+        unhealthy_replace_s: float = defaults.UNHEALTHY_REPLACE_S,
     ) -> None:
         if mode is Mode.ACT and platform is None:
             raise ConfigError("backend: the scaler needs a backend unless --dry-run/--metrics-only")
@@ -194,6 +197,9 @@ class Scaler:
         self._measured: dict[str, float] = {}
         self._ignored: set[str] = set()  # live workers not launched by this scaler, logged
         self._stop = threading.Event()
+        self.unhealthy_replace_s = unhealthy_replace_s
+        self._unhealthy_since: dict[str, float] = {}  # worker id -> first seen unhealthy
+        self._replacing: set[str] = set()  # unhealthy workers already asked to drain
 
     # --- loop ---------------------------------------------------------------------
 
@@ -280,6 +286,7 @@ class Scaler:
         tracked = dict(fleet.tracked)
         if self.mode is Mode.ACT:
             self._stop_workers(fleet.to_stop, handles, tracked, report)
+            self._replace_unhealthy(live, handles, now, report)
         inputs = self._inputs(live, replace(fleet, tracked=tracked), events, span)
         loads = build_loads(self.models, self.settings.models, inputs, now)
         loads = self._drainable(loads, live, handles)
@@ -478,6 +485,34 @@ class Scaler:
             else:
                 log.debug("%s", describe(d))
         return {d.model: d.desired for d in decisions}
+
+    def _replace_unhealthy(
+        self,
+        live: Sequence[LiveWorker],
+        handles: dict[str, WorkerHandle],
+        now: float,
+        report: ScalerReport,
+    ) -> None:
+        """Drain each worker this scaler launched that has been ``unhealthy`` for
+        ``unhealthy_replace_s`` (by this replica's observation, on Redis time). An
+        unhealthy worker already counts as no capacity, so the pool's minimum and the
+        backlog launch its replacement; the drain removes the broken one."""
+        unhealthy = {w.id for w in live if w.state is WorkerState.UNHEALTHY}
+        self._unhealthy_since = {w: self._unhealthy_since.get(w, now) for w in unhealthy}
+        self._replacing &= unhealthy
+        for wid, since in sorted(self._unhealthy_since.items()):
+            if wid not in handles or wid in self._replacing:
+                continue
+            if now - since < self.unhealthy_replace_s:
+                continue
+            self._replacing.add(wid)
+            if self.store.request_drain(wid):
+                report.replaced.append(wid)
+                log.warning(
+                    "worker %s unhealthy for %.0f s: draining it for a replacement",
+                    wid,
+                    now - since,
+                )
 
     def _launch(self, d: ScaleDecision, report: ScalerReport) -> None:
         assert self.platform is not None

@@ -61,6 +61,7 @@ class Completion:
     completion_tokens: int = 0
     first_token_at: float | None = None
     error: str = ""
+    finish_reason: str | None = None
 
 
 def _pairs(flat: Sequence[Any]) -> list[tuple[Any, Any]]:
@@ -317,6 +318,7 @@ def complete_call(
             c.completion_tokens,
             first,
             c.error,
+            c.finish_reason or "",
         ]
     return Call("complete", [], argv)
 
@@ -332,15 +334,26 @@ def requeue_call(
     items: Sequence[tuple[str, int | None, str, str]],
     *,
     penalize: bool,
+    infra: bool = False,
+    delay_s: float = 0.0,
+    kind: str = "",
 ) -> Call:
-    """``requeue.lua``: (request id, attempt or None, worker or '', error) back to their queues."""
+    """``requeue.lua``: (request id, attempt or None, worker or '', error) back to their queues.
+
+    ``infra`` (the model server's infrastructure failed) spends no attempt but counts a
+    failure, whatever ``penalize`` says; ``delay_s`` holds them back that long (on Redis
+    TIME) before they may be dispatched again; ``kind`` labels the retry events.
+    """
     s = settings
+    mode = "infra" if infra else ("1" if penalize else "0")
     argv: list[Any] = [
         keys.prefix,
         s.max_attempts,
         s.result_ttl_s,
         s.events_maxlen,
-        "1" if penalize else "0",
+        mode,
+        max(0, round(delay_s * 1000)),
+        kind,
     ]
     for rid, attempt, worker, error in items:
         argv += [rid, "" if attempt is None else attempt, worker, error]
@@ -432,6 +445,17 @@ def parse_control(raw: str) -> Abort | None:
         )
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def promote_call(keys: Keys, limit: int) -> Call:
+    """``promote.lua``: move up to ``limit`` due delayed retries back to their queues."""
+    return Call("promote", [], [keys.prefix, limit])
+
+
+def parse_promote(reply: Sequence[Any]) -> tuple[int, float | None]:
+    """(requests promoted, seconds until the next delayed one is due or None when none)."""
+    promoted, wait_ms = reply
+    return int(promoted), (None if int(wait_ms) < 0 else int(wait_ms) / 1000)
 
 
 # --- client and admin -------------------------------------------------------------------

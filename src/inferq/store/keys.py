@@ -173,6 +173,12 @@ class Keys:
         return f"{self.prefix}wake"
 
     @property
+    def delayed(self) -> str:
+        """Zset of retries backing off: member = request id, score = not-before ms (Redis
+        TIME); ``promote.lua`` moves each back to its queue when due."""
+        return f"{self.prefix}delayed"
+
+    @property
     def estimates(self) -> str:
         return f"{self.prefix}estimates"
 

@@ -26,6 +26,7 @@ SCRIPTS = (
     "requeue",
     "abort",
     "requeue_preempted",
+    "promote",
     "expire",
     "cancel",
     "heartbeat",

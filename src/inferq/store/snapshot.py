@@ -34,6 +34,7 @@ POLICY_FIELDS = (
     "attempts",
     "excluded_worker",
     "state",
+    "suspect",
 )
 
 #: Heartbeat fields the dispatch policy needs (read with HMGET, never the whole hash).
@@ -94,7 +95,7 @@ def read_dispatch_view(
         pipe.zrange(qk, 0, head - 1)
     for wid in workers:
         pipe.hmget(k.worker(wid), WORKER_FIELDS)
-        pipe.hmget(k.load(wid), ("slots", "mib"))
+        pipe.hmget(k.load(wid), ("slots", "mib", "isolated"))
     replies = pipe.execute()
     heads, fleet = replies[: len(queue_keys)], replies[len(queue_keys) :]
 
@@ -176,6 +177,7 @@ def worker_view(wid: str, fields: Sequence[str | None], load: Sequence[str | Non
         kv_cache_mib=float(kv or "nan"),
         reserved_slots=max(0, int(load[0] or 0)),
         reserved_mib=max(0.0, float(load[1] or 0.0)),
+        isolated=len(load) > 2 and bool(load[2]),
     )
     if not (view.params_b > 0 and 1 <= view.slots <= 4096 and 0 <= view.kv_cache_mib < 1e9):
         raise ValueError(
@@ -206,4 +208,5 @@ def queued_request(rid: str, values: list[str | None]) -> QueuedRequest:
         max_tokens=int(str(f["max_tokens"])),
         attempts=int(f["attempts"] or 0),
         excluded_worker=f["excluded_worker"] or None,
+        alone=f["suspect"] == "1",
     )

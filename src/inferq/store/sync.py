@@ -317,13 +317,35 @@ class Store(AdminCalls):
         items: Sequence[tuple[str, int | None, str, str]],
         *,
         penalize: bool = True,
+        infra: bool = False,
+        delay_s: float = 0.0,
+        kind: str = "",
     ) -> list[str]:
         """Send (request id, attempt or None, worker or '', error) back to their queues.
 
-        ``penalize`` counts the attempt towards ``max_attempts`` (a model server error);
-        a drain hand-back passes False. Returns 'queued'/'expired'/'dead'/'stale' each.
+        Args:
+            items: the requests and the attempt each failed or gave up.
+            penalize: count the attempt towards ``max_attempts`` (a model server error);
+                a drain hand-back passes False.
+            infra: the model server's infrastructure failed (refused, 502/503/504, 429):
+                no attempt is spent, the request's ``failures`` counts it; its deadline
+                bounds such retries.
+            delay_s: backoff before the request may be dispatched again, seconds (kept on
+                Redis TIME in the delayed set; ``promote`` moves it back).
+            kind: the failure's kind, recorded in the ``retry`` event.
+
+        Returns:
+            'queued', 'expired', 'dead' or 'stale' for each item.
         """
-        call = calls.requeue_call(self.keys, self.settings, items, penalize=penalize)
+        call = calls.requeue_call(
+            self.keys,
+            self.settings,
+            items,
+            penalize=penalize,
+            infra=infra,
+            delay_s=delay_s,
+            kind=kind,
+        )
         return calls.parse_requeue(self._call(call))
 
     def abort(
@@ -371,6 +393,14 @@ class Store(AdminCalls):
             else:
                 out.append(command)
         return out
+
+    def promote_due(self, limit: int = 1000) -> tuple[int, float | None]:
+        """Move retries whose backoff has passed back to their queues (``promote.lua``).
+
+        Returns:
+            (how many moved, seconds until the next one is due, or None when none waits).
+        """
+        return calls.parse_promote(self._call(calls.promote_call(self.keys, limit)))
 
     def reserved_mib(self, worker_id: str) -> float:
         """KV-cache MiB reserved on the worker by assigned work (``load:<id>``)."""

@@ -43,11 +43,13 @@ from inferq.errors import CorruptRecord, RequestNotFound
 from inferq.latency import decode_slowdown
 from inferq.models import RequestRecord, WorkerInfo, WorkerState
 from inferq.store import CONNECTION_ERRORS, REPLY_ERRORS, Abort, Beat, Completion, Store
+from inferq.workers import failures
 from inferq.workers.clock import RedisClock
 from inferq.workers.control import ControlReader
 from inferq.workers.gpu import GpuInfo
+from inferq.workers.health import HealthMonitor
 from inferq.workers.pulse import HeartbeatProcess
-from inferq.workers.servers import ModelServer, ServerError, ServerRequest
+from inferq.workers.servers import FailureKind, ModelServer, ServerError, ServerRequest
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +137,12 @@ class Engine:
         self.aborted = 0
         self._control = ControlReader(store, config.worker_id, self._on_control)
         self._rq: Any = None  # RQ's connection, opened when a broken job must be inspected
+        self.health = HealthMonitor(
+            server,
+            worker_id=config.worker_id,
+            get_state=lambda: self.state,
+            set_state=self._set_health_state,
+        )
 
     # --- identity, as the delivery seam sees it ----------------------------------------
 
@@ -191,6 +199,11 @@ class Engine:
             self.config.slots,
             self.kv_cache_mib,
         )
+
+    def _set_health_state(self, state: WorkerState) -> None:
+        """The health monitor's transition (ready <-> unhealthy), published at once."""
+        self.state = state
+        self._safe_beat()
 
     def begin_drain(self) -> None:
         """Take no new batches (the dispatcher sees ``draining`` on the next beat)."""
@@ -290,7 +303,11 @@ class Engine:
         self._beats += 1
         if beat.lost:
             self.forget_lost(beat.lost)
-        if beat.drain and self.state is WorkerState.READY and not self._drain_asked.is_set():
+        if (
+            beat.drain
+            and self.state in (WorkerState.READY, WorkerState.UNHEALTHY)
+            and not self._drain_asked.is_set()
+        ):
             # Once: the replies of two beaters may both carry the flag before the drain
             # begins, and a second stop signal would be a cold shutdown.
             self._drain_asked.set()
@@ -621,17 +638,36 @@ class Engine:
             prompt_tokens=result.prompt_tokens,
             completion_tokens=result.completion_tokens,
             first_token_at=first,
+            finish_reason=result.finish_reason,
         )
         self._queue(outcome, req.task_type)
 
     async def _failed(self, rid: str, attempt: int, exc: ServerError) -> None:
+        """Fail ``rid`` at once (a request error) or requeue it with a backoff, spending
+        an attempt unless the model server's infrastructure failed
+        (:mod:`inferq.workers.failures`); any retryable failure has the server probed."""
         self.failed += 1
-        if not exc.retryable:
+        retry = failures.plan(exc, attempt)
+        if not retry.retry:
             self._queue(Completion(rid, attempt, "failed", error=str(exc)))
             return
+        self.health.suspect()
+        log.info(
+            "request %s attempt %d: %s failure, retry in %.2f s%s: %s",
+            rid,
+            attempt,
+            retry.kind,
+            retry.delay_s,
+            "" if retry.spend_attempt else " (no attempt spent)",
+            exc,
+        )
         try:
             await asyncio.to_thread(
-                self.store.requeue, [(rid, attempt, self.config.worker_id, str(exc))]
+                self.store.requeue,
+                [(rid, attempt, self.config.worker_id, str(exc))],
+                infra=retry.kind is FailureKind.INFRASTRUCTURE,
+                delay_s=retry.delay_s,
+                kind=retry.kind.value,
             )
         finally:  # requeue failed (Redis down): recover_orphans hands it back later
             self._unhold([(rid, attempt)])
@@ -700,6 +736,7 @@ class Engine:
         return [key for key, _ in held]
 
     async def _shutdown_loop(self) -> None:
+        await self.health.close()
         if self._flusher is not None:
             self._flusher.cancel()
             await asyncio.gather(self._flusher, return_exceptions=True)

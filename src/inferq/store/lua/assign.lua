@@ -7,9 +7,14 @@
 -- dispatchers never assign the same request); every assigned request is in the leases and
 -- inflight:<w> and its need is counted in load:<w>; nothing is assigned to a worker that is
 -- not live and ready, or that was asked to drain (before its next beat says so).
+-- Isolation (poison requests): a request marked `suspect` (it was on a worker that crashed)
+-- is claimed only alone, by a worker with nothing reserved, and while it holds the worker
+-- (load:<w> field `isolated` = its id) nothing else is assigned there; so one request that
+-- crashes its worker cannot take others with it again.
 -- include: clock, keys, counts, events
 local p, w, batch, lease_ms, maxlen = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
-if redis.call('HGET', KEYS[1], 'state') ~= 'ready' or redis.call('EXISTS', KEYS[4]) == 1 then
+if redis.call('HGET', KEYS[1], 'state') ~= 'ready' or redis.call('EXISTS', KEYS[4]) == 1
+    or redis.call('HEXISTS', KEYS[2], 'isolated') == 1 then
   return {}
 end
 local now = now_ms()
@@ -17,7 +22,11 @@ local claimed, ids = {}, {}
 for i = 6, #ARGV, 3 do
   local id, qkey, need = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local key = k_req(p, id)
-  local r = redis.call('HMGET', key, 'state', 'deadline_ms', 'priority', 'tenant')
+  local r = redis.call('HMGET', key, 'state', 'deadline_ms', 'priority', 'tenant', 'suspect')
+  local alone = r[5] == '1'
+  if alone and (#ids > 0 or (tonumber(redis.call('HGET', KEYS[2], 'slots')) or 0) > 0) then
+    break  -- a suspect runs alone: not beside this batch or the worker's running requests
+  end
   if r[1] == 'queued' and tonumber(r[2]) > now and redis.call('ZREM', qkey, id) == 1 then
     local attempt = redis.call('HINCRBY', key, 'attempts', 1)
     redis.call('HSET', key, 'state', 'assigned', 'worker', w, 'batch', batch,
@@ -30,6 +39,10 @@ for i = 6, #ARGV, 3 do
     claimed[#claimed + 1] = id
     claimed[#claimed + 1] = attempt
     ids[#ids + 1] = id
+    if alone then
+      redis.call('HSET', KEYS[2], 'isolated', id)
+      break
+    end
   end
 end
 if #ids > 0 then

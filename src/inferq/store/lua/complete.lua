@@ -1,7 +1,8 @@
 -- complete: record final results from a worker, fenced by attempt number.
 -- ARGV: 1 prefix, 2 worker id, 3 result ttl s, 4 events maxlen,
---       then 8-tuples: id, attempt, status ('succeeded'|'failed'|'expired'|'cancelled'), output,
---       prompt_tokens, completion_tokens, first_token_ms ('' if unknown), error
+--       then 9-tuples: id, attempt, status ('succeeded'|'failed'|'expired'|'cancelled'), output,
+--       prompt_tokens, completion_tokens, first_token_ms ('' if unknown), error,
+--       finish_reason ('stop'|'length'|... as the model server said; '' if unknown)
 -- Events: finish/fail/expire with class, tenant, queue_ms, e2e_ms, ttft_ms (finish time
 -- when the model server reports no first token), output and prompt tokens, so
 -- metrics and reports need not read the request hashes.
@@ -13,7 +14,7 @@
 local p, w, ttl, maxlen = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local now = now_ms()
 local out = {}
-for i = 5, #ARGV, 8 do
+for i = 5, #ARGV, 9 do
   local id, attempt, status = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local key = k_req(p, id)
   local r = redis.call('HMGET', key, 'state', 'attempts', 'worker', 'need_mib', 'priority',
@@ -25,7 +26,8 @@ for i = 5, #ARGV, 8 do
     release(p, id, w, r[4])
     finalize(p, id, status, now, ttl, maxlen, {
       'output', ARGV[i + 3], 'prompt_tokens_used', ARGV[i + 4],
-      'completion_tokens', ARGV[i + 5], 'first_token_ms', ARGV[i + 6], 'error', ARGV[i + 7]})
+      'completion_tokens', ARGV[i + 5], 'first_token_ms', ARGV[i + 6], 'error', ARGV[i + 7],
+      'finish_reason', ARGV[i + 8]})
     local etype = 'finish'
     if status == 'failed' then etype = 'fail' elseif status == 'expired' then etype = 'expire'
     elseif status == 'cancelled' then etype = 'cancel' end

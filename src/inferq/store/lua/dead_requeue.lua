@@ -15,6 +15,6 @@ redis.call('HSET', key, 'attempt_base', r[6], 'deadline_ms', deadline, 'error', 
 record_persist(p, id)
 redis.call('DEL', k_done(p, id))
 redis.call('ZADD', p .. 'deadlines', deadline, id)
-enqueue_again(p, id, {r[1], r[2], r[3], r[4]})
+enqueue_again(p, id, {r[1], r[2], r[3], r[4]}, 0, now)
 emit(p, ARGV[3], 'retry', 'id', id, 'reason', 'requeued from dead letter')
 return 1

@@ -8,6 +8,7 @@ interface.
 
 from inferq.workers.servers.base import (
     ENTRY_POINT_GROUP,
+    FailureKind,
     ModelServer,
     ServerError,
     ServerFactory,
@@ -20,6 +21,7 @@ from inferq.workers.servers.base import (
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "FailureKind",
     "ModelServer",
     "ServerError",
     "ServerFactory",

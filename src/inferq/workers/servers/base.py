@@ -17,6 +17,7 @@ import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from importlib.metadata import entry_points
 from types import TracebackType
 from typing import Any, ClassVar, Self
@@ -62,12 +63,33 @@ class ServerResult:
             them (or estimated, when it reports none).
         ttft_s: seconds from the ``generate`` call to the first output token,
             when the model server measures it; ``None`` otherwise.
+        finish_reason: why generation stopped (``stop``: the model ended it or a stop
+            sequence; ``length``: ``max_tokens`` reached), when the server says.
     """
 
     output: str
     prompt_tokens: int
     completion_tokens: int
     ttft_s: float | None = None
+    finish_reason: str | None = None
+
+
+class FailureKind(StrEnum):
+    """What failed, which decides how a request is retried (see :mod:`inferq.workers.failures`).
+
+    ``infrastructure``: the model server could not be reached or was overloaded
+    (connection refused or reset, 502/503/504, 429, a timeout before the first byte):
+    retried without spending an attempt, bounded by the deadline. ``server``: the server
+    failed on the request (500, other 5xx, 408, a malformed answer): retried up to
+    ``max_attempts``. ``request``: the server rejected the request itself (other 4xx):
+    fails at once. ``truncated``: the answer ended without a finish reason (a stream cut
+    off before ``[DONE]``, a 200 with an empty body): retried up to ``max_attempts``.
+    """
+
+    INFRASTRUCTURE = "infrastructure"
+    SERVER = "server"
+    REQUEST = "request"
+    TRUNCATED = "truncated"
 
 
 class ServerError(InferqError):
@@ -79,11 +101,24 @@ class ServerError(InferqError):
             False when the server rejected the request itself (other 4xx):
             it fails at once with the server's message.
         status: the HTTP status, when there was one.
+        kind: what failed, when the model server knows (None: judged from ``status``
+            and ``retryable`` by :func:`inferq.workers.failures.classify`).
+        retry_after_s: the server's ``Retry-After``, seconds, when it sent one.
     """
 
-    def __init__(self, message: str, *, retryable: bool, status: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        status: int | None = None,
+        kind: FailureKind | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
         self.retryable = retryable
         self.status = status
+        self.kind = kind
+        self.retry_after_s = retry_after_s
         super().__init__(message)
 
 
@@ -119,6 +154,16 @@ class ModelServer(ABC):
 
     async def close(self) -> None:  # noqa: B027 - an optional hook, not abstract
         """Release connections and resources. Safe to call twice."""
+
+    async def probe(self) -> ServerError | None:
+        """Check the server is healthy (the worker calls it after a failure, and then
+        every ``HEALTH_PROBE_INTERVAL_S`` while it holds the server unhealthy).
+
+        Returns:
+            None when healthy; otherwise the error that says why not (its ``kind`` and
+            ``retry_after_s`` are honoured). The default: always healthy.
+        """
+        return None
 
     async def __aenter__(self) -> Self:
         await self.load()

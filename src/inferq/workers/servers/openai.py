@@ -5,16 +5,25 @@ A prompt goes to ``POST /v1/completions``, chat messages to
 is bounded by its remaining time (``ServerRequest.timeout_s``). Error mapping:
 
 ==========================================  ==========================================
-server answer                               ``ServerError``
+server answer                               ``ServerError`` (kind: see ``workers.failures``)
 ==========================================  ==========================================
-4xx (except 408, 429)                       ``retryable=False``, the server's message
-408, 429, 5xx                               ``retryable=True``, the server's message
-timeout, refused or dropped connection      ``retryable=True``, names the cause
-2xx with a body that does not parse         ``retryable=True``
+4xx (except 408, 429)                       ``retryable=False``: request
+429, 502, 503, 504                          ``retryable=True``: infrastructure, with
+                                            the ``Retry-After`` when sent
+408, 500, other 5xx                         ``retryable=True``: server
+refused, reset or timed out before the      ``retryable=True``: infrastructure
+answer began
+a stream cut off (no finish reason and no   ``retryable=True``: truncated
+``[DONE]``), a 200 with an empty body
+2xx with a body that does not parse         ``retryable=True``: server
 ==========================================  ==========================================
 
-With ``stream=True`` the answer is read as server-sent events and the time to
-first token is measured; otherwise ``ttft_s`` is ``None``.
+With ``stream=True`` (recommended, and what llama.cpp needs: a non-streamed request
+whose client gives up keeps its slot busy until the generation ends, while a
+streamed one is stopped at the next token) the answer is read as server-sent
+events and the time to first token is measured; otherwise ``ttft_s`` is ``None``.
+The finish reason (``stop``, ``length``) is recorded; completion tokens never exceed
+``max_tokens``. A connection cut mid-answer is closed, never returned to the pool.
 
 The HTTP client belongs to the event loop that first used it; on a new loop
 (``asyncio.run`` per batch) a new client is made, so a worker should keep one
@@ -24,6 +33,7 @@ loop for its lifetime (e.g. an ``asyncio.Runner``) to reuse connections.
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
 import logging
 import math
@@ -37,6 +47,7 @@ from inferq import defaults
 from inferq.config import ModelSpec
 from inferq.errors import redact_url
 from inferq.workers.servers.base import (
+    FailureKind,
     ModelServer,
     ServerError,
     ServerRequest,
@@ -162,44 +173,71 @@ class OpenAIServer(ModelServer):
             )
         path, body = build_body(request, self.served_model_name, stream=self.stream)
         start = time.monotonic()
+        answered: list[bool] = []  # non-empty once the answer began (status line received)
         try:
             async with asyncio.timeout(request.timeout_s):
                 if self.stream:
-                    return await self._post_stream(request, path, body, start)
-                return await self._post(request, path, body)
-        except TimeoutError:
-            raise self._timeout_error(request) from None
-        except httpx.TimeoutException:
-            raise self._timeout_error(request) from None
+                    return await self._post_stream(request, path, body, start, answered)
+                return await self._post(request, path, body, answered)
+        except (TimeoutError, httpx.TimeoutException):
+            raise self._timeout_error(request, answered=bool(answered)) from None
         except httpx.HTTPError as exc:
+            cause = f"{type(exc).__name__}: {exc}"
+            if answered:
+                raise ServerError(
+                    f"openai: request {request.id}: answer cut off by "
+                    f"{redact_url(self.base_url)}: {cause}",
+                    retryable=True,
+                    kind=FailureKind.TRUNCATED,
+                ) from None
             raise ServerError(
                 f"openai: request {request.id}: connection to {redact_url(self.base_url)} "
-                f"failed: {type(exc).__name__}: {exc}",
+                f"failed: {cause}",
                 retryable=True,
+                kind=FailureKind.INFRASTRUCTURE,
             ) from None
 
-    async def _post(self, request: ServerRequest, path: str, body: dict[str, Any]) -> ServerResult:
+    async def _post(
+        self, request: ServerRequest, path: str, body: dict[str, Any], answered: list[bool]
+    ) -> ServerResult:
         response = await self._client().post(path, json=body, timeout=request.timeout_s)
+        answered.append(True)
         if not response.is_success:
             raise status_error(request.id, response)
+        if not response.content.strip():
+            raise ServerError(
+                f"openai: request {request.id}: HTTP {response.status_code} with an empty body",
+                retryable=True,
+                kind=FailureKind.TRUNCATED,
+            )
         data = _json_object(request.id, response.text)
-        output, usage = _read_completion(request.id, data, chat=path.endswith("chat/completions"))
-        return _result(request, output, usage, ttft_s=None)
+        chat = path.endswith("chat/completions")
+        output, usage, finish = _read_completion(request.id, data, chat=chat)
+        return _result(request, output, usage, ttft_s=None, finish_reason=finish)
 
     async def _post_stream(
-        self, request: ServerRequest, path: str, body: dict[str, Any], start: float
+        self,
+        request: ServerRequest,
+        path: str,
+        body: dict[str, Any],
+        start: float,
+        answered: list[bool],
     ) -> ServerResult:
         client = self._client()
         chat = path.endswith("chat/completions")
         parts: list[str] = []
         usage: Any = None
         ttft_s: float | None = None
+        finish: str | None = None
+        done = False
         async with client.stream("POST", path, json=body, timeout=request.timeout_s) as response:
+            answered.append(True)
             if not response.is_success:
                 await response.aread()
                 raise status_error(request.id, response)
             async for data in sse_data(response.aiter_lines()):
                 if data.strip() == "[DONE]":
+                    done = True
                     break
                 chunk = _json_object(request.id, data)
                 if "error" in chunk:
@@ -208,12 +246,41 @@ class OpenAIServer(ModelServer):
                         retryable=True,
                     )
                 usage = chunk.get("usage") or usage
-                piece = _chunk_text(request.id, chunk, chat=chat)
+                piece, reason = _chunk_text(request.id, chunk, chat=chat)
+                finish = reason or finish
                 if piece:
                     if ttft_s is None:
                         ttft_s = time.monotonic() - start
                     parts.append(piece)
-        return _result(request, "".join(parts), usage, ttft_s=ttft_s)
+        if not done and finish is None:
+            raise ServerError(
+                f"openai: request {request.id}: the stream ended without a finish reason "
+                f"or [DONE] after {len(parts)} chunks (truncated)",
+                retryable=True,
+                kind=FailureKind.TRUNCATED,
+            )
+        return _result(request, "".join(parts), usage, ttft_s=ttft_s, finish_reason=finish)
+
+    async def probe(self) -> ServerError | None:
+        """Is the server healthy? ``GET /health`` (llama.cpp, vLLM, TGI; a 404 is skipped),
+        then a 1-token completion. None when both pass, else the error of the first that
+        failed (its kind and ``Retry-After`` included)."""
+        timeout = defaults.HEALTH_PROBE_TIMEOUT_S
+        try:
+            response = await self._client().get("/health", timeout=timeout)
+            if not response.is_success and response.status_code != 404:
+                return status_error("health", response)
+            body = {"model": self.served_model_name, "prompt": "Hi", "max_tokens": 1}
+            response = await self._client().post("/v1/completions", json=body, timeout=timeout)
+            if not response.is_success:
+                return status_error("probe", response)
+        except httpx.HTTPError as exc:
+            return ServerError(
+                f"openai: probe of {redact_url(self.base_url)} failed: {type(exc).__name__}: {exc}",
+                retryable=True,
+                kind=FailureKind.INFRASTRUCTURE,
+            )
+        return None
 
     # -- helpers -----------------------------------------------------------------
 
@@ -261,11 +328,12 @@ class OpenAIServer(ModelServer):
                 self.served_model_name,
             )
 
-    def _timeout_error(self, request: ServerRequest) -> ServerError:
+    def _timeout_error(self, request: ServerRequest, *, answered: bool) -> ServerError:
         return ServerError(
             f"openai: request {request.id} timed out after {request.timeout_s:.3f} s "
             f"(its remaining time) at {redact_url(self.base_url)}",
             retryable=True,
+            kind=FailureKind.SERVER if answered else FailureKind.INFRASTRUCTURE,
         )
 
 
@@ -300,7 +368,8 @@ def build_body(
 
 
 def status_error(request_id: str, response: httpx.Response) -> ServerError:
-    """The ``ServerError`` for a non-2xx answer: retryable for 5xx, 408 and 429."""
+    """The ``ServerError`` for a non-2xx answer: retryable for 5xx, 408 and 429, with the
+    ``Retry-After`` header (delay-seconds or an HTTP date, RFC 9110 section 10.2.3)."""
     status = response.status_code
     retryable = status >= 500 or status in RETRYABLE_4XX
     try:
@@ -313,7 +382,32 @@ def status_error(request_id: str, response: httpx.Response) -> ServerError:
         f"{redact_url(str(response.request.url))}: {message}",
         retryable=retryable,
         status=status,
+        retry_after_s=retry_after_s(response.headers.get("retry-after")),
     )
+
+
+def retry_after_s(value: str | None, now: float | None = None) -> float | None:
+    """A ``Retry-After`` header as seconds from now (None when absent or unreadable).
+
+    Args:
+        value: delay-seconds (``"1"``) or an HTTP date (``"Wed, 21 Oct 2015 07:28:00 GMT"``).
+        now: epoch seconds for an HTTP date (default: this host's clock; a date in the past
+            gives 0).
+    """
+    if value is None:
+        return None
+    text = value.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(text).timestamp()
+        except (TypeError, ValueError, IndexError):
+            return None
+        seconds = when - (time.time() if now is None else now)
+    if not math.isfinite(seconds):
+        return None
+    return max(0.0, seconds)
 
 
 def error_message(body: Any) -> str:
@@ -367,7 +461,9 @@ def _json_object(request_id: str, text: str) -> dict[str, Any]:
     return data
 
 
-def _read_completion(request_id: str, data: dict[str, Any], *, chat: bool) -> tuple[str, Any]:
+def _read_completion(
+    request_id: str, data: dict[str, Any], *, chat: bool
+) -> tuple[str, Any, str | None]:
     try:
         choice = data["choices"][0]
         text = choice["message"]["content"] if chat else choice["text"]
@@ -377,28 +473,38 @@ def _read_completion(request_id: str, data: dict[str, Any], *, chat: bool) -> tu
             f"{json.dumps(data)[:200]}",
             retryable=True,
         ) from None
-    return str(text or ""), data.get("usage")
+    finish = choice.get("finish_reason")
+    return str(text or ""), data.get("usage"), str(finish) if finish else None
 
 
-def _chunk_text(request_id: str, chunk: dict[str, Any], *, chat: bool) -> str:
+def _chunk_text(request_id: str, chunk: dict[str, Any], *, chat: bool) -> tuple[str, str | None]:
+    """(text of choice 0, its finish reason or None) of one stream chunk."""
     choices = chunk.get("choices") or []
     if not choices:
-        return ""  # the usage chunk at the end has no choices
+        return "", None  # the usage chunk at the end has no choices
     try:
-        piece = choices[0]["delta"].get("content") if chat else choices[0]["text"]
+        choice = choices[0]
+        piece = choice["delta"].get("content") if chat else choice["text"]
     except (KeyError, TypeError, AttributeError):
         raise ServerError(
             f"openai: request {request_id}: malformed stream chunk: {json.dumps(chunk)[:200]}",
             retryable=True,
         ) from None
-    return str(piece or "")
+    finish = choice.get("finish_reason")
+    return str(piece or ""), str(finish) if finish else None
 
 
 def _result(
-    request: ServerRequest, output: str, usage: Any, *, ttft_s: float | None
+    request: ServerRequest,
+    output: str,
+    usage: Any,
+    *,
+    ttft_s: float | None,
+    finish_reason: str | None = None,
 ) -> ServerResult:
     """Token counts from ``usage`` when present, else estimates (the scheduler's, and
-    ``CHARS_PER_TOKEN`` characters per output token)."""
+    ``CHARS_PER_TOKEN`` characters per output token); completion tokens at most
+    ``max_tokens`` (an estimate from characters may exceed it)."""
     usage = usage if isinstance(usage, dict) else {}
     prompt = usage.get("prompt_tokens")
     completion = usage.get("completion_tokens")
@@ -407,5 +513,9 @@ def _result(
     if not isinstance(completion, int) or completion < 0:
         completion = math.ceil(len(output) / defaults.CHARS_PER_TOKEN)
     return ServerResult(
-        output=output, prompt_tokens=prompt, completion_tokens=completion, ttft_s=ttft_s
+        output=output,
+        prompt_tokens=prompt,
+        completion_tokens=min(completion, request.max_tokens),
+        ttft_s=ttft_s,
+        finish_reason=finish_reason,
     )

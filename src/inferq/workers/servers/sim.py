@@ -155,6 +155,7 @@ class SimServer(ModelServer):
             prompt_tokens=request.prompt_tokens,
             completion_tokens=n_out,
             ttft_s=ttft_s,
+            finish_reason="length" if n_out >= request.max_tokens else "stop",
         )
 
     async def _pause(self, seconds: float) -> None:

@@ -1,19 +1,32 @@
 -- requeue: put a request back in its queue after a failed or abandoned attempt.
 -- include: keys, record, counts, wake, events, release, finalize
 
--- Put a request back in its queue at its original position (score = submit time).
-local function enqueue_again(p, id, fields)
+-- Put a request back in its queue at its original position (score = submit time), or,
+-- with delay_ms > 0, in the delayed set until now + delay_ms (promote.lua moves it back to
+-- its queue then). Either way it is `queued` and counted as queued.
+local function enqueue_again(p, id, fields, delay_ms, now)
   local class, route, tenant, submitted = fields[1], fields[2], fields[3], fields[4]
   redis.call('HSET', k_req(p, id), 'state', 'queued', 'worker', '', 'batch', '')
-  redis.call('ZADD', k_queue(p, class, route), submitted, id)
+  if delay_ms and delay_ms > 0 then
+    redis.call('ZADD', p .. 'delayed', now + delay_ms, id)
+    redis.call('HSET', k_req(p, id), 'not_before_ms', now + delay_ms)
+  else
+    redis.call('ZADD', k_queue(p, class, route), submitted, id)
+  end
   count_queued(p, class, tenant, 1)
   wake(p)
 end
 
 -- Requeue one assigned/running request after a failed or abandoned attempt.
--- penalize=1 counts the attempt towards max_attempts (a drain hand-back does not).
+-- penalize: '1' counts the attempt towards max_attempts; '0' (a drain hand-back, an orphan)
+-- does not; 'infra' (the model server's infrastructure failed: refused, 502/503/504, 429)
+-- does not either, but counts in the request's `failures` and in stats `retried_infra`:
+-- such retries are bounded by the deadline alone. An attempt not counted moves
+-- attempt_base up by one, so `attempts - attempt_base` stays the penalised count.
+-- delay_ms (optional): the retry's backoff; kind (optional): the failure's kind, for events.
 -- Returns 'queued', 'expired', 'dead' or 'stale' (not this attempt's to requeue).
-local function requeue_one(p, id, attempt, worker, err, penalize, max_attempts, ttl_s, maxlen, now)
+local function requeue_one(p, id, attempt, worker, err, penalize, max_attempts, ttl_s, maxlen, now,
+    delay_ms, kind)
   local key = k_req(p, id)
   local r = redis.call('HMGET', key, 'state', 'attempts', 'worker', 'need_mib',
     'priority', 'model', 'tenant', 'submitted_ms', 'deadline_ms', 'attempt_base')
@@ -29,6 +42,10 @@ local function requeue_one(p, id, attempt, worker, err, penalize, max_attempts, 
     emit(p, maxlen, 'expire', 'id', id, 'reason', 'deadline after failed attempt')
     return 'expired'
   end
+  if penalize ~= '1' then
+    redis.call('HINCRBY', key, 'attempt_base', 1)
+    attempts = attempts - 1
+  end
   if penalize == '1' and attempts >= tonumber(max_attempts) then
     finalize(p, id, 'failed', now, ttl_s, maxlen,
       {'error', 'failed after ' .. attempts .. ' attempts: ' .. err})
@@ -38,8 +55,14 @@ local function requeue_one(p, id, attempt, worker, err, penalize, max_attempts, 
     return 'dead'
   end
   redis.call('HSET', key, 'last_error', err, 'excluded_worker', r[3] or '')
-  enqueue_again(p, id, {r[5], r[6], r[7], r[8]})
+  if penalize == 'infra' then
+    redis.call('HINCRBY', key, 'failures', 1)
+    stat(p, 'retried_infra')
+  end
+  delay_ms = tonumber(delay_ms) or 0
+  enqueue_again(p, id, {r[5], r[6], r[7], r[8]}, delay_ms, now)
   stat(p, 'retried')
-  emit(p, maxlen, 'retry', 'id', id, 'attempt', r[2], 'worker', r[3] or '', 'error', err)
+  emit(p, maxlen, 'retry', 'id', id, 'attempt', r[2], 'worker', r[3] or '', 'error', err,
+    'kind', kind or '', 'delay_ms', delay_ms)
   return 'queued'
 end

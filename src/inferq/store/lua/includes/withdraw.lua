@@ -8,6 +8,7 @@
 local function withdraw(p, id, r)
   if r[1] == 'queued' then
     redis.call('ZREM', k_queue(p, r[2], r[3]), id)
+    redis.call('ZREM', p .. 'delayed', id)
     count_queued(p, r[2], r[4], -1)
   elseif r[1] == 'assigned' then
     release(p, id, r[5], r[6])

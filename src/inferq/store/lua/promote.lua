@@ -1,0 +1,26 @@
+-- promote: move delayed requests whose not-before time has come back to their queue.
+-- ARGV: 1 prefix, 2 limit
+-- Returns {promoted count, ms until the next delayed request is due (-1 when none)}.
+-- Invariant: a delayed request (a retry backing off) is `queued` and counted as queued but
+-- is in no queue until its not-before time on Redis TIME; then it returns to its queue at
+-- its original position (score = submit time). A request that left `queued` meanwhile
+-- (expired, cancelled) only leaves the delayed set.
+-- include: clock, keys, wake
+local p, limit = ARGV[1], tonumber(ARGV[2])
+local now = now_ms()
+local n = 0
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', p .. 'delayed', '-inf', now, 'LIMIT', 0, limit)) do
+  redis.call('ZREM', p .. 'delayed', id)
+  local key = k_req(p, id)
+  local r = redis.call('HMGET', key, 'state', 'priority', 'model', 'submitted_ms')
+  if r[1] == 'queued' then
+    redis.call('ZADD', k_queue(p, r[2], r[3]), r[4], id)
+    redis.call('HDEL', key, 'not_before_ms')
+    n = n + 1
+  end
+end
+if n > 0 then wake(p) end
+local next_due = redis.call('ZRANGE', p .. 'delayed', 0, 0, 'WITHSCORES')
+local wait = -1
+if next_due[2] then wait = math.max(0, tonumber(next_due[2]) - now) end
+return {n, wait}

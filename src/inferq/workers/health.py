@@ -1,0 +1,95 @@
+"""Is the worker's model server healthy? Probes after a failure; ``unhealthy`` until it passes.
+
+After any retryable failure (:mod:`inferq.workers.failures`: infrastructure, server,
+truncated) the worker probes its model server (:meth:`ModelServer.probe`: for the
+``openai`` backend its health endpoint, then a 1-token request). A failed probe turns a
+``ready`` worker ``unhealthy`` in its next heartbeat (published at once): ``assign.lua``
+and routing give work only to ``ready`` workers, so the dispatcher sends it nothing and
+the scaler counts it as no capacity. It keeps probing every ``HEALTH_PROBE_INTERVAL_S``
+(or the server's ``Retry-After``, when longer) and returns to ``ready`` by itself when a
+probe passes. Each transition is logged once at WARNING; nothing is logged per probe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from inferq import defaults
+from inferq.models import WorkerState
+from inferq.workers.servers import ModelServer, ServerError
+
+log = logging.getLogger(__name__)
+
+
+class HealthMonitor:
+    """Probes a model server from the engine's event loop and flips ready <-> unhealthy.
+
+    Args:
+        server: the model server to probe.
+        worker_id: for the log lines.
+        get_state / set_state: read and publish the worker's state (``set_state`` also
+            writes the heartbeat; it may block briefly on Redis).
+        interval_s: pause between two probes while unhealthy, seconds.
+    """
+
+    def __init__(
+        self,
+        server: ModelServer,
+        *,
+        worker_id: str,
+        get_state: Callable[[], WorkerState],
+        set_state: Callable[[WorkerState], None],
+        interval_s: float = defaults.HEALTH_PROBE_INTERVAL_S,
+    ) -> None:
+        self.server = server
+        self.worker_id = worker_id
+        self._get_state = get_state
+        self._set_state = set_state
+        self.interval_s = interval_s
+        self._task: asyncio.Task[None] | None = None
+        self.transitions = 0
+
+    @property
+    def probing(self) -> bool:
+        """True while a probe loop runs."""
+        return self._task is not None and not self._task.done()
+
+    def suspect(self) -> None:
+        """A request failed in a way the server may be to blame for: start probing
+        (once; a probe loop already running covers it). Call from the event loop."""
+        if not self.probing:
+            self._task = asyncio.get_running_loop().create_task(self._probe_until_healthy())
+
+    async def _probe_until_healthy(self) -> None:
+        while True:
+            try:
+                error = await self.server.probe()
+            except Exception as exc:  # a probe that raises says the server is not healthy
+                error = ServerError(f"probe raised {exc!r}", retryable=True)
+            state = self._get_state()
+            if error is None:
+                if state is WorkerState.UNHEALTHY:
+                    self.transitions += 1
+                    log.warning("worker %s: model server healthy again; ready", self.worker_id)
+                    await asyncio.to_thread(self._set_state, WorkerState.READY)
+                return
+            if state is WorkerState.READY:
+                self.transitions += 1
+                log.warning(
+                    "worker %s: model server unhealthy (%s); taking no work until it recovers",
+                    self.worker_id,
+                    error,
+                )
+                await asyncio.to_thread(self._set_state, WorkerState.UNHEALTHY)
+            elif state is not WorkerState.UNHEALTHY:
+                return  # draining or starting: the drain or the load decides
+            await asyncio.sleep(max(self.interval_s, error.retry_after_s or 0.0))
+
+    async def close(self) -> None:
+        """Stop probing (at shutdown)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

@@ -1,0 +1,188 @@
+"""Failing model servers under real workers (issue 13): stand-in OpenAI servers on loopback.
+
+Each test runs ``inferq worker --backend openai`` subprocesses against
+:class:`tests.fakes.standin_openai.StandIn` servers, a dispatcher thread and the real
+Redis: a server answering 500 beside a healthy one, a 429 with ``Retry-After``, a
+server that goes away and comes back, streams cut off before their end. Nothing may be
+lost or dead-lettered that a retry can save.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from inferq.client import Client
+from inferq.config import Settings
+from inferq.dispatcher.daemon import Dispatcher
+from inferq.models import WorkerState
+from inferq.store import Store
+from tests.fakes.standin_openai import StandIn
+
+from ..conftest import REDIS_URL
+from ..helpers import wait_for
+
+
+class Fleet:
+    """openai workers on stand-in servers and a dispatcher thread; stopped at the end."""
+
+    def __init__(self, settings: Settings, store: Store) -> None:
+        self.settings = settings
+        self.store = store
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.dispatcher = Dispatcher(Store(store.redis, settings), tick_s=0.05)
+        self._thread = threading.Thread(target=self.dispatcher.run, daemon=True)
+        self._thread.start()
+
+    def worker(self, wid: str, url: str, *options: str) -> None:
+        env = {
+            **os.environ,
+            "INFERQ_REDIS_URL": REDIS_URL,
+            "INFERQ_NAMESPACE": self.settings.namespace,
+        }
+        cmd = [sys.executable, "-m", "inferq", "--log-level", "INFO", "worker"]
+        cmd += ["--model", "llama-3.1-8b", "--backend", "openai", "-o", f"base_url={url}"]
+        cmd += ["--vram-mib", "24576", "--id", wid, "--slots", "4", "--heartbeat-interval", "0.2"]
+        for option in options:
+            cmd += ["-o", option]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        wait_for(lambda: self.state(wid) == WorkerState.READY.value, what=f"{wid} ready")
+
+    def state(self, wid: str) -> str | None:
+        value: str | None = self.store.redis.hget(self.store.keys.worker(wid), "state")
+        return value
+
+    def output(self) -> str:
+        """Every worker's log (after :meth:`close`)."""
+        return "\n".join(
+            (p.stdout.read() if p.stdout else b"").decode(errors="replace") for p in self.procs
+        )
+
+    def close(self) -> None:
+        self.dispatcher.stop()
+        self._thread.join(timeout=5)
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def fast_settings(namespace: str) -> Settings:
+    return Settings.load(
+        redis_url=REDIS_URL, namespace=namespace, heartbeat_interval_s=0.2, lease_s=1.0
+    )
+
+
+@pytest.fixture
+def fleet(fast_settings: Settings, redis_client) -> Iterator[Fleet]:  # type: ignore[no-untyped-def]
+    f = Fleet(fast_settings, Store(redis_client, fast_settings))
+    yield f
+    f.close()
+
+
+@pytest.fixture
+def client(fast_settings: Settings, redis_client) -> Client:  # type: ignore[no-untyped-def]
+    return Client(settings=fast_settings, connection=redis_client)
+
+
+def test_a_server_answering_500_beside_a_healthy_one_loses_nothing(
+    fleet: Fleet, client: Client
+) -> None:
+    with StandIn(mode="error", error_status=500) as bad, StandIn() as good:
+        fleet.worker("bad", bad.url)
+        fleet.worker("good", good.url)
+        handles = [
+            client.submit(f"q{i}", priority="realtime", max_tokens=4, timeout=30) for i in range(30)
+        ]
+        results = [h.result(timeout=40) for h in handles]
+        assert [r.status for r in results] == ["succeeded"] * 30
+        assert {r.worker for r in results} == {"good"}
+        wait_for(lambda: fleet.state("bad") == "unhealthy", what="the 500-ing worker unhealthy")
+        assert fleet.store.dead_letters() == []
+        stats = fleet.store.redis.hgetall(fleet.store.keys.stats)
+        bad_posts = [p for p in bad.posts() if p.body.get("max_tokens") != 1]  # not the probes
+        assert int(stats.get("retried", 0)) >= len(bad_posts) >= 1
+        print(  # a figure of docs/reliability.md
+            f"\n500 beside a healthy worker: 30/30 succeeded, 0 dead; the 500-ing server saw "
+            f"{len(bad_posts)} requests and {len(bad.posts()) - len(bad_posts)} probes; "
+            f"retried {stats.get('retried', 0)}; attempts max {max(r.attempt for r in results)}"
+        )
+
+
+def test_429_with_retry_after_is_waited_out_and_spends_no_attempt(
+    fleet: Fleet, client: Client
+) -> None:
+    with StandIn(mode="error", error_status=429, retry_after="1", fail_posts=8) as server:
+        fleet.worker("w", server.url)
+        handles = [
+            client.submit(f"p{i}", priority="realtime", max_tokens=4, timeout=60) for i in range(6)
+        ]
+        results = [h.result(timeout=60) for h in handles]
+        assert [r.status for r in results] == ["succeeded"] * 6
+        by_prompt: dict[str, list[float]] = {}
+        for post in server.posts():
+            if post.body.get("max_tokens") != 1:
+                by_prompt.setdefault(post.body["prompt"], []).append(post.at)
+        gaps = [b - a for times in by_prompt.values() for a, b in itertools.pairwise(times)]
+        assert gaps, "no request was retried"
+        assert min(gaps) >= 0.99  # Retry-After: 1
+        assert max(r.attempt for r in results) >= 2
+        stats = fleet.store.redis.hgetall(fleet.store.keys.stats)
+        assert int(stats["retried_infra"]) == len(gaps)
+        probes = sum(1 for p in server.posts() if p.body.get("max_tokens") == 1)
+        print(  # a figure of docs/reliability.md
+            f"\n429 + Retry-After 1 s: 6/6 succeeded, 0 dead; {len(gaps)} retries, smallest gap "
+            f"{min(gaps):.2f} s; {len(server.posts())} POSTs ({probes} probes), the first 8 "
+            f"answered 429"
+        )
+
+
+def test_an_outage_makes_the_worker_unhealthy_and_loses_nothing(
+    fleet: Fleet, client: Client
+) -> None:
+    server = StandIn().start()
+    fleet.worker("w", server.url)
+    port = server.port
+    server.stop()
+    handles = [
+        client.submit(f"o{i}", priority="standard", max_tokens=4, timeout=60) for i in range(8)
+    ]
+    wait_for(lambda: fleet.state("w") == "unhealthy", what="worker unhealthy", timeout=20)
+    with StandIn(port=port):
+        results = [h.result(timeout=60) for h in handles]
+        wait_for(lambda: fleet.state("w") == "ready", what="worker ready again")
+    assert [r.status for r in results] == ["succeeded"] * 8
+    assert fleet.store.dead_letters() == []
+    fleet.close()
+    log = fleet.output()
+    assert log.count("model server unhealthy") == 1
+    assert log.count("model server healthy again") == 1
+
+
+def test_truncated_streams_are_retried_not_recorded_as_success(
+    fleet: Fleet, client: Client
+) -> None:
+    with StandIn(mode="truncate", fail_posts=3) as server:
+        fleet.worker("w", server.url, "stream=true")
+        handles = [
+            client.submit(f"t{i}", priority="realtime", max_tokens=4, timeout=30) for i in range(3)
+        ]
+        results = [h.result(timeout=30) for h in handles]
+    assert [r.status for r in results] == ["succeeded"] * 3
+    assert [r.output for r in results] == ["w0 w1 w2 w3"] * 3
+    assert {r.finish_reason for r in results} == {"length"}  # 4 of the stand-in's 5 words
+    retries = [e for e in fleet.store.events() if e.type == "retry"]
+    assert {e.fields["kind"] for e in retries} == {"truncated"}
+    assert len(retries) == 3
