@@ -121,7 +121,14 @@ def test_a_reaped_worker_stops_the_attempts_it_lost(deployment: Deployment) -> N
     pgid = os.getpgid(d.procs["w1"].pid)  # the worker and its heartbeat process
     os.killpg(pgid, signal.SIGSTOP)
     try:
-        wait_for(lambda: d.worker_state("w1") is None, 20, "w1 reaped", d.logs)
+        wait_for(
+            lambda: any(
+                e.type == "worker_lost" and e.fields.get("worker") == "w1" for e in d.events()
+            ),
+            20,
+            "w1 reaped",
+            d.logs,
+        )
         # Back in their queue, and dispatched again to w1 once it beats (the only worker).
     finally:
         os.killpg(pgid, signal.SIGCONT)
