@@ -89,6 +89,18 @@ def test_bench_dispatch(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("no_leftovers")
+@pytest.mark.usefixtures("no_leftovers")
+def test_bench_heartbeat(tmp_path: Path) -> None:
+    stdout, doc = run_script(
+        "bench_heartbeat.py", tmp_path, "--seconds", "1", "--interval", "0.2", "--held", "4"
+    )
+    assert "heartbeat process" in stdout
+    assert [m["mode"] for m in doc["modes"]] == ["forked", "fresh interpreter"]
+    for mode in doc["modes"]:
+        assert mode["beats"] > 0 and mode["memory_mib"]["rss"] > 0
+    assert doc["baseline_cpu_ms_per_beat"] > 0
+
+
 def test_bench_worker(tmp_path: Path) -> None:
     stdout, doc = run_script(
         "bench_worker.py", tmp_path, "--sizes", "1,3", "--batches", "4", "--rounds", "1"
