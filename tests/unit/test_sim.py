@@ -382,7 +382,7 @@ def test_simulate_command_writes_json_png_and_markdown(tmp_path: Path) -> None:
     out, png, md = tmp_path / "r.json", tmp_path / "r.png", tmp_path / "r.md"
     args = ["--trace", "conv=realtime", "--trace", "code=standard", "--duration", "60"]
     args += ["--batch-requests", "30", "--policy", "inferq", "--policy", "static-fifo"]
-    args += ["--json", str(out), "--plot", str(png), "--markdown", str(md), "--check"]
+    args += ["--json-out", str(out), "--plot", str(png), "--markdown", str(md), "--check"]
     result = CliRunner().invoke(command, args)
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
@@ -399,7 +399,7 @@ def test_simulate_command_load_option_and_errors(tmp_path: Path) -> None:
 
     out = tmp_path / "r.json"
     args = ["--trace", "code", "--duration", "60", "--load", "0.85", "--policy", "inferq"]
-    result = CliRunner().invoke(command, [*args, "--json", str(out)])
+    result = CliRunner().invoke(command, [*args, "--json-out", str(out)])
     assert result.exit_code == 0, result.output
     assert json.loads(out.read_text())["workload"]["offered_load"] == pytest.approx(0.85)
     bad = CliRunner().invoke(command, ["--fleet", "gpt-9:2", "--duration", "10"])

@@ -8,6 +8,7 @@ calls :meth:`BatchSender.purge` when it removes a dead worker.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import redis
@@ -128,3 +129,48 @@ class BatchSender:
     def purge(self, worker_id: str) -> int:
         """Empty a removed worker's queue and registries (see :func:`purge_worker_queue`)."""
         return purge_worker_queue(self.connection, self.keys, worker_id)
+
+
+def purge_namespace_rq(redis_url: str, keys: Keys) -> int:
+    """Delete RQ's keys of a namespace's workers; returns how many. Irreversible.
+
+    Every worker's private queue and its registries (``rq:<kind>:inferq:<ns>:w:<id>``),
+    the batch jobs (``rq:job:<ns>-<26 hex digits>``) and the RQ worker records
+    (``rq:worker:<ns>-<worker id>`` whose queues are the namespace's); the names leave
+    RQ's global ``rq:queues`` and ``rq:workers`` sets. Other namespaces' keys are never
+    matched, even a namespace whose name starts with this one's (``a`` and ``a-b``).
+    """
+    conn = rq_connection(redis_url)
+    ns = keys.namespace
+    queue_part = keys.rq_queue_name("")  # inferq:<ns>:w:
+    job_name = re.compile(rf"^rq:job:{re.escape(ns)}-[0-9a-f]{{26}}$")
+
+    def text(value: bytes | str | None) -> str:
+        if isinstance(value, bytes):
+            return value.decode(errors="replace")
+        return value or ""
+
+    def ours(key: str) -> bool:
+        if key.startswith("rq:job:"):
+            return bool(job_name.match(key))
+        if key.startswith("rq:worker:"):
+            return queue_part in text(conn.hget(key, "queues"))
+        return f":{queue_part}" in key
+
+    doomed: list[str] = []
+    for pattern in (f"rq:*:{queue_part}*", f"rq:job:{ns}-*", f"rq:worker:{ns}-*"):
+        for raw in conn.scan_iter(match=pattern, count=1000):
+            key = text(raw)
+            if ours(key):
+                doomed.append(key)
+    deleted = 0
+    for i in range(0, len(doomed), 500):
+        deleted += int(conn.unlink(*doomed[i : i + 500]))
+    gone = set(doomed)
+    for global_set in ("rq:queues", "rq:workers"):
+        members = [
+            m for m in conn.smembers(global_set) if f":{queue_part}" in text(m) or text(m) in gone
+        ]
+        if members:
+            conn.srem(global_set, *members)
+    return deleted

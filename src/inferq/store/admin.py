@@ -6,6 +6,8 @@ quarantine, the dead letter, purging a namespace. Part of :class:`~inferq.store.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from inferq.models import Event, from_ms
 from inferq.store import calls
 from inferq.store.base import StoreBase
@@ -90,15 +92,31 @@ class AdminCalls(StoreBase):
         call = calls.dead_requeue_call(self.keys, self.settings, request_id)
         return calls.parse_dead_requeue(self._call(call))
 
-    def purge(self) -> int:
-        """Delete every key of this namespace; returns how many. Irreversible."""
+    def namespace_has_keys(self) -> bool:
+        """Whether this namespace was ever used: one of the keys that every submit,
+        heartbeat or event writes exists (one EXISTS, no scan of the keyspace)."""
+        k = self.keys
+        return int(self.redis.exists(k.stats, k.events, k.workers, k.queues)) > 0
+
+    def purge(self, on_batch: Callable[[int], None] | None = None) -> int:
+        """Delete every key of this namespace; returns how many. Irreversible.
+
+        ``on_batch(n)`` is told after each batch of ``n`` deleted keys (progress).
+        """
         deleted = 0
         batch: list[str] = []
+
+        def flush() -> int:
+            n = int(self.redis.unlink(*batch))
+            batch.clear()
+            if on_batch is not None:
+                on_batch(n)
+            return n
+
         for key in self.redis.scan_iter(match=self.keys.pattern(), count=1000):
             batch.append(key)
             if len(batch) >= 500:
-                deleted += int(self.redis.unlink(*batch))
-                batch.clear()
+                deleted += flush()
         if batch:
-            deleted += int(self.redis.unlink(*batch))
+            deleted += flush()
         return deleted
