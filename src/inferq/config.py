@@ -366,6 +366,11 @@ class Settings(BaseSettings):
     max_attempts: int = Field(default=defaults.MAX_ATTEMPTS, ge=1)
     result_ttl_s: int = Field(default=defaults.RESULT_TTL_S, gt=0)
     idempotency_ttl_s: int = Field(default=defaults.IDEMPOTENCY_TTL_S, gt=0)
+    dead_letter_ttl_s: int = Field(
+        default=defaults.DEAD_LETTER_TTL_S,
+        gt=0,
+        description="seconds a dead-lettered request is kept before it is deleted",
+    )
     events_maxlen: int = Field(default=defaults.EVENTS_MAXLEN, gt=0)
     heartbeat_interval_s: float = Field(default=defaults.HEARTBEAT_INTERVAL_S, gt=0)
     lease_s: float = Field(default=defaults.LEASE_S, gt=0)

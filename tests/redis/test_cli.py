@@ -184,3 +184,31 @@ def test_dispatcher_command_runs_and_stops_on_sigterm(namespace: str) -> None:
     assert b"dispatcher started" in proc.stdout.readline()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=10) == 0
+
+
+def dead_letter_one(run, store: Store, settings: Settings, tag: str) -> str:  # type: ignore[no-untyped-def]
+    """Submit a realtime request and fail it max_attempts times on w2: dead-lettered."""
+    rid: str = json.loads(run("submit", "x", "--priority", "realtime", "--json").output)["id"]
+    qkey = store.keys.queue("realtime", "llama-3.1-8b")
+    for i in range(settings.max_attempts):
+        [(_, attempt)] = store.assign("w2", f"{tag}{i}", [(rid, qkey, 1)])
+        store.requeue([(rid, attempt, "w2", "boom")])
+    return rid
+
+
+def test_dead_letter_delete_and_retention(run, store: Store, settings: Settings) -> None:  # type: ignore[no-untyped-def]
+    ready_worker(store, "w2")
+    first, second, third = (dead_letter_one(run, store, settings, t) for t in "abc")
+    assert store.redis.ttl(store.keys.req(first)) == -1  # kept for inspection, not expired
+    assert run("dead-letter", "delete").exit_code == 2  # ids or --all
+    assert run("dead-letter", "delete", first, "--all").exit_code == 2
+    out = json.loads(run("dead-letter", "delete", first, "nobody", "--json").output)
+    assert out == {"deleted": [first], "not_in_dead_letter": ["nobody"]}
+    assert not store.redis.exists(store.keys.req(first), store.keys.done(first))
+    assert store.dead_letters() == [second, third]
+    # retention: the dispatcher's tick deletes what was dead-lettered too long ago
+    store.redis.zadd(store.keys.dead, {second: 0})  # dead-lettered in 1970
+    assert store.delete_dead() == [second]
+    assert store.dead_letters() == [third] and not store.redis.exists(store.keys.req(second))
+    assert run("dead-letter", "delete", "--all").output.strip() == "deleted 1 of 1"
+    assert store.dead_letters() == [] and store.stats()["dead_deleted"] == 3

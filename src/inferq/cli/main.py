@@ -347,6 +347,28 @@ def dead_requeue(
         fail(f"not in the dead letter: {', '.join(missing)}")
 
 
+@dead_letter.command("delete")
+@click.argument("request_ids", nargs=-1)
+@click.option("--all", "delete_all", is_flag=True, help="Delete every dead-lettered request.")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def dead_delete(
+    obj: Context, request_ids: tuple[str, ...], delete_all: bool, as_json: bool
+) -> None:
+    """Delete dead-lettered requests and their records (kept dead_letter_ttl_s otherwise)."""
+    if bool(request_ids) == delete_all:
+        raise click.UsageError("give request ids or --all (not both)")
+    ids = list(request_ids) or obj.store.dead_letters(100_000)
+    deleted = obj.store.delete_dead(ids)
+    if as_json:
+        click.echo(
+            json.dumps({"deleted": deleted, "not_in_dead_letter": sorted(set(ids) - set(deleted))})
+        )
+    else:
+        click.echo(f"deleted {len(deleted)} of {len(ids)}")
+
+
 @cli.command()
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--json", "as_json", is_flag=True)

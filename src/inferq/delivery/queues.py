@@ -14,8 +14,16 @@ from typing import Any
 import redis
 from rq import Queue
 from rq.job import Job
-from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
+from rq.registry import (
+    CanceledJobRegistry,
+    DeferredJobRegistry,
+    FailedJobRegistry,
+    FinishedJobRegistry,
+    ScheduledJobRegistry,
+    StartedJobRegistry,
+)
 from rq.serializers import JSONSerializer
+from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
 
 from inferq.delivery.jobs import (
     BATCH_FUNC,
@@ -73,14 +81,33 @@ def enqueue_batch(
 
 
 def purge_worker_queue(connection: redis.Redis, keys: Keys, worker_id: str) -> int:
-    """Empty a removed worker's RQ queue and registries; returns the jobs removed.
+    """Empty a removed worker's RQ queue and registries, and remove every key RQ kept
+    for it; returns the jobs removed.
 
     Their requests were already requeued by the store; these jobs must never run.
+    A SIGKILLed RQ worker never unregisters: its intermediate list (the job it had
+    moved off the queue), its ``rq:workers:<queue>`` set, its entry in the global
+    ``rq:workers`` set and its worker hash stay with no TTL (~430 B each, issue 12).
+    The queue is private to the worker, so every RQ worker registered on it is this
+    worker's: all of them go.
     """
     queue = worker_queue(connection, keys, worker_id)
     removed = queue.count
     queue.empty()  # type: ignore[no-untyped-call]
-    for registry_cls in (StartedJobRegistry, FinishedJobRegistry, FailedJobRegistry):
+    by_queue = WORKERS_BY_QUEUE_KEY % queue.name
+    rq_workers = [m.decode() if isinstance(m, bytes) else m for m in connection.smembers(by_queue)]
+    if rq_workers:
+        connection.srem(REDIS_WORKER_KEYS, *rq_workers)
+        connection.delete(*rq_workers)
+    connection.delete(by_queue, queue.intermediate_queue_key)
+    for registry_cls in (
+        StartedJobRegistry,
+        FinishedJobRegistry,
+        FailedJobRegistry,
+        ScheduledJobRegistry,
+        DeferredJobRegistry,
+        CanceledJobRegistry,
+    ):
         registry = registry_cls(queue=queue)
         ids = registry.get_job_ids()
         # StartedJobRegistry.remove raises NotImplementedError in RQ 2.12: delete the

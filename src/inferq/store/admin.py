@@ -6,8 +6,9 @@ quarantine, the dead letter, purging a namespace. Part of :class:`~inferq.store.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from inferq import defaults
 from inferq.models import Event, from_ms
 from inferq.store import calls
 from inferq.store.base import StoreBase
@@ -86,6 +87,21 @@ class AdminCalls(StoreBase):
     def dead_letter_count(self) -> int:
         """How many requests the dead letter holds."""
         return int(self.redis.zcard(self.keys.dead))
+
+    def delete_dead(self, request_ids: Sequence[str] | None = None) -> list[str]:
+        """Delete requests from the dead letter with their records; returns the ids deleted.
+
+        Args:
+            request_ids: the ids to delete (ids not in the dead letter are left alone);
+                None deletes those kept longer than ``dead_letter_ttl_s``, at most
+                :data:`~inferq.defaults.DEAD_LETTER_PRUNE_LIMIT` (the dispatcher's tick).
+        """
+        if request_ids is not None and not request_ids:
+            return []
+        call = calls.dead_delete_call(
+            self.keys, self.settings, request_ids, defaults.DEAD_LETTER_PRUNE_LIMIT
+        )
+        return calls.parse_dead_delete(self._call(call))
 
     def requeue_dead(self, request_id: str) -> bool:
         """Requeue a dead-lettered request with a fresh attempt budget and deadline."""
