@@ -82,7 +82,11 @@ def test_new_tenant_gets_one_of_the_first_two_slots(
     first_ms = min(dispatch_times(store, quiet).values())
     bulk_at = dispatch_times(store, bulk)
     before = sorted(ms for ms in bulk_at.values() if arrived_ms < ms < first_ms)
-    assert len(before) <= 1, (
+    # A batch claimed just after quiet arrived may come from a snapshot read just before
+    # (one dispatcher: at most one such batch, the first; its claims share one
+    # dispatched_ms). Every later decision saw quiet: at most one bulk request first.
+    later = [ms for ms in before if ms != before[0]] if before else []
+    assert len(later) <= 1, (
         f"quiet's first request waited for {len(before)} bulk dispatches after it arrived"
     )
     # the flood was really in the way: most of it still queued when quiet was served
