@@ -356,17 +356,19 @@ def dead_requeue(
 def dead_delete(
     obj: Context, request_ids: tuple[str, ...], delete_all: bool, as_json: bool
 ) -> None:
-    """Delete dead-lettered requests and their records (kept dead_letter_ttl_s otherwise)."""
+    """Delete dead-lettered requests and their records (kept dead_letter_ttl_s otherwise).
+
+    Exits 1 when an id given was not in the dead letter (the others are deleted).
+    """
     if bool(request_ids) == delete_all:
         raise click.UsageError("give request ids or --all (not both)")
-    ids = list(request_ids) or obj.store.dead_letters(100_000)
+    ids = list(request_ids) or obj.store.dead_letters(obj.store.dead_letter_count())
     deleted = obj.store.delete_dead(ids)
-    if as_json:
-        click.echo(
-            json.dumps({"deleted": deleted, "not_in_dead_letter": sorted(set(ids) - set(deleted))})
-        )
-    else:
-        click.echo(f"deleted {len(deleted)} of {len(ids)}")
+    missing = [rid for rid in ids if rid not in set(deleted)]
+    out = {"deleted": deleted, "not_in_dead_letter": missing}
+    emit(out, as_json, lambda d: f"deleted {len(deleted)} of {len(ids)}")
+    if missing:
+        fail(f"not in the dead letter: {', '.join(missing)}")
 
 
 @cli.command()
