@@ -3,18 +3,26 @@
 Read from environment variables (prefix ``INFERQ_``, e.g. ``INFERQ_REDIS_URL``)
 and an optional TOML file (``INFERQ_CONFIG=/etc/inferq.toml`` or
 ``Settings.load(path)``); environment wins over the file, the file over defaults.
-Priority classes, models and classifier rules are tables in the TOML file::
+Priority classes and models are named tables in the TOML file, merged into the
+defaults: a table of a default class or model changes the fields it gives, a table
+of a new name adds one (classes after the defaults, so at lower priority)::
 
-    [[classes]]
-    name = "realtime"
-    sla_s = 2.0
-    weight = 8
+    [classes.realtime]
+    sla_s = 1.5
+    weight = 10
 
-    [[models]]
-    name = "llama-3.1-8b"
-    params_b = 8
-    weights_mib = 15300
-    kv_bytes_per_token = 131072
+    [classes.bulk]
+    sla_s = 3600.0
+    timeout_s = 86400.0
+    weight = 1
+    batch_delay_s = 5.0
+    aging_s = 600.0
+
+    [models."llama-3.1-8b"]
+    cold_start_s = 20.0
+
+An array of tables (``[[classes]]``, ``[[models]]``) replaces the whole default list
+instead; ``default_priority`` and ``default_model`` must then name an entry of it.
 
 The scaler reads the ``[scaling]`` table (see :class:`ScalingSettings`)::
 
@@ -186,6 +194,38 @@ class ScalingSettings(BaseModel):
     service_smoothing_s: float = Field(default=defaults.SCALE_SERVICE_SMOOTHING_S, gt=0)
 
 
+def _merge_named(field: str, tables: dict[str, Any], base: list[Any]) -> list[Any]:
+    """Merge ``[field.NAME]`` tables into the default entries ``base`` (pydantic models).
+
+    A name of ``base`` keeps its place and takes the table's fields over its own; a
+    new name is appended (its table must then give every required field).
+
+    Raises:
+        ValueError: (naming ``field.NAME`` and the field) a table is not a table, names
+            another entry, or holds an invalid value.
+    """
+    kind = type(base[0])
+    out = [entry.model_dump() for entry in base]
+    index = {entry["name"]: i for i, entry in enumerate(out)}
+    for name, table in tables.items():
+        if not isinstance(table, dict):
+            raise ValueError(f"{field}.{name}: expected a table of fields, got {table!r}")
+        if table.get("name", name) != name:
+            raise ValueError(f"{field}.{name}: name {table['name']!r} differs from the table's")
+        if name in index:
+            out[index[name]] = {**out[index[name]], **table, "name": name}
+        else:
+            index[name] = len(out)
+            out.append({**table, "name": name})
+        try:
+            kind.model_validate(out[index[name]])
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise ValueError(f"{field}.{name}.{where}: {first['msg']}") from None
+    return out
+
+
 def _default_classes() -> list[PriorityClass]:
     return [
         PriorityClass(
@@ -326,6 +366,11 @@ class Settings(BaseSettings):
     max_attempts: int = Field(default=defaults.MAX_ATTEMPTS, ge=1)
     result_ttl_s: int = Field(default=defaults.RESULT_TTL_S, gt=0)
     idempotency_ttl_s: int = Field(default=defaults.IDEMPOTENCY_TTL_S, gt=0)
+    dead_letter_ttl_s: int = Field(
+        default=defaults.DEAD_LETTER_TTL_S,
+        gt=0,
+        description="seconds a dead-lettered request is kept before it is deleted",
+    )
     events_maxlen: int = Field(default=defaults.EVENTS_MAXLEN, gt=0)
     heartbeat_interval_s: float = Field(default=defaults.HEARTBEAT_INTERVAL_S, gt=0)
     lease_s: float = Field(default=defaults.LEASE_S, gt=0)
@@ -335,6 +380,19 @@ class Settings(BaseSettings):
     cells: dict[str, CellSpec] = Field(default_factory=dict)
     #: The cell of routes no cell lists (None: such requests are refused).
     default_cell: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _merge_named_tables(cls, data: Any) -> Any:
+        """``classes``/``models`` given as tables by name merge into the defaults."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for field, base in (("classes", _default_classes), ("models", _default_models)):
+            value = out.get(field)
+            if isinstance(value, dict):
+                out[field] = _merge_named(field, value, base())
+        return out
 
     @field_validator("classes")
     @classmethod
@@ -361,12 +419,23 @@ class Settings(BaseSettings):
         classes = {c.name for c in self.classes}
         models = {m.name for m in self.models}
         if self.default_priority not in classes:
-            raise ValueError(f"default_priority {self.default_priority!r} is not a class")
+            raise ValueError(
+                f"default_priority: {self.default_priority!r} is not a class (classes: "
+                f"{', '.join(sorted(classes))}); [[classes]] replaces the default classes, "
+                "[classes.NAME] tables extend them"
+            )
         if self.default_model not in models:
-            raise ValueError(f"default_model {self.default_model!r} is not in the registry")
+            raise ValueError(
+                f"default_model: {self.default_model!r} is not in the registry (models: "
+                f"{', '.join(sorted(models))}); [[models]] replaces the default models, "
+                "[models.NAME] tables extend them"
+            )
         for task, rule in self.classifier.items():
             if rule.priority not in classes:
-                raise ValueError(f"classifier[{task!r}]: unknown priority {rule.priority!r}")
+                raise ValueError(
+                    f"classifier[{task!r}]: unknown priority {rule.priority!r}; with "
+                    "[[classes]] replacing the defaults, give the [classifier] rules too"
+                )
         for pool in self.scaling.pools:
             if pool not in models:
                 raise ValueError(f"scaling.pools[{pool!r}]: model is not in the registry")
@@ -423,7 +492,9 @@ class Settings(BaseSettings):
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
-            raise ConfigError(f"setting {where}: {first['msg']}") from None
+            msg = str(first["msg"]).removeprefix("Value error, ")
+            # A whole-model check has no location: its message starts with the field.
+            raise ConfigError(f"setting {where}: {msg}" if where else f"setting {msg}") from None
         except ValueError as exc:  # tomllib.TOMLDecodeError is a ValueError
             if isinstance(exc, ConfigError):
                 raise

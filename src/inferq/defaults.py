@@ -60,6 +60,12 @@ MAX_ATTEMPTS = 3
 RESULT_TTL_S = 24 * 3600
 #: How long an idempotency key maps to its request, seconds (one day, like Stripe's).
 IDEMPOTENCY_TTL_S = 24 * 3600
+#: How long a dead-lettered request (record ~1.9 KB) is kept for inspection and requeue,
+#: seconds: a week covers a weekend and a holiday before anyone looks (issue 12: they
+#: never expired); `inferq dead-letter delete` removes them earlier.
+DEAD_LETTER_TTL_S = 7 * 24 * 3600
+#: Dead-lettered requests past their retention removed per dispatcher tick at most.
+DEAD_LETTER_PRUNE_LIMIT = 100
 #: Events stream length (approximate MAXLEN): about an hour of a busy fleet.
 EVENTS_MAXLEN = 100_000
 #: Characters per token for the fast prompt-size estimate (OpenAI's rule of thumb
@@ -106,6 +112,25 @@ BATCH_TOKEN_BUDGET = 65_536
 #: Weight of an output token against an input token in the tenant fair-share
 #: counter: VTC (Sheng et al., OSDI 2024) uses w_p=1, w_q=2.
 VTC_OUTPUT_WEIGHT = 2.0
+#: A tenant neither backlogged nor served for this long loses its VTC counter (folded),
+#: seconds: longer than a standard request's timeout (300 s) x 3, so a tenant cannot shed
+#: its debt by pausing for a request's lifetime; shorter than a day, so 10,000 one-off
+#: tenants an hour leave ~2,500 entries, not a record of every tenant that ever existed.
+TENANT_IDLE_S = 900.0
+#: Idle tenants (and estimate entries) folded per dispatcher step at most: bounds the
+#: step's cost while a crowd of one-off tenants ages out (64 x 10 steps/s = 640/s).
+FOLD_LIMIT = 64
+#: An output estimate of a (model, task type) not updated for this long is dropped,
+#: seconds: a day, so a daily job's task type keeps its estimate.
+ESTIMATE_IDLE_S = 24 * 3600.0
+#: At most this many (model, task type) output estimates are kept (least recently
+#: updated dropped first): far above a deployment's real task types, far below the
+#: 10,000 a client naming one per request would leave (issue 12).
+ESTIMATES_MAX = 1024
+#: Tenants per queue whose head requests a dispatcher step reads at least (the tenant
+#: index is read in submit order of the tenants' heads): the snapshot sees every tenant
+#: of a queue with fewer backlogged tenants, whatever their backlogs.
+SNAPSHOT_MIN_TENANTS = 32
 
 # --- scaler ---
 SCALER_INTERVAL_S = 5.0

@@ -30,7 +30,7 @@ def test_abort_of_an_assigned_request_requeues_it_at_once(store: Store, settings
     store.submit(older)
     store.submit(r)
     [(rid, attempt)] = store.assign("w1", "b1", [(r.id, queue_key(store, r), 5.0)])
-    store.redis.hset(store.keys.fair_tenants("standard"), r.tenant, 100.0)
+    store.redis.zadd(store.keys.fair_vtc("standard"), {r.tenant: 100.0})
     verdicts = store.abort([Abort(rid, attempt, "w1", "requeue", "for realtime", charged=40.0)])
     assert verdicts == ["done"]
     assert store.record(rid).state is RequestState.QUEUED
@@ -38,7 +38,7 @@ def test_abort_of_an_assigned_request_requeues_it_at_once(store: Store, settings
     assert store.redis.zrange(queue_key(store, r), 0, -1) == [older.id, r.id]
     assert int(store.redis.hget(store.keys.load("w1"), "slots") or 0) == 0
     assert penalised_attempts(store, rid) == 0
-    assert float(store.redis.hget(store.keys.fair_tenants("standard"), r.tenant)) == 60.0
+    assert store.redis.zscore(store.keys.fair_vtc("standard"), r.tenant) == 60.0
     assert store.stats()["preempted"] == 1
     # the batch job arriving late finds its attempt stale
     assert store.start("w1", [(rid, attempt)]) == ["stale"]
@@ -59,11 +59,11 @@ def test_abort_of_a_running_request_goes_to_its_worker(store: Store, settings: S
     [command] = store.take_control("w1", 0.1)
     assert (command.request_id, command.attempt, command.action) == (rid, attempt, "requeue")
     assert store.take_control("w1", 0.05) == []
-    store.redis.hset(store.keys.fair_tenants("standard"), r.tenant, 100.0)
+    store.redis.zadd(store.keys.fair_vtc("standard"), {r.tenant: 100.0})
     # the worker aborted it after 3 generated tokens: charged prompt + 2 x 3 only
     assert store.requeue_preempted("w1", [(rid, attempt, 3)]) == ["queued"]
     used = r.prompt_tokens + 2 * 3
-    fair = float(store.redis.hget(store.keys.fair_tenants("standard"), r.tenant))
+    fair = store.redis.zscore(store.keys.fair_vtc("standard"), r.tenant)
     assert fair == pytest.approx(100.0 - (30.0 - used))
     rec = store.record(rid)
     assert rec.state is RequestState.QUEUED and penalised_attempts(store, rid) == 0

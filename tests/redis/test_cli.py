@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -63,7 +64,9 @@ def test_submit_reads_stdin_and_waits(run, store: Store, settings: Settings) -> 
     out = run("submit", "--priority", "realtime", "--wait", "--json", input="ping\n")
     thread.join()
     assert out.exit_code == 0, out.output
-    assert json.loads(out.output)["output"] == "pong"
+    data = json.loads(out.output)
+    assert data["output"] == "pong"
+    assert data["e2e_s"] >= 0 and "ttft_s" in data  # no first token reported: ttft_s None
 
 
 def test_refusals_are_one_line_with_a_nonzero_exit(run) -> None:  # type: ignore[no-untyped-def]
@@ -100,7 +103,12 @@ def test_queues_workers_events_report(run, store: Store, settings: Settings) -> 
     assert workers[0]["id"] == "w1" and workers[0]["slots_used"] == 2
     assert "w1" in run("workers").output
     lines = run("events", "--json", "--count", "10").output.strip().splitlines()
-    assert [json.loads(line)["type"] for line in lines][-1] == "dispatch"
+    events = [json.loads(line) for line in lines]
+    assert events[-1]["type"] == "dispatch" and events[-1]["n"] == 2  # a number, not "2"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", events[-1]["at"])
+    assert isinstance(events[-1]["at_epoch_s"], float)
+    submit = next(e for e in events if e["type"] == "submit")
+    assert submit["tenant"] == "default" and isinstance(submit["id"], str)
     assert "dispatch" in run("events").output
     report = json.loads(run("report", "--json").output)
     assert report["queued"] == 1 and report["counters"]["submitted"] == 3
@@ -146,7 +154,8 @@ def test_drain_and_dead_letter(run, store: Store, settings: Settings) -> None:  
         qkey = store.keys.queue("realtime", "llama-3.1-8b")
         [(_, attempt)] = store.assign("w2", f"c{i}", [(rid, qkey, 1)])
         store.requeue([(rid, attempt, "w2", "boom")])
-    assert run("dead-letter", "requeue", "--all").output.strip() == "requeued 1 of 1"
+    done = json.loads(run("dead-letter", "requeue", "--all", "--json").output)
+    assert done == {"requeued": [rid], "not_in_dead_letter": []}
     assert json.loads(run("request", rid, "--json").output)["state"] == "queued"
 
 
@@ -169,7 +178,39 @@ def test_dispatcher_command_runs_and_stops_on_sigterm(namespace: str) -> None:
         stderr=subprocess.STDOUT,
     )
     assert proc.stdout is not None
-    first = proc.stdout.readline()  # blocks until the daemon logged its start
-    assert b"dispatcher started" in first, first
+    first = proc.stdout.readline()  # blocks until the daemon says it is ready
+    assert first.startswith(b"inferq dispatcher ready: redis "), first
+    assert f"namespace {namespace}, metrics off".encode() in first
+    assert b"dispatcher started" in proc.stdout.readline()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=10) == 0
+
+
+def dead_letter_one(run, store: Store, settings: Settings, tag: str) -> str:  # type: ignore[no-untyped-def]
+    """Submit a realtime request and fail it max_attempts times on w2: dead-lettered."""
+    rid: str = json.loads(run("submit", "x", "--priority", "realtime", "--json").output)["id"]
+    qkey = store.keys.queue("realtime", "llama-3.1-8b")
+    for i in range(settings.max_attempts):
+        [(_, attempt)] = store.assign("w2", f"{tag}{i}", [(rid, qkey, 1)])
+        store.requeue([(rid, attempt, "w2", "boom")])
+    return rid
+
+
+def test_dead_letter_delete_and_retention(run, store: Store, settings: Settings) -> None:  # type: ignore[no-untyped-def]
+    ready_worker(store, "w2")
+    first, second, third = (dead_letter_one(run, store, settings, t) for t in "abc")
+    assert store.redis.ttl(store.keys.req(first)) == -1  # kept for inspection, not expired
+    assert run("dead-letter", "delete").exit_code == 2  # ids or --all
+    assert run("dead-letter", "delete", first, "--all").exit_code == 2
+    result = run("dead-letter", "delete", first, "nobody", "--json")
+    assert result.exit_code == 1 and "not in the dead letter: nobody" in result.output
+    out = json.loads(result.output[: result.output.rindex("}") + 1])
+    assert out == {"deleted": [first], "not_in_dead_letter": ["nobody"]}
+    assert not store.redis.exists(store.keys.req(first), store.keys.done(first))
+    assert store.dead_letters() == [second, third]
+    # retention: the dispatcher's tick deletes what was dead-lettered too long ago
+    store.redis.zadd(store.keys.dead, {second: 0})  # dead-lettered in 1970
+    assert store.delete_dead() == [second]
+    assert store.dead_letters() == [third] and not store.redis.exists(store.keys.req(second))
+    assert run("dead-letter", "delete", "--all").output.strip() == "deleted 1 of 1"
+    assert store.dead_letters() == [] and store.stats()["dead_deleted"] == 3

@@ -204,8 +204,40 @@ def test_fairness_state_lives_in_redis(store: Store, client: Client) -> None:
         ]
     )
     Dispatcher(store).step()
-    assert store.redis.hgetall(store.keys.fair_tenants("realtime"))
-    assert store.redis.smembers(store.keys.fair_active("realtime")) is not None
+    vtc = dict(store.redis.zrange(store.keys.fair_vtc("realtime"), 0, -1, withscores=True))
+    assert set(vtc) == {"a", "b"} and all(v > 0 for v in vtc.values())
+    assert store.redis.zcard(store.keys.fair_live("realtime")) == 0  # nothing left queued
+    assert set(store.redis.zrange(store.keys.fair_seen("realtime"), 0, -1)) == {"a", "b"}
+
+
+def test_tenant_index_follows_the_sub_queues(store: Store, client: Client) -> None:
+    """Every queued request is in its tenant's sub-queue; the index holds exactly the
+    tenants with queued requests, scored by their head; claims, cancels and requeues
+    keep it so (includes/queue.lua)."""
+    k, route = store.keys, "llama-3.1-8b"
+    hs = client.submit_many(
+        [{"prompt": "x", "priority": "standard", "tenant": t} for t in ("a", "a", "b:c")]
+    )
+    index = k.tenant_index("standard", route)
+    assert store.redis.zrange(index, 0, -1) == ["a", "b:c"]
+    assert store.redis.zrange(k.tenant_queue("standard", route, "a"), 0, -1) == [hs[0].id, hs[1].id]
+    assert store.redis.zscore(index, "a") == store.redis.zscore(
+        k.queue("standard", route), hs[0].id
+    )
+    client.cancel(hs[2].id)
+    assert store.redis.zrange(index, 0, -1) == ["a"]
+    assert not store.redis.exists(k.tenant_queue("standard", route, "b:c"))
+    ready_worker(store, "w1", slots=1)
+    claimed = store.assign("w1", "b1", [(hs[0].id, k.queue("standard", route), 1.0)])
+    assert [rid for rid, _ in claimed] == [hs[0].id]
+    assert store.redis.zscore(index, "a") == store.redis.zscore(
+        k.queue("standard", route), hs[1].id
+    )
+    assert store.requeue([(hs[0].id, 1, "w1", "boom")]) == ["queued"]
+    assert store.redis.zscore(index, "a") == store.redis.zscore(
+        k.queue("standard", route), hs[0].id
+    )
+    assert store.redis.zcard(k.tenant_queue("standard", route, "a")) == 2
 
 
 @pytest.fixture(autouse=True)

@@ -185,4 +185,6 @@ def test_truncated_streams_are_retried_not_recorded_as_success(
     assert {r.finish_reason for r in results} == {"length"}  # 4 of the stand-in's 5 words
     retries = [e for e in fleet.store.events() if e.type == "retry"]
     assert {e.fields["kind"] for e in retries} == {"truncated"}
-    assert len(retries) == 3
+    # the worker's probe (a 1-token request) may take one of the 3 truncated answers
+    probes = sum(1 for post in server.posts()[:3] if post.body.get("max_tokens") == 1)
+    assert len(retries) == 3 - probes >= 1

@@ -30,7 +30,8 @@ from inferq.policy.snapshot import (
 )
 from inferq.sim.baselines import seed_ratio_classes, strict_priority_classes
 
-from ..builders import assigned, dispatch_policy, queued_request, worker_view
+from ..builders import assigned, dispatch_policy, placed, queued_request, worker_view
+from ..builders import snapshot as build_snapshot
 
 SETTINGS = Settings()
 MODELS = tuple(SETTINGS.models)
@@ -259,8 +260,15 @@ def test_aged_request_never_left_while_lower_class_served(
 @PROPS
 @given(case_st())
 def test_aged_requests_are_placed_before_any_other(case: tuple[Snapshot, DispatchPolicy]) -> None:
-    """The aged requests get the same workers as if nothing else were queued."""
+    """With one tenant per class, the aged requests get the same workers as if nothing
+    else were queued (with several tenants VTC chooses among them: the tests below)."""
     snapshot, pol = case
+    snapshot = dataclasses.replace(
+        snapshot,
+        queued={
+            c: [dataclasses.replace(r, tenant="t0") for r in q] for c, q in snapshot.queued.items()
+        },
+    )
     aged = {
         rid
         for rid, r in requests_of(snapshot).items()
@@ -664,3 +672,59 @@ def test_policy_modules_import_no_clock_randomness_or_redis() -> None:
                 continue
             for name in names:
                 assert name.split(".")[0] not in banned, f"{path.name} imports {name}"
+
+
+# --- tenant floods past the aging bound (issue 12) ----------------------------------------
+
+
+def flood_case(
+    flood: int, newcomers: int, slots: int, *, waited: float = 60.0
+) -> tuple[Snapshot, DispatchPolicy]:
+    """Tenant ``bulk`` has ``flood`` standard requests all past standard's aging bound;
+    tenant ``quiet`` has just submitted ``newcomers``; one worker with ``slots`` free.
+    Counters equal (VTC's lift of a newly active tenant)."""
+    pol = dispatch_policy(max_batch=64)
+    queued = [
+        queued_request(
+            f"b{i:04d}", "standard", tenant="bulk", now=NOW, waited=waited - i * 1e-3, timeout=3600
+        )
+        for i in range(flood)
+    ]
+    queued += [
+        queued_request(f"q{i}", "standard", tenant="quiet", now=NOW, waited=0.5)
+        for i in range(newcomers)
+    ]
+    fair = FairnessState(
+        tenant_counter={"standard": {"bulk": 1000.0, "quiet": 1000.0}},
+        active_tenants={"standard": frozenset({"bulk", "quiet"})},
+    )
+    snap = build_snapshot(queued, [worker_view("w", slots=slots, kv=1e6)], now=NOW, fairness=fair)
+    return snap, pol
+
+
+def test_aging_does_not_let_a_flood_pass_a_new_tenant() -> None:
+    snap, pol = flood_case(300, 3, 2)
+    order = [rid for rid, _ in placed(decide(snap, pol))]
+    assert len(order) == 2
+    assert any(rid.startswith("q") for rid in order), order
+
+
+@PROPS
+@given(
+    flood=st.integers(1, 60),
+    newcomers=st.integers(1, 20),
+    slots=st.integers(1, 40),
+    waited=st.sampled_from([1.0, 6.0, 600.0]),
+)
+def test_tenant_share_gap_within_vtc_bound_under_a_flood(
+    flood: int, newcomers: int, slots: int, waited: float
+) -> None:
+    """Equal-cost requests, equal counters: while both tenants have work, their served
+    counts differ by at most one (VTC keeps backlogged counters within one cost), whether
+    the flood is past the aging bound (waited 6 s, 600 s) or not (1 s)."""
+    snap, pol = flood_case(flood, newcomers, slots, waited=waited)
+    served = Counter(rid[0] for rid, _ in placed(decide(snap, pol)))
+    assert sum(served.values()) == min(slots, flood + newcomers)
+    if served["b"] < flood and served["q"] < newcomers:
+        assert abs(served["b"] - served["q"]) <= 1, served
+    assert served["q"] >= min(newcomers, (sum(served.values())) // 2), served

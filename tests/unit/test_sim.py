@@ -231,12 +231,13 @@ def test_sla_attainment_on_a_hand_made_trace() -> None:
     assert rt["queue_wait_p50_s"] == pytest.approx(1.5)
     assert rt["e2e_p99_s"] == pytest.approx(4.5)
     assert report["overall"]["sla_attainment"] == pytest.approx(2 / 3)
-    # At 1.5 s both waiting requests are past realtime's 1 s aging bound by the same
-    # time, so aging takes the older id (A's) before VTC could prefer B: B is late.
-    # A gets all its tokens within the SLA, B none -> Jain (1 + 0)^2 / (2 x 1) = 0.5.
+    # At 1.5 s both waiting requests are past realtime's 1 s aging bound: aging picks
+    # the class, VTC the tenant inside it (issue 12), so B (nothing served yet) goes
+    # before A's second request: A's second is late. A gets half its tokens within
+    # the SLA, B all -> Jain (0.5 + 1)^2 / (2 x (0.25 + 1)) = 0.9 (0.5 when A was first).
     late = max(result.outcomes, key=lambda o: o.ttft_s or 0)
-    assert late.request.tenant == "B"
-    assert report["fairness"]["jain_tokens"] == pytest.approx(0.5)
+    assert late.request.tenant == "A"
+    assert report["fairness"]["jain_tokens"] == pytest.approx(0.9)
     fleet = report["fleet"]
     assert fleet["gpu_seconds"] == pytest.approx(4.5)
     assert fleet["gpu_utilisation"] == pytest.approx(1.0)
@@ -382,7 +383,7 @@ def test_simulate_command_writes_json_png_and_markdown(tmp_path: Path) -> None:
     out, png, md = tmp_path / "r.json", tmp_path / "r.png", tmp_path / "r.md"
     args = ["--trace", "conv=realtime", "--trace", "code=standard", "--duration", "60"]
     args += ["--batch-requests", "30", "--policy", "inferq", "--policy", "static-fifo"]
-    args += ["--json", str(out), "--plot", str(png), "--markdown", str(md), "--check"]
+    args += ["--json-out", str(out), "--plot", str(png), "--markdown", str(md), "--check"]
     result = CliRunner().invoke(command, args)
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
@@ -399,7 +400,7 @@ def test_simulate_command_load_option_and_errors(tmp_path: Path) -> None:
 
     out = tmp_path / "r.json"
     args = ["--trace", "code", "--duration", "60", "--load", "0.85", "--policy", "inferq"]
-    result = CliRunner().invoke(command, [*args, "--json", str(out)])
+    result = CliRunner().invoke(command, [*args, "--json-out", str(out)])
     assert result.exit_code == 0, result.output
     assert json.loads(out.read_text())["workload"]["offered_load"] == pytest.approx(0.85)
     bad = CliRunner().invoke(command, ["--fleet", "gpt-9:2", "--duration", "10"])

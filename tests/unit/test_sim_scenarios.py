@@ -56,7 +56,7 @@ def test_simulate_runs_a_scenario_and_reports_the_watched_tenant(tmp_path: Path)
     out = tmp_path / "r.json"
     result = CliRunner().invoke(
         simulate_command,
-        ["--scenario", "priority-inversion", "--policy", "inferq", "--json", str(out)],
+        ["--scenario", "priority-inversion", "--policy", "inferq", "--json-out", str(out)],
     )
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())

@@ -33,8 +33,12 @@ def test_every_key_is_under_the_prefix() -> None:
         k.drain("w"),
         k.ctl("w"),
         k.fair_classes,
-        k.fair_tenants("batch"),
-        k.fair_active("batch"),
+        k.fair_vtc("batch"),
+        k.fair_live("batch"),
+        k.fair_seen("batch"),
+        k.tenant_queue("batch", "m", "t"),
+        k.tenant_index("batch", "m"),
+        k.estimates_seen,
         k.dead,
         k.quarantine,
         k.quarantined("x"),
@@ -86,3 +90,14 @@ def test_request_id_of_reads_only_request_hash_keys() -> None:
     assert k.request_id_of(k.req("abc")) == "abc"
     assert k.request_id_of(k.payload("abc")) is None
     assert k.request_id_of(k.done("abc")) is None
+
+
+def test_tenant_queue_keys_are_unambiguous_and_match_lua() -> None:
+    k = Keys("ns")
+    # routes and tenants may both hold ':': the length prefix keeps the pairs apart
+    assert k.tenant_queue("c", "a:b", "t") != k.tenant_queue("c", "a", "b:t")
+    assert k.tenant_queue("c", "llama", "acme") == f"{k.prefix}tq:c:5:llama:acme"
+    assert k.tenant_queue("c", "é", "t") == f"{k.prefix}tq:c:2:é:t"  # bytes, as string.len
+    assert "'tq:' .. class .. ':' .. string.len(route) .. ':' .. route .. ':' .. tenant" in LIB
+    assert k.tenant_index("C", "R") == f"{k.prefix}tix:C:R"
+    assert "'tix:' .. class .. ':' .. route" in LIB

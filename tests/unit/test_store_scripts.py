@@ -60,12 +60,17 @@ def test_each_fragment_is_included_once_and_only_when_named(name: str) -> None:
 
 
 def test_shared_steps_are_written_once() -> None:
-    """The wake push and the leave-the-queue-or-release block exist in one file each."""
+    """The wake push, leaving the queue (with the tenant's sub-queue and index) and the
+    leave-the-queue-or-release block exist in one file each."""
     files = _all_sources()
     wake = [f for f, text in files.items() if "'wake'" in text]
     assert wake == ["includes/wake.lua"]
     leave = [f for f, text in files.items() if re.search(r"ZREM', k_queue\(", text)]
-    assert leave == ["includes/withdraw.lua"]
+    assert leave == ["includes/queue.lua"]
+    enter = [f for f, text in files.items() if re.search(r"ZADD', k_queue\(", text)]
+    assert enter == ["includes/queue.lua"]
+    withdraw = [f for f, text in files.items() if re.search(r"\bqueue_remove\(", text)]
+    assert sorted(withdraw) == ["includes/queue.lua", "includes/withdraw.lua"]
     assert [f for f, text in files.items() if "local function release(" in text] == [
         "includes/release.lua"
     ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 from rich.console import Console
@@ -20,6 +20,9 @@ from rich.markup import escape
 from inferq.config import Settings
 from inferq.errors import InferqError, redact_url
 from inferq.store import REDIS_ERRORS, Store, connect, describe_error
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -57,10 +60,35 @@ def handle_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def fail(message: str) -> NoReturn:
-    """Print ``error: <message>`` as one line on stderr (no markup, no wrapping), exit 1."""
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Print ``error: <message>`` as one line on stderr (no markup, no wrapping), exit ``code``."""
     err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
-    sys.exit(1)
+    sys.exit(code)
+
+
+def progress(hidden: bool = False) -> Progress:
+    """A progress bar on stderr for long work (hidden for ``--json``, or off a terminal)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=err_console,
+        transient=True,
+        disable=hidden or not err_console.is_terminal,
+    )
+
+
+def hint_if_empty(obj: Context) -> None:
+    """Say on stderr when the namespace has no keys at all (a wrong --namespace?)."""
+    if not obj.store.namespace_has_keys():
+        err_console.print(
+            f"note: namespace {obj.settings.namespace!r} has no keys on "
+            f"{redact_url(obj.settings.redis_url)}: is --namespace (INFERQ_NAMESPACE) right?",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 pass_ctx = click.make_pass_decorator(Context)

@@ -29,9 +29,11 @@ from inferq.cli.common import (
     err_console,
     fail,
     handle_errors,
+    hint_if_empty,
     metrics_options,
     pairs,
     pass_ctx,
+    progress,
     say_ready,
     start_metrics,
 )
@@ -154,7 +156,10 @@ def submit(
         emit(out, as_json, lambda d: f"{d['id']}" + (" (duplicate)" if d["duplicate"] else ""))
         return
     result = handle.result()
-    emit(result.model_dump(mode="json"), as_json, views.result_panel)
+    data = result.model_dump(mode="json")
+    timings = obj.store.record(handle.id).timings
+    data |= {"queue_wait_s": timings.queue_wait_s, "ttft_s": timings.ttft_s, "e2e_s": timings.e2e_s}
+    emit(data, as_json, views.result_panel)
     if not result.ok:
         sys.exit(1)
 
@@ -172,12 +177,13 @@ def request_cmd(obj: Context, request_id: str, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("request_id")
+@click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @handle_errors
-def cancel(obj: Context, request_id: str) -> None:
-    """Cancel a queued or assigned request."""
+def cancel(obj: Context, request_id: str, as_json: bool) -> None:
+    """Cancel a queued or assigned request (prints the state it ends in)."""
     state = obj.store.cancel(request_id)
-    click.echo(state)
+    emit({"id": request_id, "state": state}, as_json, lambda d: d["state"])
 
 
 # --- fleet --------------------------------------------------------------------------
@@ -190,7 +196,10 @@ def cancel(obj: Context, request_id: str) -> None:
 def queues(obj: Context, as_json: bool) -> None:
     """Queue depth per route and class, oldest wait, submit and finish rates."""
     rates = obj.store.event_rates()
-    emit(views.queue_rows(obj.store), as_json, lambda rows: views.queue_table(rows, rates))
+    rows = views.queue_rows(obj.store)
+    emit(rows, as_json, lambda rows: views.queue_table(rows, rates))
+    if not rows:
+        hint_if_empty(obj)
 
 
 @cli.command()
@@ -199,18 +208,43 @@ def queues(obj: Context, as_json: bool) -> None:
 @handle_errors
 def workers(obj: Context, as_json: bool) -> None:
     """Live workers: model, state, slots, VRAM, heartbeat age."""
-    emit(views.worker_rows(obj.store), as_json, views.worker_table)
+    rows = views.worker_rows(obj.store)
+    emit(rows, as_json, views.worker_table)
+    if not rows:
+        hint_if_empty(obj)
 
 
 @cli.command()
 @click.argument("worker_id")
+@click.option("--wait", is_flag=True, help="Show its in-flight work going down until it leaves.")
+@click.option("--timeout", default=600.0, show_default=True, help="Longest --wait, seconds.")
+@click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @handle_errors
-def drain(obj: Context, worker_id: str) -> None:
+def drain(obj: Context, worker_id: str, wait: bool, timeout: float, as_json: bool) -> None:
     """Ask WORKER to drain: finish what it runs, take nothing new, leave."""
-    if not obj.store.request_drain(worker_id):
-        raise click.ClickException(f"no live worker {worker_id!r} (see `inferq workers`)")
-    click.echo(f"drain requested for {worker_id}")
+    store = obj.store
+    if not store.request_drain(worker_id):
+        fail(f"no live worker {worker_id!r} (see `inferq workers`)")
+    out: dict[str, Any] = {"worker": worker_id, "drain_requested": True}
+    if wait:
+        start = len(store.held_by(worker_id))
+        deadline = time.monotonic() + timeout
+        with progress(as_json) as bar:
+            task = bar.add_task(f"draining {worker_id}", total=max(start, 1))
+            while store.worker_registered(worker_id) and time.monotonic() < deadline:
+                left = len(store.held_by(worker_id))
+                bar.update(task, completed=max(0, max(start, 1) - left))
+                time.sleep(0.5)
+        out["left"] = not store.worker_registered(worker_id)
+        if not out["left"]:
+            emit(out, as_json, lambda d: f"{worker_id} still draining after {timeout:g} s")
+            sys.exit(1)
+    emit(
+        out,
+        as_json,
+        lambda d: f"{worker_id} drained" if wait else f"drain requested for {worker_id}",
+    )
 
 
 @cli.command()
@@ -282,33 +316,81 @@ def dead_list(obj: Context, limit: int, as_json: bool) -> None:
     """List dead-lettered requests with their last error."""
     records = [r for r in obj.store.records(obj.store.dead_letters(limit)) if r is not None]
     emit([views.record_dict(r) for r in records], as_json, views.dead_table)
+    if not records:
+        hint_if_empty(obj)
 
 
 @dead_letter.command("requeue")
 @click.argument("request_ids", nargs=-1)
 @click.option("--all", "requeue_all", is_flag=True, help="Requeue every dead-lettered request.")
+@click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @handle_errors
-def dead_requeue(obj: Context, request_ids: tuple[str, ...], requeue_all: bool) -> None:
-    """Requeue dead-lettered requests with a fresh attempt budget and deadline."""
+def dead_requeue(
+    obj: Context, request_ids: tuple[str, ...], requeue_all: bool, as_json: bool
+) -> None:
+    """Requeue dead-lettered requests with a fresh attempt budget and deadline.
+
+    Exits 1 when an id given was not in the dead letter (the others are requeued).
+    """
     if not request_ids and not requeue_all:
         raise click.UsageError("give request ids or --all")
-    ids = list(request_ids) or obj.store.dead_letters(100_000)
-    done = sum(obj.store.requeue_dead(rid) for rid in ids)
-    click.echo(f"requeued {done} of {len(ids)}")
+    ids = list(request_ids) or obj.store.dead_letters(obj.store.dead_letter_count())
+    done: list[str] = []
+    missing: list[str] = []
+    with progress(as_json or len(ids) < 100) as bar:
+        for rid in bar.track(ids, description="requeueing"):
+            (done if obj.store.requeue_dead(rid) else missing).append(rid)
+    out = {"requeued": done, "not_in_dead_letter": missing}
+    emit(out, as_json, lambda d: f"requeued {len(done)} of {len(ids)}")
+    if missing:
+        fail(f"not in the dead letter: {', '.join(missing)}")
+
+
+@dead_letter.command("delete")
+@click.argument("request_ids", nargs=-1)
+@click.option("--all", "delete_all", is_flag=True, help="Delete every dead-lettered request.")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def dead_delete(
+    obj: Context, request_ids: tuple[str, ...], delete_all: bool, as_json: bool
+) -> None:
+    """Delete dead-lettered requests and their records (kept dead_letter_ttl_s otherwise).
+
+    Exits 1 when an id given was not in the dead letter (the others are deleted).
+    """
+    if bool(request_ids) == delete_all:
+        raise click.UsageError("give request ids or --all (not both)")
+    ids = list(request_ids) or obj.store.dead_letters(obj.store.dead_letter_count())
+    deleted = obj.store.delete_dead(ids)
+    missing = [rid for rid in ids if rid not in set(deleted)]
+    out = {"deleted": deleted, "not_in_dead_letter": missing}
+    emit(out, as_json, lambda d: f"deleted {len(deleted)} of {len(ids)}")
+    if missing:
+        fail(f"not in the dead letter: {', '.join(missing)}")
 
 
 @cli.command()
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @handle_errors
-def purge(obj: Context, yes: bool) -> None:
-    """Delete every key of the namespace: queues, requests, results, workers, events."""
+def purge(obj: Context, yes: bool, as_json: bool) -> None:
+    """Delete every key of the namespace: queues, requests, results, workers, events,
+    and RQ's keys of its workers (their queues, jobs and records)."""
+    from inferq.delivery import purge_namespace_rq
+
     prefix = obj.store.keys.prefix
     url = redact_url(obj.settings.redis_url)
     if not yes:
         click.confirm(f"Delete every {prefix}* key on {url}?", abort=True)
-    click.echo(f"deleted {obj.store.purge()} keys")
+    with progress(as_json) as bar:
+        task = bar.add_task("purging", total=None)
+        deleted = obj.store.purge(on_batch=lambda n: bar.advance(task, n))
+        rq_deleted = purge_namespace_rq(obj.settings.redis_url, obj.store.keys)
+    out = {"deleted": deleted, "rq_deleted": rq_deleted}
+    emit(out, as_json, lambda d: f"deleted {deleted} keys and {rq_deleted} RQ keys")
 
 
 # --- components -----------------------------------------------------------------------
@@ -457,5 +539,18 @@ cli.add_command(simulate)
 
 
 def main() -> None:
-    """Console-script entry point."""
-    cli(prog_name="inferq")
+    """Console-script entry point: every error is one ``error: ...`` line on stderr.
+
+    Click's own usage errors (exit code 2) print the command's usage line first, as
+    click does, then the message with the same prefix as inferq's errors.
+    """
+    try:
+        cli.main(prog_name="inferq", standalone_mode=False)
+    except click.exceptions.Abort:
+        fail("aborted", code=130)
+    except click.UsageError as exc:
+        if exc.ctx is not None:
+            click.echo(exc.ctx.get_usage(), err=True)
+        fail(exc.format_message(), code=exc.exit_code)
+    except click.ClickException as exc:
+        fail(exc.format_message(), code=exc.exit_code)

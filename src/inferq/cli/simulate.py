@@ -107,7 +107,12 @@ def _settings(config_path: str | None) -> Settings:
     help="Scaler bound per model (unless the settings have [scaling.pools]).",
 )
 @click.option("--model", help="Route of trace rows that name no known model (default model).")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write metrics here.")
+@click.option(
+    "--json-out",
+    "json_path",
+    type=click.Path(dir_okay=False),
+    help="Write the metrics as JSON here.",
+)
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG here.")
 @click.option(
     "--markdown", "md_path", type=click.Path(dir_okay=False), help="Write the tables as markdown."

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Group
@@ -18,6 +20,13 @@ from inferq.store import REDIS_ERRORS, Store, connect, describe_error
 
 def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}s"
+
+
+def _id_column(table: Table, name: str, values: list[str]) -> None:
+    """A column that is never truncated or wrapped (ids are pasted into other commands);
+    rich narrows the other columns instead."""
+    width = max([len(name), *(len(v) for v in values)])
+    table.add_column(name, no_wrap=True, min_width=width, overflow="ignore")
 
 
 def queue_rows(store: Store) -> list[dict[str, Any]]:
@@ -72,7 +81,9 @@ def worker_table(rows: list[dict[str, Any]], counts: bool = False) -> Table:
     """Workers as a table; ``counts`` adds the report's finished/failed columns."""
     table = Table(title="workers")
     extra = ("finished", "failed") if counts else ()
-    for col in ("id", "model", "state", "slots", "VRAM free/total MiB", "heartbeat", *extra):
+    _id_column(table, "id", [r["id"] for r in rows])
+    _id_column(table, "model", [r.get("model", "-") for r in rows])
+    for col in ("state", "slots", "VRAM free/total MiB", "heartbeat", *extra):
         table.add_column(col)
     for r in rows:
         tail = [str(r.get(c, 0)) for c in extra]
@@ -153,6 +164,9 @@ def record_panel(data: dict[str, Any]) -> Panel:
 def result_panel(data: dict[str, Any]) -> Panel:
     table = Table.grid(padding=(0, 2))
     table.add_row("status", data["status"])
+    for key, label in (("queue_wait_s", "queue wait"), ("ttft_s", "TTFT"), ("e2e_s", "e2e")):
+        if data.get(key) is not None:
+            table.add_row(label, _s(data[key]))
     if data.get("error"):
         table.add_row("error", data["error"])
     if data.get("output") is not None:
@@ -162,7 +176,8 @@ def result_panel(data: dict[str, Any]) -> Panel:
 
 def dead_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(title="dead letter")
-    for col in ("id", "priority", "tenant", "attempts", "last error"):
+    _id_column(table, "id", [r["id"] for r in rows])
+    for col in ("priority", "tenant", "attempts", "last error"):
         table.add_column(col)
     for r in rows:
         error = (r.get("result") or {}).get("error") or r.get("reason") or ""
@@ -170,9 +185,40 @@ def dead_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
+#: Event fields that stay strings in JSON even when they look like numbers (names, ids).
+_TEXT_FIELDS = frozenset(
+    {"id", "ids", "worker", "tenant", "model", "route", "class", "batch", "key", "reason", "error"}
+)
+_NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
+
+
+def iso_utc(epoch_s: float) -> str:
+    """Epoch seconds as ISO 8601 UTC with milliseconds: ``2026-12-01T04:30:00.123Z``."""
+    stamp = datetime.fromtimestamp(epoch_s, tz=UTC).isoformat(timespec="milliseconds")
+    return stamp.replace("+00:00", "Z")
+
+
+def event_dict(event: Event) -> dict[str, Any]:
+    """An event as JSON data: numeric fields as numbers, ``at`` in ISO 8601 UTC and
+    ``at_epoch_s`` in epoch seconds."""
+    fields: dict[str, Any] = {}
+    for key, value in event.fields.items():
+        if key not in _TEXT_FIELDS and _NUMBER.match(value):
+            fields[key] = float(value) if "." in value else int(value)
+        else:
+            fields[key] = value
+    return {
+        "id": event.id,
+        "type": event.type,
+        "at": iso_utc(event.at),
+        "at_epoch_s": event.at,
+        **fields,
+    }
+
+
 def event_line(event: Event, as_json: bool) -> str:
     if as_json:
-        return json.dumps({"id": event.id, "type": event.type, "at": event.at, **event.fields})
+        return json.dumps(event_dict(event))
     stamp = time.strftime("%H:%M:%S", time.gmtime(event.at)) + f".{int(event.at * 1000) % 1000:03d}"
     fields = " ".join(f"{k}={v}" for k, v in event.fields.items() if k != "ids")
     return f"{stamp} {event.type:<15} {fields}"
@@ -201,11 +247,9 @@ def report_dict(store: Store) -> dict[str, Any]:
         "workers": workers,
         "counters": store.stats(),
         "rates_per_s": store.event_rates(),
-        "dead_letter": len(store.dead_letters(100_000)),
+        "dead_letter": store.dead_letter_count(),
         "quarantined": store.quarantined(),
-        "recent_events": [
-            {"id": e.id, "type": e.type, "at": e.at, **e.fields} for e in store.recent_events(15)
-        ],
+        "recent_events": [event_dict(e) for e in store.recent_events(15)],
     }
 
 
@@ -223,7 +267,7 @@ def report_render(data: dict[str, Any]) -> Group:
     events = Table(title="recent events")
     events.add_column("event")
     for e in data["recent_events"]:
-        fields = {k: v for k, v in e.items() if k not in ("id", "type", "at", "ids")}
+        fields = {k: v for k, v in e.items() if k not in ("id", "type", "at", "at_epoch_s", "ids")}
         events.add_row(f"{e['type']} " + " ".join(f"{k}={v}" for k, v in fields.items()))
     return Group(head, queue_table(data["queues"], data["rates_per_s"]), workers, events)
 

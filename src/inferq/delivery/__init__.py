@@ -29,7 +29,13 @@ from inferq.delivery.jobs import (
     rq_connection,
     run_batch,
 )
-from inferq.delivery.queues import BatchSender, enqueue_batch, purge_worker_queue, worker_queue
+from inferq.delivery.queues import (
+    BatchSender,
+    enqueue_batch,
+    purge_namespace_rq,
+    purge_worker_queue,
+    worker_queue,
+)
 
 __all__ = [
     "BATCH_FUNC",
@@ -45,6 +51,7 @@ __all__ = [
     "job_id",
     "job_key",
     "make_consumer",
+    "purge_namespace_rq",
     "purge_worker_queue",
     "rq_connection",
     "run_batch",

@@ -4,15 +4,16 @@ Stateless: every piece of state (queues, reservations, fairness credits and
 counters) lives in Redis, so any number of replicas may run and any may be
 restarted at any time. Each step:
 
-1. expire due requests (the deadlines index; the waiting clients are told) and move
-   retries whose backoff has passed back to their queues (``promote.lua``);
+1. expire due requests (the deadlines index; the waiting clients are told), move
+   retries whose backoff has passed back to their queues (``promote.lua``) and
+   delete dead-lettered ones past their retention (``dead_letter_ttl_s``);
 2. recover: remove workers whose heartbeat lapsed (their requests go back to
    their queues, their RQ queue is emptied) and requeue lapsed leases;
-3. read a snapshot (three pipelined round trips), call
+3. read a snapshot (at most five pipelined round trips), call
    :func:`inferq.policy.dispatch.decide`, quarantine corrupt records;
 4. per batch: one Lua call claims it (ZREM is the compare-and-set, so two
    dispatchers never assign the same request), one pipeline enqueues its RQ job;
-5. write the fairness state forward.
+5. write the fairness state forward (and fold idle tenants: ``fairness.lua``).
 
 It wakes on a submission or a freed slot (BLPOP on the wake list) or every tick.
 A step that fails on something other than a connection error (a key of the wrong
@@ -93,6 +94,7 @@ class Dispatcher:
         self.queue_head = queue_head
         self.sender = BatchSender(self.settings.redis_url, store.keys)
         self.classes = [c.name for c in self.policy.classes]
+        self.models = [m.name for m in self.policy.models]
         self.heartbeat_ttl_s = self.settings.heartbeat_interval_s * defaults.HEARTBEAT_TTL_INTERVALS
         self._stop = threading.Event()
         self._names_checked_at = 0.0
@@ -159,12 +161,19 @@ class Dispatcher:
             # submissions then costs one snapshot and one claim per step.
             report.expired = len(self.store.expire_due())
             report.promoted = self._promote()
+            self.store.delete_dead()  # past dead_letter_ttl_s
             if self._may_reap(stalled_s=time.monotonic() - started):
                 self._recover(report)
             self._housekept_at = started
         elif self._next_due is not None and started >= self._next_due:
             report.promoted = self._promote()  # a backoff ended between two ticks
-        view = self.store.dispatch_view(self.classes, self.queue_head, self.heartbeat_ttl_s)
+        view = self.store.dispatch_view(
+            self.classes,
+            self.queue_head,
+            self.heartbeat_ttl_s,
+            tenant_weight=self.policy.tenant_weight,
+            models=self.models,
+        )
         self._quarantine(view, report)
         t1 = time.perf_counter()
         decision = decide(view.snapshot, self.policy)
@@ -174,7 +183,7 @@ class Dispatcher:
         report.unschedulable = len(self.store.mark_unschedulable(decision.unschedulable))
         for batch in decision.batches:
             self._dispatch(batch, view, report)
-        self.store.write_fairness(decision)
+        self.store.write_fairness(decision, self.classes, self.policy.tenant_weight)
         report.step_s = time.perf_counter() - t0
         if report.dispatched or report.expired or report.requeued:
             log.debug(

@@ -12,8 +12,10 @@ dispatcher and the simulator both call it and carry out the
 2. Unschedulable: a request no live worker could ever hold is reported with the
    reason (:func:`~inferq.policy.routing.unschedulable_reason`) and left queued.
 3. Picks, one request at a time, while some worker has room:
-   a. aging: the oldest dispatchable request past its class's aging bound, of the
-      highest class that has one (a lower-class flood cannot starve a higher class);
+   a. aging: the highest class with a dispatchable request past its aging bound
+      is served (a lower-class flood cannot starve a higher class), its tenant
+      chosen by VTC as in b (an overdue flood of one tenant does not undo
+      fairness between the tenants of that class);
    b. otherwise the class chosen by smooth weighted round-robin over the
       classes with dispatchable work (weight-0 classes only when no weighted
       class has any), and in it the tenant with the lowest virtual token
@@ -244,17 +246,22 @@ class _Run:
             fillable[model] -= 1
 
     def _aged_pick(self) -> tuple[_Item, OpenBatch] | None:
-        """The oldest dispatchable request past its class's aging bound, highest class first.
+        """A pick of the highest class with a dispatchable request past its aging bound.
 
         Ranking overdue requests by class first (not by seconds overdue) keeps a
         flood of a lower class from starving a higher one: once every request of a
         batch burst is past batch's bound, realtime still waits at most its own
         aging bound (1 s by default, half its SLA) before it is served first.
+
+        Aging chooses the class, not the request: inside the class the tenant with
+        the lowest virtual token counter is served (VTC), so a tenant's flood past
+        the bound does not push ahead of another tenant of the same class (issue 12).
+        The oldest overdue request is served only when VTC finds nothing to place.
         """
         for cls in list(self.aging):
             found = self._oldest_aged(cls)
             if found is not None:
-                return found
+                return self._tenant_pick(cls.name) or found
             self.aging.remove(cls)  # nothing aged left: capacity only shrinks
         return None
 

@@ -16,9 +16,11 @@ Across classes: smooth weighted round-robin
     order. That is strict priority.
 
 Aging
-    ``PriorityClass.aging_s`` bounds waiting: a dispatchable request that has
-    waited at least its class's ``aging_s`` is served before any round pick,
-    the highest class with such a request first, its oldest request first.
+    ``PriorityClass.aging_s`` bounds waiting: a class with a dispatchable request
+    that has waited at least its ``aging_s`` is served before any round pick,
+    the highest such class first; inside it VTC picks the tenant as in a round
+    pick (aging protects classes from each other, it must not let one tenant's
+    overdue flood pass another tenant of the same class: issue 12).
     Ranking by class (not by seconds overdue) matters under a flood: once a
     burst of batch work is all past batch's bound, a realtime request still
     waits no longer than realtime's own bound (1 s, half its SLA).

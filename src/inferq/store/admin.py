@@ -6,6 +6,9 @@ quarantine, the dead letter, purging a namespace. Part of :class:`~inferq.store.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
+from inferq import defaults
 from inferq.models import Event, from_ms
 from inferq.store import calls
 from inferq.store.base import StoreBase
@@ -85,20 +88,51 @@ class AdminCalls(StoreBase):
         """How many requests the dead letter holds."""
         return int(self.redis.zcard(self.keys.dead))
 
+    def delete_dead(self, request_ids: Sequence[str] | None = None) -> list[str]:
+        """Delete requests from the dead letter with their records; returns the ids deleted.
+
+        Args:
+            request_ids: the ids to delete (ids not in the dead letter are left alone);
+                None deletes those kept longer than ``dead_letter_ttl_s``, at most
+                :data:`~inferq.defaults.DEAD_LETTER_PRUNE_LIMIT` (the dispatcher's tick).
+        """
+        if request_ids is not None and not request_ids:
+            return []
+        call = calls.dead_delete_call(
+            self.keys, self.settings, request_ids, defaults.DEAD_LETTER_PRUNE_LIMIT
+        )
+        return calls.parse_dead_delete(self._call(call))
+
     def requeue_dead(self, request_id: str) -> bool:
         """Requeue a dead-lettered request with a fresh attempt budget and deadline."""
         call = calls.dead_requeue_call(self.keys, self.settings, request_id)
         return calls.parse_dead_requeue(self._call(call))
 
-    def purge(self) -> int:
-        """Delete every key of this namespace; returns how many. Irreversible."""
+    def namespace_has_keys(self) -> bool:
+        """Whether this namespace was ever used: one of the keys that every submit,
+        heartbeat or event writes exists (one EXISTS, no scan of the keyspace)."""
+        k = self.keys
+        return int(self.redis.exists(k.stats, k.events, k.workers, k.queues)) > 0
+
+    def purge(self, on_batch: Callable[[int], None] | None = None) -> int:
+        """Delete every key of this namespace; returns how many. Irreversible.
+
+        ``on_batch(n)`` is told after each batch of ``n`` deleted keys (progress).
+        """
         deleted = 0
         batch: list[str] = []
+
+        def flush() -> int:
+            n = int(self.redis.unlink(*batch))
+            batch.clear()
+            if on_batch is not None:
+                on_batch(n)
+            return n
+
         for key in self.redis.scan_iter(match=self.keys.pattern(), count=1000):
             batch.append(key)
             if len(batch) >= 500:
-                deleted += int(self.redis.unlink(*batch))
-                batch.clear()
+                deleted += flush()
         if batch:
-            deleted += int(self.redis.unlink(*batch))
+            deleted += flush()
         return deleted

@@ -488,6 +488,23 @@ def parse_dead_requeue(reply: Any) -> bool:
     return bool(reply)
 
 
+def dead_delete_call(
+    keys: Keys, settings: Settings, request_ids: Sequence[str] | None, limit: int = 100
+) -> Call:
+    """``dead_delete.lua``: delete ``request_ids`` from the dead letter (records included),
+    or with None those kept longer than ``settings.dead_letter_ttl_s`` (``limit`` at most)."""
+    s = settings
+    if request_ids is None:
+        argv = [keys.prefix, s.events_maxlen, "due", s.dead_letter_ttl_s * 1000, limit]
+        return Call("dead_delete", [], argv)
+    return Call("dead_delete", [], [keys.prefix, s.events_maxlen, "ids", 0, 0, *request_ids])
+
+
+def parse_dead_delete(reply: Sequence[Any]) -> list[str]:
+    """The ids deleted."""
+    return [str(rid) for rid in reply]
+
+
 def quarantine_call(
     keys: Keys, settings: Settings, key: str, reason: str, members: Sequence[tuple[str, str]]
 ) -> Call:
@@ -506,6 +523,51 @@ def quarantine_call(
 
 def parse_quarantine(reply: Any) -> None:
     """The script always answers 1: nothing to report."""
+
+
+def fairness_call(
+    keys: Keys,
+    credits: Mapping[str, float | None],
+    charges: Sequence[tuple[str, str, float]],
+    *,
+    idle_s: float,
+    limit: int,
+) -> Call:
+    """``fairness.lua``: store SWRR credits and VTC charges, fold idle tenants.
+
+    Args:
+        credits: class -> SWRR credit (None = unchanged); every class named here is
+            also checked for idle tenants.
+        charges: (class, tenant, virtual-time charge = tokens / tenant weight).
+        idle_s: a tenant neither backlogged nor served this long is folded.
+        limit: idle tenants folded per class at most.
+    """
+    argv: list[Any] = [keys.prefix, round(idle_s * 1000), limit, len(credits)]
+    for cls, credit in credits.items():
+        argv += [cls, "" if credit is None else repr(credit)]
+    for cls, tenant, charge in charges:
+        argv += [cls, tenant, repr(charge)]
+    return Call("fairness", [], argv)
+
+
+def parse_fairness(reply: Any) -> int:
+    """Idle tenants folded."""
+    return int(reply)
+
+
+def estimates_call(
+    keys: Keys, means: Mapping[str, float], *, idle_s: float, cap: int, limit: int
+) -> Call:
+    """``estimates.lua``: write ``means`` (``<model>|<task>`` -> mean), drop stale entries."""
+    argv: list[Any] = [keys.prefix, round(idle_s * 1000), cap, limit]
+    for field_, mean in means.items():
+        argv += [field_, repr(mean)]
+    return Call("estimates", [], argv)
+
+
+def parse_estimates_put(reply: Any) -> int:
+    """Entries dropped."""
+    return int(reply)
 
 
 def lease_call(key: str, replica_id: str, ttl_s: float | None) -> Call:

@@ -21,6 +21,8 @@ key                             type    what
 ==============================  ======  =============================================
 P req:<id>                      hash    request record: submission, state, result
 P q:<class>:<route>             zset    queued ids, score = submit time ms
+P tq:<class>:<n>:<route>:<t>    zset    one tenant's queued ids of that queue (n = route length)
+P tix:<class>:<route>           zset    tenants with queued ids there, score = their head's ms
 P queues                        set     ``<class>|<route>`` of every queue ever used
 P deadlines                     zset    queued/assigned ids, score = deadline ms
 P leases                        zset    assigned/running ids, score = lease expiry ms
@@ -35,14 +37,16 @@ P inflight:<id>                 set     request ids assigned to the worker
 P drain:<id>                    string  set when the worker was asked to drain
 P ctl:<id>                      list    control commands to the worker (abort), TTL
 P fair:classes                  hash    class -> smooth-WRR credit
-P fair:tenants:<class>          hash    tenant -> virtual token counter
-P fair:active:<class>           set     tenants backlogged at the last decision
+P fair:vtc:<class>              zset    tenant -> virtual time (VTC counter / weight)
+P fair:live:<class>             zset    backlogged tenants -> virtual time (min = VTC lift)
+P fair:seen:<class>             zset    tenant -> last backlogged/served ms (idle ones folded)
 P dead                          zset    dead-lettered ids, score = time ms
 P quarantine                    hash    corrupt key -> reason
 P quarantined:<key>             any     a corrupt record, renamed aside
 P events                        stream  capped event log
 P wake                          list    dispatcher wake-up tokens
 P estimates                     hash    ``<model>|<task>`` -> moving output-token mean
+P estimates:seen                zset    estimates field -> last write ms (bounds the hash)
 P scaler:lease                  string  the acting scaler replica's id
 P scaler:desired                hash    model -> desired workers (metrics mode)
 P scaler:state                  hash    model -> JSON of its scaling state (trend, cooldowns)
@@ -79,6 +83,15 @@ class Keys:
 
     def queue(self, priority: str, route: str) -> str:
         return f"{self.prefix}q:{priority}:{route}"
+
+    def tenant_queue(self, priority: str, route: str, tenant: str) -> str:
+        """A tenant's sub-queue of ``queue(priority, route)``; the route is length-prefixed
+        (in bytes, as Lua's ``string.len``) since routes and tenants may both hold ':'."""
+        return f"{self.prefix}tq:{priority}:{len(route.encode())}:{route}:{tenant}"
+
+    def tenant_index(self, priority: str, route: str) -> str:
+        """Tenants with queued requests in ``queue(priority, route)``, score = head's ms."""
+        return f"{self.prefix}tix:{priority}:{route}"
 
     @property
     def queues(self) -> str:
@@ -147,11 +160,14 @@ class Keys:
     def fair_classes(self) -> str:
         return f"{self.prefix}fair:classes"
 
-    def fair_tenants(self, priority: str) -> str:
-        return f"{self.prefix}fair:tenants:{priority}"
+    def fair_vtc(self, priority: str) -> str:
+        return f"{self.prefix}fair:vtc:{priority}"
 
-    def fair_active(self, priority: str) -> str:
-        return f"{self.prefix}fair:active:{priority}"
+    def fair_live(self, priority: str) -> str:
+        return f"{self.prefix}fair:live:{priority}"
+
+    def fair_seen(self, priority: str) -> str:
+        return f"{self.prefix}fair:seen:{priority}"
 
     @property
     def dead(self) -> str:
@@ -181,6 +197,10 @@ class Keys:
     @property
     def estimates(self) -> str:
         return f"{self.prefix}estimates"
+
+    @property
+    def estimates_seen(self) -> str:
+        return f"{self.prefix}estimates:seen"
 
     @property
     def scaler_lease(self) -> str:

@@ -35,6 +35,9 @@ SCRIPTS = (
     "dead_requeue",
     "quarantine",
     "lease",
+    "fairness",
+    "estimates",
+    "dead_delete",
 )
 
 _INCLUDE = re.compile(r"^--\s*include:\s*(.+)$", re.M)

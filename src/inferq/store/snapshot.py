@@ -1,4 +1,4 @@
-"""The dispatcher's snapshot: everything one dispatch decision needs, read in three round trips.
+"""The dispatcher's snapshot: everything one dispatch decision needs, read in five round trips.
 
 :func:`read_dispatch_view` builds the policy's :class:`~inferq.policy.snapshot.Snapshot`
 (queue heads, the policy fields of those requests, heartbeats and reservations, fairness
@@ -9,10 +9,11 @@ hand-rolled check instead of the pydantic models: it runs on every dispatcher st
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from inferq import defaults
 from inferq.models import WorkerState, from_ms
 from inferq.policy.snapshot import FairnessState, QueuedRequest, Snapshot, WorkerView
 from inferq.store.calls import parse_estimates, redis_time
@@ -62,42 +63,67 @@ class DispatchView:
 
 
 def read_dispatch_view(
-    client: Any, keys: Keys, classes: Sequence[str], head: int, heartbeat_ttl_s: float
+    client: Any,
+    keys: Keys,
+    classes: Sequence[str],
+    head: int,
+    heartbeat_ttl_s: float,
+    *,
+    tenant_weight: Callable[[str], float] = lambda _: 1.0,
+    models: Sequence[str] | None = None,
 ) -> DispatchView:
-    """Read everything one dispatch decision needs, in at most three pipelined round trips.
+    """Read everything one dispatch decision needs, in at most five pipelined round trips.
+
+    What is read does not grow with the backlog nor with the tenants that ever existed:
+
+    1. the clock, the queue names, the workers index, the SWRR credits;
+    2. per worker its heartbeat fields and reservation; per queue its oldest ``head``
+       ids and the tenant index (tenants with queued requests, oldest head first);
+    3. the heads of the sub-queues of the first ``max(SNAPSHOT_MIN_TENANTS, window)``
+       tenants of each index (``window`` = ``max(SNAPSHOT_MIN_WINDOW, 4 x free slots)``,
+       at most ``head``), ``max(1, min(free, window // tenants))`` ids each, and those
+       tenants' VTC virtual time (one ZMSCORE per class);
+    4. the policy fields of the oldest ``window`` ids of each queue plus those heads;
+    5. the output estimates of the (model, task type) pairs in view.
+
+    Every backlogged tenant of a queue with fewer tenants than that is in the
+    snapshot, however long another tenant's backlog (issue 12's tenant flood); rounds
+    3-5 are skipped when nothing is queued.
 
     Args:
         client: a redis-py client with text replies.
         keys: the deployment's keys.
         classes: configured priority classes (queues of other classes are skipped).
-        head: requests read from the head of each queue.
+        head: requests read from the head of each queue (and tenants of each index), at most.
         heartbeat_ttl_s: a worker whose last beat is older is reported stale.
+        tenant_weight: tenant -> fair-share weight; stored virtual time x weight is the
+            counter the policy compares.
+        models: the registry's model names, whose estimates are read for the task types
+            in view; None reads the whole (bounded) estimates hash.
     """
     k = keys
     pipe = client.pipeline(transaction=False)
     pipe.time()
     pipe.smembers(k.queues)
     pipe.zrange(k.workers, 0, -1, withscores=True)
-    pipe.hgetall(k.counts)
     pipe.hgetall(k.fair_classes)
-    pipe.hgetall(k.estimates)
-    for c in classes:
-        pipe.hgetall(k.fair_tenants(c))
-        pipe.smembers(k.fair_active(c))
-    time_reply, queues, beats, counts, credits, estimates, *fair = pipe.execute()
+    time_reply, queues, beats, credits = pipe.execute()
     now = redis_time(time_reply)
-    queue_keys = sorted(k.queue(*q.split("|", 1)) for q in queues if q.split("|", 1)[0] in classes)
+    names = sorted(tuple(q.split("|", 1)) for q in queues if q.split("|", 1)[0] in classes)
+    queue_keys = [k.queue(c, r) for c, r in names]
     workers = [wid for wid, _ in beats]
     stale = [wid for wid, ms in beats if from_ms(ms) < now - heartbeat_ttl_s]
 
     pipe = client.pipeline(transaction=False)
-    for qk in queue_keys:
-        pipe.zrange(qk, 0, head - 1)
     for wid in workers:
         pipe.hmget(k.worker(wid), WORKER_FIELDS)
         pipe.hmget(k.load(wid), ("slots", "mib", "isolated"))
+    for (cls, route), qk in zip(names, queue_keys, strict=True):
+        pipe.zrange(qk, 0, head - 1)
+        pipe.zrange(k.tenant_index(cls, route), 0, head - 1)
     replies = pipe.execute()
-    heads, fleet = replies[: len(queue_keys)], replies[len(queue_keys) :]
+    fleet, queue_replies = replies[: 2 * len(workers)], replies[2 * len(workers) :]
+    heads, indexes = queue_replies[0::2], queue_replies[1::2]
 
     corrupt: list[Corrupt] = []
     views: list[WorkerView] = []
@@ -111,47 +137,91 @@ def read_dispatch_view(
             corrupt.append((k.worker(wid), f"heartbeat: {exc}", [(k.workers, wid)]))
 
     # Read the policy fields of only as many requests per queue as the free slots
-    # could take, x4 and at least a few dozen (tenant fairness must still see
-    # several tenants, and unschedulable work is reported even on a full fleet):
-    # on a busy fleet a wake-up then costs ~100 reads instead of thousands.
+    # could take, x4 and at least a few dozen (unschedulable work is reported even on
+    # a full fleet), plus the heads of the tenants' sub-queues, so a tenant behind
+    # another's flood is seen at once: a wake-up costs ~100 reads instead of thousands.
     free = sum(w.free_slots for w in views if w.ready)
     window = min(head, max(SNAPSHOT_MIN_WINDOW, 4 * free))
-    queue_of = {rid: qk for qk, ids in zip(queue_keys, heads, strict=True) for rid in ids[:window]}
-    pipe = client.pipeline(transaction=False)
-    for rid in queue_of:
-        pipe.hmget(k.req(rid), POLICY_FIELDS)
-    queued: dict[str, list[QueuedRequest]] = {c: [] for c in classes}
-    for rid, values in zip(list(queue_of), pipe.execute(), strict=True):
-        try:
-            req = queued_request(rid, values)
-        except ValueError as exc:
-            members = [(queue_of.pop(rid), rid), (k.deadlines, rid)]
-            corrupt.append((k.req(rid), f"queued request: {exc}", members))
-            continue
-        queued[req.priority].append(req)
-    for reqs in queued.values():
-        reqs.sort(key=lambda r: (r.submitted_at, r.id))
+    ntenants = min(head, max(defaults.SNAPSHOT_MIN_TENANTS, window))
+    queue_of: dict[str, str] = {}
+    subqueue_of: dict[str, str] = {}
+    for qk, ids in zip(queue_keys, heads, strict=True):
+        for rid in ids[:window]:
+            queue_of[rid] = qk
+    tenants_of = {c: set[str]() for c in classes}
+    jobs: list[tuple[str, str]] = []  # (queue key, sub-queue key) per tenant read
+    for (cls, route), qk, tenants in zip(names, queue_keys, indexes, strict=True):
+        for tenant in tenants[:ntenants]:
+            tenants_of[cls].add(tenant)
+            jobs.append((qk, k.tenant_queue(cls, route, tenant)))
+    counted = [c for c in classes if tenants_of[c]]
+    if jobs:
+        depth = max(1, min(free, window // max(1, len(jobs))))
+        pipe = client.pipeline(transaction=False)
+        for _, tq in jobs:
+            pipe.zrange(tq, 0, depth - 1)
+        for c in counted:
+            pipe.zmscore(k.fair_vtc(c), sorted(tenants_of[c]))
+        replies = pipe.execute()
+        for (qk, tq), ids in zip(jobs, replies[: len(jobs)], strict=True):
+            for rid in ids:
+                queue_of.setdefault(rid, qk)
+                subqueue_of[rid] = tq
+        virtual = replies[len(jobs) :]
+    else:
+        virtual = []
+    counters: dict[str, dict[str, float]] = {c: {} for c in classes}
+    for c, scores in zip(counted, virtual, strict=True):
+        for tenant, score in zip(sorted(tenants_of[c]), scores, strict=True):
+            if score is not None:
+                counters[c][tenant] = float(score) * tenant_weight(tenant)
 
-    backlogged: dict[str, set[str]] = {c: set() for c in classes}
-    for field, n in counts.items():
-        if field.startswith("t:") and int(n) > 0:
-            _, cls, tenant = field.split(":", 2)
-            if cls in backlogged:
-                backlogged[cls].add(tenant)
+    queued: dict[str, list[QueuedRequest]] = {c: [] for c in classes}
+    tasks: set[str] = set()
+    if queue_of:
+        pipe = client.pipeline(transaction=False)
+        for rid in queue_of:
+            pipe.hmget(k.req(rid), POLICY_FIELDS)
+        for rid, values in zip(list(queue_of), pipe.execute(), strict=True):
+            try:
+                req = queued_request(rid, values)
+            except ValueError as exc:
+                members = [(queue_of.pop(rid), rid), (k.deadlines, rid)]
+                if rid in subqueue_of:
+                    members.append((subqueue_of[rid], rid))
+                corrupt.append((k.req(rid), f"queued request: {exc}", members))
+                continue
+            if req.priority in queued:
+                queued[req.priority].append(req)
+                tasks.add(req.task_type or "")
+        for reqs in queued.values():
+            reqs.sort(key=lambda r: (r.submitted_at, r.id))
+
+    estimates: dict[tuple[str, str], float] = {}
+    if tasks and models is None:
+        estimates = parse_estimates(client.hgetall(k.estimates))
+    elif tasks and models:
+        fields = [f"{m}|{t}" for m in models for t in sorted(tasks)]
+        values = client.hmget(k.estimates, fields)
+        estimates = parse_estimates(
+            {f: v for f, v in zip(fields, values, strict=True) if v is not None}
+        )
+
+    backlogged = {c: frozenset(tenants_of[c] | {r.tenant for r in queued[c]}) for c in classes}
     fairness = FairnessState(
         class_credit={c: float(v) for c, v in credits.items()},
-        tenant_counter={
-            c: {t: float(v) for t, v in fair[2 * i].items()} for i, c in enumerate(classes)
-        },
-        active_tenants={c: frozenset(fair[2 * i + 1]) for i, c in enumerate(classes)},
+        tenant_counter=counters,
+        # The scripts that queue a request lift a newly backlogged tenant's counter
+        # (includes/counts.lua): every tenant in view counts as active already.
+        active_tenants=backlogged,
     )
     snapshot = Snapshot(
         now=now,
         queued=queued,
         workers=views,
         fairness=fairness,
-        backlogged_tenants={c: frozenset(t) for c, t in backlogged.items()},
-        output_estimates=parse_estimates(estimates),
+        backlogged_tenants=backlogged,
+        output_estimates=estimates,
     )
     return DispatchView(snapshot, queue_of, corrupt, stale)
 

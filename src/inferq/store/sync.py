@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 from inferq import defaults
@@ -186,35 +186,58 @@ class Store(AdminCalls):
                 return
 
     def dispatch_view(
-        self, classes: Sequence[str], head: int, heartbeat_ttl_s: float
+        self,
+        classes: Sequence[str],
+        head: int,
+        heartbeat_ttl_s: float,
+        *,
+        tenant_weight: Callable[[str], float] = lambda _: 1.0,
+        models: Sequence[str] | None = None,
     ) -> DispatchView:
         """Everything one dispatch decision needs (see :func:`read_dispatch_view`)."""
-        return read_dispatch_view(self.redis, self.keys, classes, head, heartbeat_ttl_s)
+        return read_dispatch_view(
+            self.redis,
+            self.keys,
+            classes,
+            head,
+            heartbeat_ttl_s,
+            tenant_weight=tenant_weight,
+            models=models,
+        )
 
-    def write_fairness(self, decision: Decision) -> None:
-        """Store the fairness state a decision carries forward (one pipelined round trip).
+    def write_fairness(
+        self,
+        decision: Decision,
+        classes: Sequence[str],
+        tenant_weight: Callable[[str], float] = lambda _: 1.0,
+    ) -> int:
+        """Store the fairness state a decision carries forward (one script call).
 
-        Credits and active sets are replaced; tenant floors set, then charges added.
-        With several dispatchers the last writer wins the credits: a small drift in
-        shares, never a correctness issue.
+        Credits are replaced, tenant charges added to their virtual time (tokens /
+        weight), and up to :data:`~inferq.defaults.FOLD_LIMIT` idle tenants per class
+        folded (``fairness.lua``). The decision's floors and active sets are not
+        stored: the scripts that queue a request lift a newly backlogged tenant
+        themselves (``includes/counts.lua``), with the same VTC rule. With several
+        dispatchers the last writer wins the credits: a small drift in shares, never a
+        correctness issue.
+
+        Returns:
+            Idle tenants folded.
         """
-        k = self.keys
-        pipe = self.redis.pipeline(transaction=False)
-        if decision.class_credit:
-            pipe.hset(
-                k.fair_classes, mapping={c: repr(v) for c, v in decision.class_credit.items()}
-            )
-        for cls, floors in decision.tenant_counter_floor.items():
-            if floors:
-                pipe.hset(k.fair_tenants(cls), mapping={t: repr(v) for t, v in floors.items()})
-        for cls, deltas in decision.tenant_counter_delta.items():
-            for tenant, delta in deltas.items():
-                pipe.hincrbyfloat(k.fair_tenants(cls), tenant, delta)
-        for cls, tenants in decision.active_tenants.items():
-            pipe.delete(k.fair_active(cls))
-            if tenants:
-                pipe.sadd(k.fair_active(cls), *sorted(tenants))
-        pipe.execute()
+        credits: dict[str, float | None] = {c: decision.class_credit.get(c) for c in classes}
+        charges = [
+            (cls, tenant, delta / tenant_weight(tenant))
+            for cls, deltas in decision.tenant_counter_delta.items()
+            for tenant, delta in deltas.items()
+        ]
+        call = calls.fairness_call(
+            self.keys,
+            credits,
+            charges,
+            idle_s=defaults.TENANT_IDLE_S,
+            limit=defaults.FOLD_LIMIT,
+        )
+        return calls.parse_fairness(self._call(call))
 
     def mark_unschedulable(self, pairs: Sequence[tuple[str, str]]) -> list[str]:
         """Record why requests cannot be served; returns the ids newly marked.
@@ -443,7 +466,14 @@ class Store(AdminCalls):
         for field, (_, _, tokens) in zip(fields, observed, strict=True):
             prev = new.get(field, float(old[field]) if old[field] else None)
             new[field] = update_moving_mean(prev, tokens, alpha)
-        self.redis.hset(self.keys.estimates, mapping={f: repr(v) for f, v in new.items()})
+        call = calls.estimates_call(
+            self.keys,
+            new,
+            idle_s=defaults.ESTIMATE_IDLE_S,
+            cap=defaults.ESTIMATES_MAX,
+            limit=defaults.FOLD_LIMIT,
+        )
+        calls.parse_estimates_put(self._call(call))
 
     # --- fleet ------------------------------------------------------------------
 

@@ -6,13 +6,13 @@ Every :class:`~inferq.workers.servers.ServerError` is classified (:func:`classif
 =====================  =====================================================  ==============
 kind                   examples                                               attempts
 =====================  =====================================================  ==============
-``infrastructure``     connection refused or reset, 502/503/504, 429, a         not spent;
-                       timeout before the first byte                           the deadline
-                                                                               bounds them
+``infrastructure``     connection refused or reset (an answer cut off by a      not spent;
+                       dying server included), 502/503/504, 429, a timeout     the deadline
+                       before the first byte                                   bounds them
 ``server``             500 and other 5xx, 408, a malformed answer, a backend   spent (at most
                        that raised                                             ``max_attempts``)
-``truncated``          a stream ended without a finish reason or ``[DONE]``,   spent
-                       a 200 with an empty body
+``truncated``          a stream that ended cleanly without a finish reason or  spent
+                       ``[DONE]``, a 200 with an empty body
 ``request``            any other 4xx (the request itself is invalid)           fails at once
 =====================  =====================================================  ==============
 

@@ -31,11 +31,7 @@ for i = 6, #ARGV, 6 do
     if action == 'requeue' then
       redis.call('HINCRBY', key, 'attempt_base', 1)
       redis.call('HINCRBY', key, 'preemptions', 1)
-      local fair = k_fair_tenants(p, r[5])  -- nothing generated: the whole charge back
-      if tonumber(charged) > 0 and redis.call('HEXISTS', fair, r[7]) == 1 then
-        local left = tonumber(redis.call('HINCRBYFLOAT', fair, r[7], -tonumber(charged)))
-        if left < 0 then redis.call('HSET', fair, r[7], 0) end
-      end
+      vtc_refund(p, r[5], r[7], tonumber(charged))  -- nothing generated: the whole charge back
       enqueue_again(p, id, {r[5], r[6], r[7], r[8]})
       stat(p, 'preempted')
       emit(p, maxlen, 'preempt', 'id', id, 'worker', w, 'attempt', attempt, 'class', r[5],

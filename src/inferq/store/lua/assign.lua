@@ -3,15 +3,16 @@
 -- ARGV: 1 prefix, 2 worker id, 3 batch id, 4 lease_ms, 5 events maxlen,
 --       then triples: request id, queue key, need_mib
 -- Returns a flat list {id1, attempt1, id2, attempt2, ...} of the requests claimed.
--- Invariant: a request leaves its queue exactly once per attempt (ZREM is the CAS, so two
--- dispatchers never assign the same request); every assigned request is in the leases and
+-- Invariant: a request leaves its queue (and its tenant's sub-queue and the tenant index,
+-- includes/queue.lua) exactly once per attempt (ZREM is the CAS, so two dispatchers
+-- never assign the same request); every assigned request is in the leases and
 -- inflight:<w> and its need is counted in load:<w>; nothing is assigned to a worker that is
 -- not live and ready, or that was asked to drain (before its next beat says so).
 -- Isolation (poison requests): a request marked `suspect` (it was on a worker that crashed)
 -- is claimed only alone, by a worker with nothing reserved, and while it holds the worker
 -- (load:<w> field `isolated` = its id) nothing else is assigned there; so one request that
 -- crashes its worker cannot take others with it again.
--- include: clock, keys, counts, events
+-- include: clock, keys, queue, counts, events
 local p, w, batch, lease_ms, maxlen = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 if redis.call('HGET', KEYS[1], 'state') ~= 'ready' or redis.call('EXISTS', KEYS[4]) == 1
     or redis.call('HEXISTS', KEYS[2], 'isolated') == 1 then
@@ -22,12 +23,13 @@ local claimed, ids = {}, {}
 for i = 6, #ARGV, 3 do
   local id, qkey, need = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local key = k_req(p, id)
-  local r = redis.call('HMGET', key, 'state', 'deadline_ms', 'priority', 'tenant', 'suspect')
+  local r = redis.call('HMGET', key, 'state', 'deadline_ms', 'priority', 'tenant', 'suspect', 'model')
   local alone = r[5] == '1'
   if alone and (#ids > 0 or (tonumber(redis.call('HGET', KEYS[2], 'slots')) or 0) > 0) then
     break  -- a suspect runs alone: not beside this batch or the worker's running requests
   end
   if r[1] == 'queued' and tonumber(r[2]) > now and redis.call('ZREM', qkey, id) == 1 then
+    subqueue_remove(p, r[3], r[6], r[4], id)
     local attempt = redis.call('HINCRBY', key, 'attempts', 1)
     redis.call('HSET', key, 'state', 'assigned', 'worker', w, 'batch', batch,
       'dispatched_ms', now, 'need_mib', need)

@@ -3,18 +3,19 @@
 -- Returns {promoted count, ms until the next delayed request is due (-1 when none)}.
 -- Invariant: a delayed request (a retry backing off) is `queued` and counted as queued but
 -- is in no queue until its not-before time on Redis TIME; then it returns to its queue at
--- its original position (score = submit time). A request that left `queued` meanwhile
+-- its original position (score = submit time), and to its tenant's sub-queue
+-- (includes/queue.lua). A request that left `queued` meanwhile
 -- (expired, cancelled) only leaves the delayed set.
--- include: clock, keys, wake
+-- include: clock, keys, queue, wake
 local p, limit = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()
 local n = 0
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', p .. 'delayed', '-inf', now, 'LIMIT', 0, limit)) do
   redis.call('ZREM', p .. 'delayed', id)
   local key = k_req(p, id)
-  local r = redis.call('HMGET', key, 'state', 'priority', 'model', 'submitted_ms')
+  local r = redis.call('HMGET', key, 'state', 'priority', 'model', 'submitted_ms', 'tenant')
   if r[1] == 'queued' then
-    redis.call('ZADD', k_queue(p, r[2], r[3]), r[4], id)
+    queue_add(p, r[2], r[3], r[5], id, r[4])
     redis.call('HDEL', key, 'not_before_ms')
     n = n + 1
   end

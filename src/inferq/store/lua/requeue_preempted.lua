@@ -23,11 +23,7 @@ for i = 5, #ARGV, 3 do
     redis.call('HDEL', key, 'abort_attempt', 'abort_action', 'abort_charged', 'abort_weight')
     local used = (tonumber(r[10]) or 0) + (tonumber(r[12]) or 0) * generated
     local refund = (tonumber(r[11]) or 0) - used
-    local fair = k_fair_tenants(p, r[5])
-    if refund > 0 and redis.call('HEXISTS', fair, r[7]) == 1 then
-      local left = tonumber(redis.call('HINCRBYFLOAT', fair, r[7], -refund))
-      if left < 0 then redis.call('HSET', fair, r[7], 0) end
-    end
+    vtc_refund(p, r[5], r[7], refund)
     if tonumber(r[9]) <= now then
       finalize(p, id, 'expired', now, ttl, maxlen,
         {'error', 'deadline passed while preempted (attempt ' .. attempt .. ')'})

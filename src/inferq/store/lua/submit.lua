@@ -7,12 +7,13 @@
 --       13.. field/value pairs of the submission (the payload goes to payload:<id>)
 -- Returns {'ok', id, submitted_ms, deadline_ms} | {'dup', existing_id}
 --       | {'conflict', existing_id} | {'full', 'class'|'tenant', limit}
--- Invariant: a request is in exactly one queue iff its state is 'queued'; counts:c:<class>
+-- Invariant: a request is in exactly one queue (and its tenant's sub-queue, see
+-- includes/queue.lua) iff its state is 'queued'; counts:c:<class>
 -- and counts:t:<class>:<tenant> equal the queued requests they name; an idempotency key
 -- maps to at most one request, of its own tenant, with the same fingerprint, and only
 -- while that request's record exists (a key whose record expired is re-pointed); a
 -- refused submission writes nothing.
--- include: clock, keys, record, counts, events, wake
+-- include: clock, keys, record, queue, counts, events, wake
 local p, id, class, route, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local idem, fp = KEYS[3], ARGV[12]
 if idem then
@@ -46,7 +47,7 @@ end
 redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('HSET', KEYS[1], 'state', 'queued', 'submitted_ms', now, 'deadline_ms', deadline,
   'attempts', 0)
-redis.call('ZADD', KEYS[2], now, id)
+queue_add(p, class, route, tenant, id, now)
 redis.call('SADD', p .. 'queues', class .. '|' .. route)
 redis.call('ZADD', p .. 'deadlines', deadline, id)
 count_queued(p, class, tenant, 1)

@@ -11,10 +11,12 @@ server answer                               ``ServerError`` (kind: see ``workers
 429, 502, 503, 504                          ``retryable=True``: infrastructure, with
                                             the ``Retry-After`` when sent
 408, 500, other 5xx                         ``retryable=True``: server
-refused, reset or timed out before the      ``retryable=True``: infrastructure
-answer began
-a stream cut off (no finish reason and no   ``retryable=True``: truncated
-``[DONE]``), a 200 with an empty body
+refused or timed out before the answer      ``retryable=True``: infrastructure
+began; reset or an incomplete HTTP message
+mid-answer (the server died)
+a stream that ended cleanly without a       ``retryable=True``: truncated
+finish reason or ``[DONE]``, a 200 with an
+empty body
 2xx with a body that does not parse         ``retryable=True``: server
 ==========================================  ==========================================
 
@@ -183,12 +185,12 @@ class OpenAIServer(ModelServer):
             raise self._timeout_error(request, answered=bool(answered)) from None
         except httpx.HTTPError as exc:
             cause = f"{type(exc).__name__}: {exc}"
-            if answered:
+            if answered:  # a transport failure mid-answer (reset, incomplete message)
                 raise ServerError(
                     f"openai: request {request.id}: answer cut off by "
                     f"{redact_url(self.base_url)}: {cause}",
                     retryable=True,
-                    kind=FailureKind.TRUNCATED,
+                    kind=FailureKind.INFRASTRUCTURE,
                 ) from None
             raise ServerError(
                 f"openai: request {request.id}: connection to {redact_url(self.base_url)} "

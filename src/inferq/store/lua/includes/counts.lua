@@ -1,8 +1,45 @@
--- counts: the queued counters (backpressure and tenant backlog): class and class+tenant.
--- Invariant: c:<class> and t:<class>:<tenant> equal the queued requests they name.
+-- counts: the queued counters (backpressure and tenant backlog): class and class+tenant,
+-- and the VTC state that follows a tenant's backlog in a class.
+-- include: clock
+-- Invariant: c:<class> and t:<class>:<tenant> equal the queued requests they name;
+-- fair:live:<class> holds exactly the tenants with a queued request in the class, each
+-- scored by its virtual time (= fair:vtc:<class>); every fair:vtc entry has a
+-- fair:seen entry (last time the tenant was backlogged or served).
+
+-- A tenant becomes backlogged in a class: VTC's counter lift (Sheng et al., OSDI'24):
+-- its virtual time rises to the lowest of the tenants already backlogged, so idle time
+-- banks no credit; a tenant served more than them keeps its own (higher) counter.
+-- Virtual time = counter / tenant weight, so the lift needs no weights.
+local function vtc_activate(p, class, tenant)
+  local own = tonumber(redis.call('ZSCORE', p .. 'fair:vtc:' .. class, tenant) or '0')
+  local low = redis.call('ZRANGE', p .. 'fair:live:' .. class, 0, 0, 'WITHSCORES')
+  if low[2] and tonumber(low[2]) > own then own = tonumber(low[2]) end
+  redis.call('ZADD', p .. 'fair:vtc:' .. class, own, tenant)
+  redis.call('ZADD', p .. 'fair:live:' .. class, own, tenant)
+  redis.call('ZADD', p .. 'fair:seen:' .. class, now_ms(), tenant)
+end
+
+-- Give back `tokens` of a tenant's VTC charge (a preempted request keeps only what it
+-- used): never below zero, never to a tenant already folded. In virtual time at weight 1:
+-- a weighted tenant's refund is not divided by its weight (the scripts do not know it).
+local function vtc_refund(p, class, tenant, tokens)
+  if not tokens or tokens <= 0 then return end
+  local vtc = p .. 'fair:vtc:' .. class
+  local v = redis.call('ZSCORE', vtc, tenant)
+  if not v then return end
+  local left = math.max(0, tonumber(v) - tokens)
+  redis.call('ZADD', vtc, left, tenant)
+  redis.call('ZADD', p .. 'fair:live:' .. class, 'XX', left, tenant)
+end
 
 local function count_queued(p, class, tenant, delta)
   redis.call('HINCRBY', p .. 'counts', 'c:' .. class, delta)
   local left = redis.call('HINCRBY', p .. 'counts', 't:' .. class .. ':' .. tenant, delta)
-  if left <= 0 then redis.call('HDEL', p .. 'counts', 't:' .. class .. ':' .. tenant) end
+  if left <= 0 then
+    redis.call('HDEL', p .. 'counts', 't:' .. class .. ':' .. tenant)
+    redis.call('ZREM', p .. 'fair:live:' .. class, tenant)
+    redis.call('ZADD', p .. 'fair:seen:' .. class, now_ms(), tenant)
+  elseif left == delta then
+    vtc_activate(p, class, tenant)
+  end
 end

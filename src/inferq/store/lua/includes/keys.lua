@@ -8,4 +8,10 @@ local function k_done(p, id) return p .. 'done:' .. id end
 local function k_load(p, w) return p .. 'load:' .. w end
 local function k_inflight(p, w) return p .. 'inflight:' .. w end
 local function k_ctl(p, w) return p .. 'ctl:' .. w end
-local function k_fair_tenants(p, class) return p .. 'fair:tenants:' .. class end
+-- A tenant's sub-queue of one queue, and the queue's tenant index. The route is
+-- length-prefixed (routes and tenants may both hold ':'), so no two (route, tenant)
+-- pairs share a sub-queue.
+local function k_tqueue(p, class, route, tenant)
+  return p .. 'tq:' .. class .. ':' .. string.len(route) .. ':' .. route .. ':' .. tenant
+end
+local function k_tindex(p, class, route) return p .. 'tix:' .. class .. ':' .. route end

@@ -1,5 +1,5 @@
 -- requeue: put a request back in its queue after a failed or abandoned attempt.
--- include: keys, record, counts, wake, events, release, finalize
+-- include: keys, record, queue, counts, wake, events, release, finalize
 
 -- Put a request back in its queue at its original position (score = submit time), or,
 -- with delay_ms > 0, in the delayed set until now + delay_ms (promote.lua moves it back to
@@ -11,7 +11,7 @@ local function enqueue_again(p, id, fields, delay_ms, now)
     redis.call('ZADD', p .. 'delayed', now + delay_ms, id)
     redis.call('HSET', k_req(p, id), 'not_before_ms', now + delay_ms)
   else
-    redis.call('ZADD', k_queue(p, class, route), submitted, id)
+    queue_add(p, class, route, tenant, id, submitted)
   end
   count_queued(p, class, tenant, 1)
   wake(p)

@@ -1,13 +1,13 @@
 -- withdraw: take a request that has not started out of dispatch, before it is made final
 -- (expired, cancelled): a queued one leaves its queue, an assigned one gives back its
 -- worker's reservation.
--- include: keys, counts, release
+-- include: keys, queue, counts, release
 -- r = HMGET of the request: state, priority, model (the route), tenant, worker, need_mib.
 -- Returns true when it did, false for any other state (running or final: left alone).
 
 local function withdraw(p, id, r)
   if r[1] == 'queued' then
-    redis.call('ZREM', k_queue(p, r[2], r[3]), id)
+    queue_remove(p, r[2], r[3], r[4], id)
     redis.call('ZREM', p .. 'delayed', id)
     count_queued(p, r[2], r[4], -1)
   elseif r[1] == 'assigned' then

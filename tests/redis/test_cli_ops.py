@@ -1,0 +1,179 @@
+"""The CLI as an operator meets it (issue 15): one error prefix, honest exit codes,
+``--json`` on every action, ids never truncated, hints, progress, ready lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from inferq.config import Settings
+from inferq.store import Store
+
+from ..builders import inference_request, worker_info
+from ..conftest import REDIS_URL
+from ..helpers import ready_worker
+
+INFERQ = [sys.executable, "-m", "inferq"]
+
+
+def inferq(namespace: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``inferq ARGS`` as a process on an 80-column terminal size."""
+    full_env = {
+        **os.environ,
+        "INFERQ_REDIS_URL": REDIS_URL,
+        "INFERQ_NAMESPACE": namespace,
+        "COLUMNS": "80",
+        **env,
+    }
+    return subprocess.run(
+        [*INFERQ, *args], env=full_env, capture_output=True, text=True, timeout=60
+    )
+
+
+def dead_letter(store: Store, settings: Settings) -> str:
+    """Submit one request and fail it max_attempts times; returns its id."""
+    req = inference_request(settings, priority="realtime")
+    store.submit(req)
+    qkey = store.keys.queue("realtime", req.route)
+    for i in range(settings.max_attempts):
+        [(_, attempt)] = store.assign("w1", f"b{i}", [(req.id, qkey, 1)])
+        store.requeue([(req.id, attempt, "w1", "boom")])
+    return req.id
+
+
+def test_click_errors_take_inferqs_one_prefix(namespace: str) -> None:
+    out = inferq(namespace, "queues", "--bogus")
+    assert out.returncode == 2
+    assert "error: No such option: --bogus" in out.stderr or "error: No such option" in out.stderr
+    assert "Error:" not in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_metrics_port_in_use_is_one_line(namespace: str) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        out = inferq(namespace, "dispatcher", "--metrics-port", str(port))
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        f"error: --metrics-port {port}: 127.0.0.1:{port} is already in use "
+        "(another inferq daemon? give each its own port)"
+    ]
+
+
+def test_dead_letter_requeue_of_an_unknown_id_fails(
+    namespace: str, store: Store, settings: Settings
+) -> None:
+    ready_worker(store, "w1")
+    rid = dead_letter(store, settings)
+    out = inferq(namespace, "dead-letter", "requeue", "bogus", rid, "--json")
+    assert out.returncode == 1
+    assert json.loads(out.stdout) == {"requeued": [rid], "not_in_dead_letter": ["bogus"]}
+    assert "error: not in the dead letter: bogus" in out.stderr
+    assert inferq(namespace, "dead-letter", "requeue", "bogus").returncode == 1
+
+
+def test_cancel_and_drain_answer_json(namespace: str, store: Store, settings: Settings) -> None:
+    req = inference_request(settings)
+    store.submit(req)
+    out = inferq(namespace, "cancel", req.id, "--json")
+    assert out.returncode == 0 and json.loads(out.stdout) == {"id": req.id, "state": "cancelled"}
+    ready_worker(store, "w1")
+    out = inferq(namespace, "drain", "w1", "--json")
+    assert json.loads(out.stdout) == {"worker": "w1", "drain_requested": True}
+    out = inferq(namespace, "drain", "ghost", "--json")
+    assert out.returncode == 1 and "error: no live worker 'ghost'" in out.stderr
+
+
+def test_drain_wait_reports_when_the_worker_left(namespace: str, store: Store) -> None:
+    ready_worker(store, "w2")
+    out = inferq(namespace, "drain", "w2", "--wait", "--timeout", "0.5", "--json")
+    assert out.returncode == 1  # still registered (nothing drains a fake worker)
+    assert json.loads(out.stdout) == {"worker": "w2", "drain_requested": True, "left": False}
+
+
+def test_ids_are_never_truncated_on_80_columns(
+    namespace: str, store: Store, settings: Settings
+) -> None:
+    long_worker = "gpu-node-a100-80gb-rack12-slot3-" + "x" * 20
+    store.heartbeat(worker_info(long_worker, model="llama-3.1-70b"), ttl_s=30)
+    ready_worker(store, "w1")
+    rid = dead_letter(store, settings)
+    listed = inferq(namespace, "dead-letter", "list")
+    assert rid in listed.stdout, listed.stdout
+    for command in ("workers", "report"):
+        out = inferq(namespace, command).stdout
+        assert long_worker in out and "llama-3.1-70b" in out, out
+        assert max(len(line) for line in out.splitlines()) <= 80 or long_worker in out
+
+
+def test_an_unused_namespace_gets_a_hint(namespace: str) -> None:
+    for args in (["queues"], ["workers", "--json"], ["dead-letter", "list"]):
+        out = inferq(namespace, *args)
+        assert out.returncode == 0
+        assert f"namespace '{namespace}' has no keys" in out.stderr, out.stderr
+
+
+def test_purge_removes_the_namespaces_rq_keys_and_only_those(namespace: str, store: Store) -> None:
+    from inferq.delivery import rq_connection
+
+    conn = rq_connection(REDIS_URL)
+    hexid = "0" * 26
+    ours = [
+        f"rq:queue:inferq:{namespace}:w:w1",
+        f"rq:wip:inferq:{namespace}:w:w1",
+        f"rq:job:{namespace}-{hexid}",
+        f"rq:worker:{namespace}-w1",
+    ]
+    theirs = [f"rq:job:{namespace}-x-{hexid}", f"rq:queue:inferq:{namespace}-x:w:w1"]
+    for key in ours + theirs:
+        conn.hset(key, "queues", key.replace("rq:worker:", "inferq:").replace("-w1", ":w:w1"))
+    conn.hset(f"rq:worker:{namespace}-w1", "queues", f"inferq:{namespace}:w:w1")
+    conn.sadd("rq:queues", ours[0])
+    store.submit(inference_request(store.settings))
+    try:
+        out = inferq(namespace, "purge", "--yes", "--json")
+        assert out.returncode == 0, out.stderr
+        data: dict[str, Any] = json.loads(out.stdout)
+        assert data["rq_deleted"] == len(ours) and data["deleted"] > 0
+        assert not any(conn.exists(k) for k in ours)
+        assert all(conn.exists(k) for k in theirs)
+        assert not conn.sismember("rq:queues", ours[0])
+    finally:
+        conn.delete(*theirs, *ours)
+
+
+def test_requeue_all_shows_progress_on_a_terminal(
+    namespace: str, store: Store, settings: Settings
+) -> None:
+    ready_worker(store, "w1")
+    for _ in range(100):
+        dead_letter(store, settings)
+    out = inferq(namespace, "dead-letter", "requeue", "--all", FORCE_COLOR="1", TTY_COMPATIBLE="1")
+    assert out.returncode == 0, out.stderr
+    assert re.sub(r"\x1b\[[0-9;]*m", "", out.stdout).strip() == "requeued 100 of 100"
+    assert "requeueing" in out.stderr
+
+
+@pytest.mark.parametrize("command", ["dispatcher", "scaler"])
+def test_daemons_print_one_ready_line(namespace: str, command: str) -> None:
+    env = {**os.environ, "INFERQ_REDIS_URL": REDIS_URL, "INFERQ_NAMESPACE": namespace}
+    args = [command, "--metrics-port", "0"]
+    if command == "scaler":
+        args += ["--metrics-only"]
+    proc = subprocess.Popen([*INFERQ, *args], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    assert line.startswith(f"inferq {command} ready: "), line
+    assert f"namespace {namespace}" in line and "metrics http://127.0.0.1:" in line
