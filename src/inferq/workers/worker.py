@@ -113,11 +113,18 @@ def run_worker(
 
         engine.on_drain_requested = on_drain_requested
     delivery.bind(engine)
+    # A stop signal before RQ's loop installs its handlers (during the model's load, or a
+    # drain asked through Redis that the first beats deliver) would otherwise kill the
+    # process with SIGTERM's default action: record it and drain without serving.
+    early = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: early.set())
     try:
         engine.start()
         if on_ready is not None:
             on_ready(engine.worker_id)
-        consumer.serve()
+        if not early.is_set():
+            consumer.serve()
         engine.begin_drain()
         consumer.accept_claimed()
         engine.stop()
