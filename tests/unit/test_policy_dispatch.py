@@ -497,9 +497,12 @@ def test_unschedulable_is_reported_and_others_still_dispatch() -> None:
     decision = decide(snap, policy())
     assert dict(decision.unschedulable) == {
         "huge": "needs 3.9 GiB KV cache, largest llama-3.1-8b worker has 2.0 GiB",
-        "none": "no live worker serves llama-3.1-70b",
+        "none": "no live worker or scaler pool serves model llama-3.1-70b",
     }
     assert assigned(decision) == {"ok": "w"}
+    # With a scaler pool of the 70b model, "none" waits for its cold start instead.
+    pooled = decide(dataclasses.replace(snap, scaler_pools=frozenset({"llama-3.1-70b"})), policy())
+    assert [rid for rid, _ in pooled.unschedulable] == ["huge"] and assigned(pooled) == {"ok": "w"}
 
 
 def test_unknown_class_is_reported_not_fatal() -> None:

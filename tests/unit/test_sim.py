@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inferq.config import Settings
+from inferq.config import ScalingPool, ScalingSettings, Settings
 from inferq.errors import ConfigError, InvalidRequest
 from inferq.intake import build_request
 from inferq.latency import service_time
@@ -411,3 +411,25 @@ def test_markdown_has_one_row_per_policy_and_class() -> None:
     result = replay(rows((0.0, "realtime", "a"), (0.0, "batch", "b")), "inferq")
     text = markdown([summarize(result, SETTINGS.classes)])
     assert text.count("| inferq | realtime |") == 1 and text.count("| inferq | batch |") == 1
+
+
+def test_a_request_nothing_serves_expires_saying_why_and_is_no_backlog() -> None:
+    # Issue 12, fault 4: the scaler's only pool is the 8b model; a llama-2-13b request
+    # (standard may not degrade) is unschedulable, expires naming the missing model, and
+    # the scaler launches nothing for it.
+    pools = {"llama-3.1-8b": ScalingPool(min_workers=1, max_workers=4)}
+    settings = Settings.load(scaling=ScalingSettings(pools=pools))
+    rows_ = [
+        ("standard", TraceRequest(0.0, 100, 20)),
+        ("standard", TraceRequest(0.0, 100, 20, model="llama-2-13b")),
+    ]
+    config = SimConfig(settings=settings, fleet={"llama-3.1-8b": 1}, latency=fixed_latency(0.5))
+    result = simulate(build_requests(rows_, settings), POLICIES["inferq"], config)
+    ok, unserved = result.outcomes
+    assert ok.status == "succeeded" and unserved.status == "expired"
+    assert unserved.unschedulable == "no live worker or scaler pool serves model llama-2-13b"
+    assert (unserved.reason or "").startswith(
+        "deadline passed: no live worker or scaler pool serves model llama-2-13b (waited "
+    )
+    assert {w.model for w in result.workers} == {"llama-3.1-8b"}
+    assert all(e.action != "up" for e in result.scale_events)

@@ -61,7 +61,7 @@ from inferq import defaults
 from inferq.errors import ConfigError, InvalidRequest
 from inferq.models import WorkerState
 from inferq.policy.estimate import estimate_key, update_moving_mean
-from inferq.policy.routing import route_models
+from inferq.policy.routing import FleetCapacity, route_models
 from inferq.policy.scaling import ScalerState
 from inferq.policy.snapshot import Decision, DispatchPolicy, FairnessState, QueuedRequest, Snapshot
 from inferq.sim.deployment import (
@@ -221,6 +221,8 @@ class _Sim:
             for _ in range(n):
                 self.fleet.launch(spec, 0.0, warm=True)
         self.tracker = LoadTracker(settings, self._managed(), config.slots, config.rate_window_s)
+        # What the dispatcher sees of the scaler (as the daemon reads it from Redis).
+        self.pools = frozenset(self.tracker.managed) if policy.scaler else frozenset()
 
     def _managed(self) -> list[str]:
         """The scaler's models: the configured pools, else the fleet's and the routed-to ones."""
@@ -341,13 +343,23 @@ class _Sim:
             o = self.outcomes[index]
             if o.status != "queued":
                 continue
+            why = self._unservable(o)
             self._dequeue(o)
             waited = o.deadline - o.request.arrival_s
-            self._end(
-                o, "expired", o.deadline, f"deadline passed while queued (waited {waited:.2f} s)"
-            )
+            cause = f": {why}" if why else " while queued"
+            self._end(o, "expired", o.deadline, f"deadline passed{cause} (waited {waited:.2f} s)")
             expired = True
         return expired
+
+    def _unservable(self, o: RequestOutcome) -> str | None:
+        """Why nothing can serve a queued request now (as a dispatcher's fresh note on the
+        real stack says), or None: checked only for one a decision found unschedulable."""
+        if o.unschedulable is None:
+            return None
+        r = o.request
+        queued = self.queues[(r.priority, r.route)][r.id]
+        views = [w.view() for w in self.fleet]
+        return FleetCapacity(views, self.routing, self.pools).reason(queued)
 
     def _end(self, o: RequestOutcome, status: Status, at: float, reason: str | None) -> None:
         o.status = status
@@ -377,6 +389,7 @@ class _Sim:
             fairness=FairnessState(self.credit, self.counters, self.active),
             backlogged_tenants=self.backlogged,
             output_estimates=self.estimates,
+            scaler_pools=self.pools,
         )
 
     def _decide(self) -> None:
