@@ -30,8 +30,8 @@ NONE_SERVES = "no live worker or scaler pool serves model llama-2-13b"
 
 @pytest.fixture
 def fast(redis_client: redis.Redis, namespace: str) -> tuple[Store, Client]:
-    # Heartbeat 0.1 s: a dispatcher's note stays fresh for one heartbeat TTL (0.3 s).
-    settings = Settings.load(redis_url=REDIS_URL, namespace=namespace, heartbeat_interval_s=0.1)
+    # Heartbeat 0.3 s: a dispatcher's note stays fresh for one heartbeat TTL (0.9 s).
+    settings = Settings.load(redis_url=REDIS_URL, namespace=namespace, heartbeat_interval_s=0.3)
     store = Store(redis_client, settings)
     return store, Client(settings=settings, connection=redis_client)
 
@@ -94,7 +94,7 @@ def test_a_note_no_dispatcher_confirms_any_more_is_not_the_reason(
     # The dispatcher found it unschedulable, then stopped: past one heartbeat TTL its
     # note is stale (a worker may have joined since), so the reason is the client's.
     store, client = fast
-    h = client.submit("hi", model="llama-2-13b", priority="standard", max_tokens=8, timeout=0.8)
+    h = client.submit("hi", model="llama-2-13b", priority="standard", max_tokens=8, timeout=1.5)
     Dispatcher(store).step()
     assert store.redis.hget(store.keys.req(h.id), "unschedulable") == NONE_SERVES
     result = h.result()
