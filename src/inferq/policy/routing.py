@@ -11,7 +11,7 @@ A worker is eligible for a request (design brief, issue 3) when
 - it has a free slot and ``free_mib >= need_mib`` (reservations of assigned but
   unfinished work already subtracted);
 - it is not running a suspect alone (``isolated``), and for a suspect (``alone``: a
-  request that was on a worker that crashed) it has nothing reserved at all: a
+  request caught in two worker crashes) it has nothing reserved at all: a
   suspect runs alone, so a poison request that crashes its worker again takes no
   other request with it (issue 13, fault 2).
 

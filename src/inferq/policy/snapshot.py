@@ -35,7 +35,7 @@ class QueuedRequest:
     attempts: int = 0
     #: the worker whose attempt failed last; avoided when another can serve.
     excluded_worker: str | None = None
-    #: a suspect (it was on a worker that crashed): runs alone on an otherwise idle worker.
+    #: a suspect (caught in two worker crashes): runs alone on an otherwise idle worker.
     alone: bool = False
 
 
