@@ -279,7 +279,7 @@ def test_scale_events_and_reversals_are_counted() -> None:
 
 def test_sustainable_rate_is_slots_over_mean_service_time() -> None:
     reqs = build_requests([("realtime", TraceRequest(0.0, 1200, 240))], SETTINGS)
-    per = 8 / (1200 / SPEC_8B.prefill_tps + 240 / (SPEC_8B.decode_tps / (1 + 0.15 * 7)))
+    per = 8 / service_time(SPEC_8B, 1200, 240, 8).total_s
     assert sustainable_rate(reqs, SETTINGS, {"llama-3.1-8b": 3}, 8) == pytest.approx(3 * per)
     assert sustainable_rate(reqs, SETTINGS, {"llama-3.1-70b": 3}, 8) == 0.0
 
@@ -287,9 +287,9 @@ def test_sustainable_rate_is_slots_over_mean_service_time() -> None:
 def test_peak_fleet_covers_the_busiest_window() -> None:
     # One request a second for 100 s: any 60 s window holds 60 of them. A worker
     # offers 8 slots x 60 s = 480 slot-seconds per window.
-    trace = [TraceRequest(float(i), 0, 390, priority="realtime") for i in range(100)]
+    trace = [TraceRequest(float(i), 0, 2000, priority="realtime") for i in range(100)]
     reqs = build_requests([(None, r) for r in trace], SETTINGS)
-    cost = service_time(SPEC_8B, 0, 390, 8).total_s  # ~10 s at full concurrency
+    cost = service_time(SPEC_8B, 0, 2000, 8).total_s  # ~10 s at full concurrency
     assert peak_fleet(reqs, SETTINGS, 8, 60.0) == {"llama-3.1-8b": math.ceil(60 * cost / 480)}
     assert peak_fleet(reqs, SETTINGS, 8, 60.0)["llama-3.1-8b"] == 2
     assert peak_fleet(reqs[:1], SETTINGS, 8, 60.0) == {"llama-3.1-8b": 1}
