@@ -104,6 +104,14 @@ class PriorityClass(BaseModel):
         description="wait after which a request that fits no worker reserves one and "
         "preempts lower, preemptible classes there, seconds (None: never)",
     )
+    tpot_s: float | None = Field(
+        default=None, gt=0, description="time-per-output-token target, seconds (inferq.sla)"
+    )
+    reference_prefill_tps: float = Field(
+        default=defaults.SLA_REFERENCE_PREFILL_TPS,
+        gt=0,
+        description="prompt tokens/s the TTFT target allows on top of sla_s (inferq.sla)",
+    )
 
 
 class ModelSpec(BaseModel):
@@ -229,6 +237,7 @@ def _default_classes() -> list[PriorityClass]:
         PriorityClass(
             name=name,
             sla_s=defaults.CLASS_SLA_S[name],
+            tpot_s=defaults.CLASS_TPOT_S[name],
             timeout_s=defaults.CLASS_TIMEOUT_S[name],
             weight=defaults.CLASS_WEIGHTS[name],
             batch_delay_s=defaults.CLASS_BATCH_DELAY_S[name],

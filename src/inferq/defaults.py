@@ -18,6 +18,14 @@ CLASS_WEIGHTS = {"realtime": 8.0, "standard": 3.0, "batch": 1.0}
 #: the latency an interactive user feels and the target LLM serving systems set
 #: (Splitwise, DistServe: TTFT SLOs); generation length is the caller's choice.
 CLASS_SLA_S = {"realtime": 2.0, "standard": 10.0, "batch": 60.0}
+#: Time-per-output-token target per class, seconds (None: none), as MLPerf Inference's LLM
+#: server scenarios state it: 100 ms for Llama-3.1-8B (v5.1), 200 ms for Llama-2-70B (v4.1).
+#: Realtime is chat (the 8B figure), standard the 70B one, batch has no per-token target.
+CLASS_TPOT_S: dict[str, float | None] = {"realtime": 0.1, "standard": 0.2, "batch": None}
+#: Prefill allowance of the length-aware TTFT target (``inferq.sla``), prompt tokens/s:
+#: half what an H200 prefills for an 8B model (41,636 tokens/s at 2,048 tokens, issue 16),
+#: so a long prompt is allowed twice its own prefill time on top of the class SLA.
+SLA_REFERENCE_PREFILL_TPS = 20_000.0
 #: Timeout (submit -> final result) per class: long enough for the longest answer
 #: in the Azure traces (1,000-1,900 output tokens) at ~30 tokens/s under load.
 CLASS_TIMEOUT_S = {"realtime": 120.0, "standard": 300.0, "batch": 3600.0}

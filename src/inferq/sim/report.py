@@ -5,6 +5,9 @@ Definitions (per class, and over all requests):
 - SLA attainment: the share of requests that *succeeded* with a time to first
   token (submit -> first token: queue wait + prefill) within the class SLA
   (:mod:`inferq.reporting`'s rule, shared with the demo); expired requests miss.
+  Kept for comparison beside the length-aware targets of :mod:`inferq.sla`:
+  TTFT attainment (``sla_s + prompt / reference_prefill_tps``), TPOT attainment
+  (per output token after the first) and SLO attainment (both; DistServe).
 - queue wait (submit -> dispatch), TTFT and end-to-end latency (submit ->
   result) percentiles p50/p95/p99, nearest rank, over the requests that
   reached that point (seconds).
@@ -40,7 +43,7 @@ from rich.table import Table
 
 from inferq.config import PriorityClass
 from inferq.extras import import_extra
-from inferq.reporting import Outcome, class_summary, jain_index, percentile
+from inferq.reporting import Outcome, class_summary, jain_index, percentile, slo_attainment
 from inferq.sim.result import RequestOutcome, SimResult
 
 Report = dict[str, Any]
@@ -56,6 +59,8 @@ def _reporting_outcome(o: RequestOutcome) -> Outcome:
         e2e_s=o.e2e_s,
         tenant=r.tenant,
         tokens=r.prompt_tokens + r.output_tokens,
+        prompt_tokens=r.prompt_tokens,
+        output_tokens=r.output_tokens,
     )
 
 
@@ -87,13 +92,14 @@ def summarize(
         if o.status == "refused":
             refused[o.request.priority] = refused.get(o.request.priority, 0) + 1
     outcomes = [_reporting_outcome(o) for o in admitted]
-    per_class = class_summary(outcomes, sla)
+    per_class = class_summary(outcomes, sla, classes=classes)
     for cls, stats in per_class.items():
         rows = [o for o in admitted if o.request.priority == cls]
         stats.update(_extras(rows, sla.get(cls)))
         stats["refused"] = refused.get(cls, 0)
     overall = _overall(admitted, sla)
     overall["refused"] = sum(refused.values())
+    overall.update(_overall_slo(outcomes, classes))
     return {
         "policy": result.policy,
         "summary": summary,
@@ -169,6 +175,19 @@ def _overall(rows: Sequence[RequestOutcome], sla: Mapping[str, float]) -> dict[s
         for q in (50, 95, 99):
             out[f"{name}_p{q}_s"] = percentile(values, q)
     return out
+
+
+def _overall_slo(outcomes: Sequence[Outcome], classes: Sequence[PriorityClass]) -> dict[str, Any]:
+    """The :mod:`inferq.sla` attainments over every request (each held to its class)."""
+    n = len(outcomes)
+    if not n:
+        return {"ttft_attainment": None, "tpot_attainment": None, "slo_attainment": None}
+    sums = {"ttft_attainment": 0.0, "tpot_attainment": 0.0, "slo_attainment": 0.0}
+    for cls in classes:
+        rows = [o for o in outcomes if o.priority == cls.name]
+        for k, v in slo_attainment(rows, cls).items():
+            sums[k] += v * len(rows)
+    return {k: v / n for k, v in sums.items()}
 
 
 def _fleet(result: SimResult) -> dict[str, Any]:
@@ -253,6 +272,9 @@ CLASS_COLUMNS = (
     "class",
     "requests",
     "SLA met",
+    "TTFT met",
+    "TPOT met",
+    "SLO met",
     "wait p50/p95/p99 s",
     "TTFT p99 s",
     "e2e p50/p95/p99 s",
@@ -263,6 +285,7 @@ CLASS_COLUMNS = (
 FLEET_COLUMNS = (
     "policy",
     "SLA met",
+    "SLO met",
     "GPU-s",
     "mean/peak workers",
     "GPU util",
@@ -285,6 +308,9 @@ def class_rows(reports: Sequence[Report]) -> list[list[str]]:
                     cls,
                     str(s["requests"]),
                     _pct(s["sla_attainment"]),
+                    _pct(s.get("ttft_attainment")),
+                    _pct(s.get("tpot_attainment")),
+                    _pct(s.get("slo_attainment")),
                     "/".join(_sec(s[f"queue_wait_{q}_s"]) for q in ("p50", "p95", "p99")),
                     _sec(s["ttft_p99_s"]),
                     "/".join(_sec(s[f"e2e_{q}_s"]) for q in ("p50", "p95", "p99")),
@@ -305,6 +331,7 @@ def fleet_rows(reports: Sequence[Report]) -> list[list[str]]:
             [
                 rep["policy"],
                 _pct(rep["overall"]["sla_attainment"]),
+                _pct(rep["overall"].get("slo_attainment")),
                 f"{f['gpu_seconds']:.0f}",
                 f"{_num(f['mean_workers'], 1)}/{f['peak_workers']}",
                 _pct(f["gpu_utilisation"]),
@@ -320,7 +347,9 @@ def fleet_rows(reports: Sequence[Report]) -> list[list[str]]:
 
 def tables(reports: Sequence[Report]) -> tuple[Table, Table]:
     """Two rich tables: per class, and fleet/scaling/fairness per policy."""
-    per_class = Table(title="SLA and latency per class (SLA = time to first token)")
+    per_class = Table(
+        title="SLA and latency per class (SLA = flat TTFT; TTFT/TPOT/SLO = inferq.sla's targets)"
+    )
     for col in CLASS_COLUMNS:
         per_class.add_column(col, justify="left" if col in ("policy", "class") else "right")
     for row in class_rows(reports):
