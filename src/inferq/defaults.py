@@ -223,6 +223,19 @@ SCALE_GPUS_PER_WORKER = 1
 #: Tolerance band: hold while the needed workers are within 10% of the current
 #: count (the Kubernetes HPA's default --horizontal-pod-autoscaler-tolerance, 0.1).
 SCALE_TOLERANCE = 0.1
+#: After a direction reversal (a scale-down after a scale-up, or the opposite), no
+#: further reversal of the same model for this many seconds, so a pool reverses at most
+#: once per 10 minutes on any workload (issue 16's flap bound), by construction.
+SCALE_REVERSAL_DWELL_S = 600.0
+#: Asymmetric threshold: scale down only to a count that would run at most this share of
+#: the capacity the need asks for (need / down_threshold workers), while a scale-up goes to
+#: ceil(need) at once: shrinking is cheap to postpone, growing late misses the SLA.
+SCALE_DOWN_THRESHOLD = 0.8
+#: Share of a worker's KV cache the capacity model fills (inferq.policy.capacity): vLLM
+#: preempts sequences when its cache is full, so sizing for 90% leaves room for the
+#: spread of request sizes around the window's mean; with SCALE_DOWN_THRESHOLD the
+#: fleet settles between 72% and 90% (issue 16's goal: at least 70%).
+SCALE_TARGET_OCCUPANCY = 0.9
 #: Add a worker once a class's oldest wait reaches this fraction of its SLA, so
 #: capacity is on its way (cold start 15-45 s) before the SLA is missed.
 SCALE_TARGET_WAIT_FRACTION = 0.5
