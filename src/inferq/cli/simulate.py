@@ -240,7 +240,7 @@ def _scaled(
 ) -> tuple[list[SimRequest], dict[str, Any]]:
     """``requests`` scaled by ``--rate-scale`` or ``--load``, and the run's description."""
     scale = opts["rate_scale"]
-    sustainable = sustainable_rate(requests, settings, fleet, opts["slots"])
+    sustainable = sustainable_rate(requests, settings, fleet, opts["slots"], opts["vram_mib"])
     offered = offered_rate(requests)
     if opts["load"] is not None:
         if not opts["load"] > 0 or offered <= 0 or sustainable <= 0:

@@ -21,8 +21,10 @@ Definitions (per class, and over all requests):
 - GPU-seconds: every worker's time from launch (cold start included) to
   stop, or to the end of the run; mean workers = GPU-seconds / run length.
 - GPU utilisation: occupied slot-seconds over the slot-seconds paid for
-  (``slots x GPU-seconds``); busy fraction: time with at least one request
-  running over GPU-seconds (what ``nvidia-smi`` would show).
+  (``slots x GPU-seconds``); KV utilisation: KV-cache MiB-seconds reserved over the
+  KV-cache MiB-seconds paid for (each worker's ``kv_cache_mib x GPU-seconds``), the
+  measure of issue 16 (the KV cache, not the slots, limits a worker); busy fraction:
+  time with at least one request running over GPU-seconds (what ``nvidia-smi`` shows).
 - scale events: scale-up and scale-down actions (and the workers they
   launched or drained); direction reversals: per model, consecutive actions
   in opposite directions (flapping).
@@ -194,6 +196,8 @@ def _fleet(result: SimResult) -> dict[str, Any]:
     gpu_s = sum(result.gpu_seconds(w) for w in result.workers)
     slots = result.config.slots
     slot_s = sum(w.slot_s for w in result.workers)
+    kv_s = sum(w.kv_mib_s for w in result.workers)
+    kv_paid = sum(w.kv_cache_mib * result.gpu_seconds(w) for w in result.workers)
     busy_s = sum(w.busy_s for w in result.workers)
     live = [s.starting + s.ready + s.draining for s in result.samples]
     return {
@@ -203,6 +207,7 @@ def _fleet(result: SimResult) -> dict[str, Any]:
         "mean_workers": gpu_s / result.end_s if result.end_s > 0 else None,
         "gpu_seconds": gpu_s,
         "gpu_utilisation": slot_s / (slots * gpu_s) if gpu_s > 0 else None,
+        "kv_utilisation": kv_s / kv_paid if kv_paid > 0 else None,
         "gpu_busy_fraction": busy_s / gpu_s if gpu_s > 0 else None,
         "peak_slots_used": max((w.peak_slots for w in result.workers), default=0),
         "slots": slots,
@@ -289,6 +294,7 @@ FLEET_COLUMNS = (
     "GPU-s",
     "mean/peak workers",
     "GPU util",
+    "KV util",
     "busy",
     "scale up/down",
     "reversals",
@@ -335,6 +341,7 @@ def fleet_rows(reports: Sequence[Report]) -> list[list[str]]:
                 f"{f['gpu_seconds']:.0f}",
                 f"{_num(f['mean_workers'], 1)}/{f['peak_workers']}",
                 _pct(f["gpu_utilisation"]),
+                _pct(f.get("kv_utilisation")),
                 _pct(f["gpu_busy_fraction"]),
                 f"{sc['scale_ups']}/{sc['scale_downs']}",
                 str(sc["reversals"]),
