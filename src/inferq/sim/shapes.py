@@ -5,10 +5,10 @@ its keep when the rate moves. Each shape keeps the bundled traces' requests (the
 conversation trace as ``realtime``, the code trace as ``standard``, their own
 token counts and order) and moves their arrivals:
 
-- ``diurnal``: a day compressed into the replay, rate ``1 + a cos(2 pi t / T)`` over
+- ``diurnal``: a day compressed into the replay, rate ``1 - a cos(2 pi t / T)`` over
   the span ``T`` with peak/trough ``(1 + a) / (1 - a)`` = :data:`DIURNAL_PEAK_TROUGH`
-  (3:1, issue 16's figure; no bundled trace spans a day to measure it from), starting
-  at the peak, through the night trough mid-replay, back to the peak;
+  (3:1, issue 16's figure; no bundled trace spans a day to measure it from), from the
+  night trough through the midday peak mid-replay back to the trough;
 - ``sinusoid:PERIOD_S:AMPLITUDE``: rate ``1 + A sin(2 pi t / PERIOD_S)`` (issue 16's
   goals use ``sinusoid:1200:0.5``);
 - ``bursts[:SHAPE]``: Gamma-distributed inter-arrival times of shape ``k`` (default
@@ -122,15 +122,15 @@ def _float(name: str, text: str, what: str, low: float, high: float) -> float:
 @scenario(
     "diurnal",
     f"both traces' requests on a day compressed into the replay: peak/trough "
-    f"{DIURNAL_PEAK_TROUGH:g}:1, peak at the ends, trough mid-replay",
+    f"{DIURNAL_PEAK_TROUGH:g}:1, trough at the ends, peak mid-replay",
 )
 def diurnal(ctx: ScenarioContext, args: Sequence[str]) -> ScenarioWorkload:
-    """Rate ``1 + a cos(2 pi t / span)``, ``a`` from :data:`DIURNAL_PEAK_TROUGH`."""
+    """Rate ``1 - a cos(2 pi t / span)``, ``a`` from :data:`DIURNAL_PEAK_TROUGH`."""
     expect_args("diurnal", args, 0, "")
     base = base_requests(ctx)
     span = max((r.arrival_s for r in base), default=1.0) or 1.0
     a = (DIURNAL_PEAK_TROUGH - 1) / (DIURNAL_PEAK_TROUGH + 1)
-    shaped = warp(base, lambda t: 1 + a * math.cos(2 * math.pi * t / span))
+    shaped = warp(base, lambda t: 1 - a * math.cos(2 * math.pi * t / span))
     return ScenarioWorkload(
         requests=_renumbered(shaped),
         note="a fleet sized for the peak idles through the trough: the scaler should follow",
