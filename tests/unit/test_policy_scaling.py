@@ -520,4 +520,7 @@ def test_a_constant_load_settles_to_a_constant_count(
     # the backlog is gone, and no worker is wasted.
     if rate * service_s / slots <= 0.9 * max_workers:
         assert fleet.backlog < 1e-6 * max(1.0, rate)
-        assert tail[0] <= max(1, needed + 1, math.ceil(needed * 1.1))
+        # No more than the asymmetric down threshold keeps: a fleet is given back only
+        # down to need / down_threshold (issue 16's hysteresis).
+        kept = math.ceil(rate * service_s / slots / config.down_threshold - 1e-9)
+        assert tail[0] <= max(1, needed + 1, math.ceil(needed * 1.1), kept)
