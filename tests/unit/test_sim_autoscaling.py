@@ -21,7 +21,7 @@ def test_shaped_load_reverses_at_most_once_per_10_minutes_and_saves_gpus(tmp_pat
     out = tmp_path / "r.json"
     args = ["--config", str(CONFIG), "--vram-mib", "24576", "--slots", "256"]
     args += ["--scenario", "diurnal", "--duration", "1200", "--load", "0.85", "--seed", "0"]
-    args += ["--policy", "static-fifo", "--policy", "inferq", "--json", str(out)]
+    args += ["--policy", "static-fifo", "--policy", "inferq", "--json-out", str(out)]
     result = CliRunner().invoke(simulate_command, args)
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
