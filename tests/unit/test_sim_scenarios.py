@@ -114,9 +114,12 @@ def test_tenant_crowd_serves_every_newcomer_before_the_flood_again(
     )
     result = simulate(list(w.requests), POLICIES["inferq"], config)
     tenant = {r.id: r.tenant for r in w.requests}
+    served = [tenant[a.request_id] for a in result.assignments]
+    # every one-off tenant is seen and served (a few of the first, on the roofline
+    # latency model, before the last of them has arrived at 2 s)
+    assert sum(1 for t in served if t.startswith("crowd-")) == 200
     order = [tenant[a.request_id] for a in result.assignments if a.at >= 2.0]
     crowd_served = [i for i, t in enumerate(order) if t.startswith("crowd-")]
-    assert len(crowd_served) == 200  # every one-off tenant is seen and served
     # VTC: between the crowd's arrival and its last newcomer served, the flood gets at
     # most a handful of slots (ties with newcomers are broken by tenant name)
     assert order[: crowd_served[-1]].count("bulk") <= 2
