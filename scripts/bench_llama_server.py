@@ -10,8 +10,9 @@ default) as a subprocess on a free port and measures, all in one run:
 - concurrent streams (``--streams``, default the server's slots), ``--rounds``
   rounds: the same per request, plus the aggregate tokens/s; the baseline is the
   single stream of the same run (ratio), and the slowdown gives the latency
-  model's ``batch_efficiency`` (``inferq.latency``: per-stream rate =
-  decode_tps / (1 + (1 - eff) x (streams - 1)));
+  profile's per-sequence step cost (``inferq.latency``: step_s = overhead +
+  seq_step x streams + bytes read / bandwidth, so seq_step_ms = (step ms with
+  ``streams`` - step ms alone) / (streams - 1));
 - prefill: a ~``--prompt-words``-word prompt with ``max_tokens=1``, uncached;
 - restart: SIGTERM -> exit, and a second spawn -> ``/health`` 200.
 
@@ -209,7 +210,9 @@ def measure(args: argparse.Namespace, streams: int) -> dict[str, Any]:
     again.stop()
 
     slowdown = single["per_stream_decode_tps_p50"] / many["per_stream_decode_tps_p50"]
-    efficiency = 1 - (slowdown - 1) / (streams - 1) if streams > 1 else 1.0
+    step_one = 1000 / single["per_stream_decode_tps_p50"]
+    step_many = 1000 / many["per_stream_decode_tps_p50"]
+    seq_step_ms = (step_many - step_one) / (streams - 1) if streams > 1 else 0.0
     return {
         "server": {"parallel": args.parallel, "ctx_size": args.ctx_size, "threads": args.threads},
         "busy_cores": args.busy_cores,
@@ -224,7 +227,8 @@ def measure(args: argparse.Namespace, streams: int) -> dict[str, Any]:
         "single_stream": single,
         "concurrent": {**many, "streams": streams},
         "ratio_aggregate_vs_single": _bench.ratio(many["aggregate_tps"], single["aggregate_tps"]),
-        "batch_efficiency": efficiency,
+        "step_ms_single": step_one,
+        "seq_step_ms": seq_step_ms,
         "prefill": fill,
         "slowdown": slowdown,
     }
@@ -261,8 +265,8 @@ def report(args: argparse.Namespace, streams: int, figures: dict[str, Any]) -> N
     )
     _bench.note(
         f"{streams} streams vs 1: x{f(figures['ratio_aggregate_vs_single'])} total tokens/s, "
-        f"per-stream slowdown x{f(figures['slowdown'])} -> batch_efficiency "
-        f"{f(figures['batch_efficiency'], 3)}"
+        f"per-stream slowdown x{f(figures['slowdown'])} -> step {f(figures['step_ms_single'])} "
+        f"ms alone, seq_step_ms {f(figures['seq_step_ms'], 3)}"
     )
     _bench.note(
         f"prefill: {fill['prompt_tokens']} prompt tokens at {f(fill['server_prompt_tps'], 0)} "

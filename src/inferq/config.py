@@ -52,6 +52,7 @@ from pydantic_settings import (
 )
 
 from inferq import defaults
+from inferq.devices import LatencyProfile, profile_for
 from inferq.errors import ConfigError, UnknownPriorityClass
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -103,6 +104,14 @@ class PriorityClass(BaseModel):
         description="wait after which a request that fits no worker reserves one and "
         "preempts lower, preemptible classes there, seconds (None: never)",
     )
+    tpot_s: float | None = Field(
+        default=None, gt=0, description="time-per-output-token target, seconds (inferq.sla)"
+    )
+    reference_prefill_tps: float = Field(
+        default=defaults.SLA_REFERENCE_PREFILL_TPS,
+        gt=0,
+        description="prompt tokens/s the TTFT target allows on top of sla_s (inferq.sla)",
+    )
 
 
 class ModelSpec(BaseModel):
@@ -121,12 +130,9 @@ class ModelSpec(BaseModel):
     max_context: int = Field(gt=0, description="prompt + output tokens, at most")
     cold_start_s: float = Field(ge=0, description="time to load the model, seconds")
     fallbacks: tuple[str, ...] = ()
-    # Latency profile of the sim model server and the simulator (one model, two users).
-    prefill_tps: float = Field(default=8000.0, gt=0, description="prompt tokens/s")
-    decode_tps: float = Field(default=60.0, gt=0, description="output tokens/s per sequence")
-    batch_efficiency: float = Field(
-        default=0.85, gt=0, le=1, description="decode speed kept per extra concurrent sequence"
-    )
+    # Latency profile (inferq.latency, inferq.devices): the sim model server, the simulator,
+    # the dispatcher's deadline check and the scaler's capacity model all use it.
+    latency: LatencyProfile = Field(default_factory=LatencyProfile)
 
     def kv_cache_mib(self, vram_total_mib: int) -> int:
         """KV-cache room on a card of ``vram_total_mib``: the usable share minus the weights.
@@ -231,6 +237,7 @@ def _default_classes() -> list[PriorityClass]:
         PriorityClass(
             name=name,
             sla_s=defaults.CLASS_SLA_S[name],
+            tpot_s=defaults.CLASS_TPOT_S[name],
             timeout_s=defaults.CLASS_TIMEOUT_S[name],
             weight=defaults.CLASS_WEIGHTS[name],
             batch_delay_s=defaults.CLASS_BATCH_DELAY_S[name],
@@ -255,8 +262,7 @@ def _default_models() -> list[ModelSpec]:
             kv_bytes_per_token=131_072,
             max_context=32_768,
             cold_start_s=15,
-            prefill_tps=12_000,
-            decode_tps=80,
+            latency=profile_for("h200", "llama-3.1-8b"),
         ),
         ModelSpec(
             name="llama-2-13b",
@@ -265,8 +271,7 @@ def _default_models() -> list[ModelSpec]:
             kv_bytes_per_token=819_200,
             max_context=4_096,
             cold_start_s=25,
-            prefill_tps=7_000,
-            decode_tps=50,
+            latency=profile_for("h200", "llama-2-13b"),
             fallbacks=("llama-3.1-8b",),
         ),
         ModelSpec(
@@ -276,8 +281,7 @@ def _default_models() -> list[ModelSpec]:
             kv_bytes_per_token=327_680,
             max_context=32_768,
             cold_start_s=45,
-            prefill_tps=3_000,
-            decode_tps=30,
+            latency=profile_for("h200", "llama-3.1-70b"),
             fallbacks=("llama-3.1-8b",),
         ),
         # The real model server of the tests and CPU-only hosts: SmolLM2-135M-Instruct,
@@ -295,8 +299,10 @@ def _default_models() -> list[ModelSpec]:
         #   x86_64 VM (1 thread, docs/notes-llamacpp.md): spawn -> /health ok 0.56 s;
         #   prefill ~220 tokens/s (1,209-token prompt); decode ~148 tokens/s for one
         #   stream; 4 streams decode 0.96x one stream's total (per-stream slowdown
-        #   x4.3-4.4, efficiency -0.10..-0.16: one CPU thread gains nothing from
-        #   batching), so batch_efficiency is 0.01, the nearest the model's range allows.
+        #   x4.3-4.4: one CPU thread gains nothing from batching). In the roofline form
+        #   (inferq.devices): prefill 2 x 0.135e9 x 220 FLOP/s; a step is ~6.66 ms per
+        #   sequence (1 / 148 tok/s, 4 streams at 1.01x one's total) and the 94 MiB of
+        #   weights cost ~0.1 ms at the nominal 1,000 GB/s (a CPU's cache-resident reads).
         ModelSpec(
             name="smollm2-135m",
             params_b=0.135,
@@ -304,9 +310,14 @@ def _default_models() -> list[ModelSpec]:
             kv_bytes_per_token=23_040,
             max_context=2_048,
             cold_start_s=0.6,
-            prefill_tps=220,
-            decode_tps=148,
-            batch_efficiency=0.01,
+            latency=LatencyProfile(
+                gpu="cpu-1-thread",
+                mem_bw_gbs=1_000,
+                prefill_tflops=2 * 0.135 * 220 / 1000,
+                step_overhead_ms=0.0,
+                seq_step_ms=6.66,
+                attn_width=0,
+            ),
         ),
     ]
 

@@ -18,6 +18,14 @@ CLASS_WEIGHTS = {"realtime": 8.0, "standard": 3.0, "batch": 1.0}
 #: the latency an interactive user feels and the target LLM serving systems set
 #: (Splitwise, DistServe: TTFT SLOs); generation length is the caller's choice.
 CLASS_SLA_S = {"realtime": 2.0, "standard": 10.0, "batch": 60.0}
+#: Time-per-output-token target per class, seconds (None: none), as MLPerf Inference's LLM
+#: server scenarios state it: 100 ms for Llama-3.1-8B (v5.1), 200 ms for Llama-2-70B (v4.1).
+#: Realtime is chat (the 8B figure), standard the 70B one, batch has no per-token target.
+CLASS_TPOT_S: dict[str, float | None] = {"realtime": 0.1, "standard": 0.2, "batch": None}
+#: Prefill allowance of the length-aware TTFT target (``inferq.sla``), prompt tokens/s:
+#: half what an H200 prefills for an 8B model (41,636 tokens/s at 2,048 tokens, issue 16),
+#: so a long prompt is allowed twice its own prefill time on top of the class SLA.
+SLA_REFERENCE_PREFILL_TPS = 20_000.0
 #: Timeout (submit -> final result) per class: long enough for the longest answer
 #: in the Azure traces (1,000-1,900 output tokens) at ~30 tokens/s under load.
 CLASS_TIMEOUT_S = {"realtime": 120.0, "standard": 300.0, "batch": 3600.0}
@@ -219,6 +227,19 @@ SCALE_GPUS_PER_WORKER = 1
 #: Tolerance band: hold while the needed workers are within 10% of the current
 #: count (the Kubernetes HPA's default --horizontal-pod-autoscaler-tolerance, 0.1).
 SCALE_TOLERANCE = 0.1
+#: After a direction reversal (a scale-down after a scale-up, or the opposite), no
+#: further reversal of the same model for this many seconds, so a pool reverses at most
+#: once per 10 minutes on any workload (issue 16's flap bound), by construction.
+SCALE_REVERSAL_DWELL_S = 600.0
+#: Asymmetric threshold: scale down only to a count that would run at most this share of
+#: the capacity the need asks for (need / down_threshold workers), while a scale-up goes to
+#: ceil(need) at once: shrinking is cheap to postpone, growing late misses the SLA.
+SCALE_DOWN_THRESHOLD = 0.8
+#: Share of a worker's KV cache the capacity model fills (inferq.policy.capacity): vLLM
+#: preempts sequences when its cache is full, so sizing for 90% leaves room for the
+#: spread of request sizes around the window's mean; with SCALE_DOWN_THRESHOLD the
+#: fleet settles between 72% and 90% (issue 16's goal: at least 70%).
+SCALE_TARGET_OCCUPANCY = 0.9
 #: Add a worker once a class's oldest wait reaches this fraction of its SLA, so
 #: capacity is on its way (cold start 15-45 s) before the SLA is missed.
 SCALE_TARGET_WAIT_FRACTION = 0.5

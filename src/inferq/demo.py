@@ -143,16 +143,15 @@ def compressed(settings: Settings, speedup: float) -> Settings:
 
     Every duration shrinks by ``speedup`` — class SLAs, timeouts, batching delays,
     aging bounds; model cold starts; the scaler's idle time, cooldowns, interval,
-    backlog-drain target and trend constants — and every model's prefill and decode
-    rates grow by it, so the sim model server, the dispatcher and the scaler all live on
+    backlog-drain target and trend constants — and every model's latency profile runs
+    ``speedup`` x faster, so the sim model server, the dispatcher and the scaler all live on
     one consistent compressed clock.
     """
     models = [
         m.model_copy(
             update={
                 "cold_start_s": m.cold_start_s / speedup,
-                "prefill_tps": m.prefill_tps * speedup,
-                "decode_tps": m.decode_tps * speedup,
+                "latency": m.latency.scaled(speedup),
             }
         )
         for m in settings.models

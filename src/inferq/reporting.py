@@ -2,7 +2,10 @@
 
 Pure functions over per-request outcomes (no I/O). SLA attainment is the share
 of a class's requests that *succeeded* with a time to first token within the
-class SLA; expired, failed and cancelled requests count as missed.
+class SLA; expired, failed and cancelled requests count as missed. Given the
+classes, the length-aware targets of :mod:`inferq.sla` are reported too: TTFT
+attainment (``sla_s + prompt / reference_prefill_tps``), TPOT attainment and SLO
+attainment (both, DistServe's definition).
 """
 
 from __future__ import annotations
@@ -10,6 +13,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+from inferq import sla as slas
+from inferq.config import PriorityClass
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +29,8 @@ class Outcome:
     e2e_s: float | None
     tenant: str = ""
     tokens: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -35,7 +43,10 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def class_summary(
-    outcomes: Iterable[Outcome], sla_s: Mapping[str, float], scale: float = 1.0
+    outcomes: Iterable[Outcome],
+    sla_s: Mapping[str, float],
+    scale: float = 1.0,
+    classes: Sequence[PriorityClass] = (),
 ) -> dict[str, dict[str, float | int | None]]:
     """Per class: counts by status, SLA attainment and p50/p99 waits and latencies.
 
@@ -44,6 +55,8 @@ def class_summary(
         sla_s: class -> TTFT SLA, seconds (in the same time base as the outcomes x ``scale``).
         scale: multiplies every duration (the demo passes its speedup to report in
             trace time).
+        classes: the priority classes; those listed also get "ttft_attainment",
+            "tpot_attainment" and "slo_attainment" (:mod:`inferq.sla`, 0..1).
 
     Returns:
         class -> {"requests", "succeeded", "expired", "failed", "cancelled",
@@ -51,6 +64,7 @@ def class_summary(
         "ttft_p99_s", "e2e_p50_s", "e2e_p99_s"}, in ``sla_s`` order.
     """
     by_class: dict[str, list[Outcome]] = {c: [] for c in sla_s}
+    by_name = {c.name: c for c in classes}
     for o in outcomes:
         by_class.setdefault(o.priority, []).append(o)
     out: dict[str, dict[str, float | int | None]] = {}
@@ -67,12 +81,34 @@ def class_summary(
         for status in ("succeeded", "expired", "failed", "cancelled"):
             stats[status] = sum(1 for o in rows if o.status == status)
         stats["sla_attainment"] = met / len(rows)
+        if cls in by_name:
+            stats.update(slo_attainment(rows, by_name[cls], scale))
         for name in ("queue_wait", "ttft", "e2e"):
             values = [v * scale for o in rows if (v := getattr(o, f"{name}_s")) is not None]
             stats[f"{name}_p50_s"] = percentile(values, 50)
             stats[f"{name}_p99_s"] = percentile(values, 99)
         out[cls] = stats
     return out
+
+
+def slo_attainment(
+    rows: Sequence[Outcome], cls: PriorityClass, scale: float = 1.0
+) -> dict[str, float]:
+    """Shares (0..1) of ``rows`` that succeeded within the length-aware TTFT target, within
+    the TPOT target, and within both (:mod:`inferq.sla`); durations x ``scale``."""
+    n = len(rows) or 1
+    ttft = tpot = both = 0
+    for o in rows:
+        if o.status != "succeeded":
+            continue
+        t = None if o.ttft_s is None else o.ttft_s * scale
+        e = None if o.e2e_s is None else o.e2e_s * scale
+        ok_ttft = slas.meets_ttft(cls, o.prompt_tokens, t)
+        ok_tpot = slas.meets_tpot(cls, t, e, o.output_tokens)
+        ttft += ok_ttft
+        tpot += ok_tpot
+        both += ok_ttft and ok_tpot
+    return {"ttft_attainment": ttft / n, "tpot_attainment": tpot / n, "slo_attainment": both / n}
 
 
 def jain_index(shares: Iterable[float]) -> float | None:

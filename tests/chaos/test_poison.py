@@ -3,8 +3,9 @@
 Four requests run together on one worker; whenever the poison one runs, its worker is
 killed with SIGKILL (as a model server crash on that input would) and a fresh worker
 started. Before isolation the other three were requeued beside it again and all four
-were dead-lettered after three crashes; now every request of a lost worker becomes a
-suspect that runs alone, so the three others succeed and only the poison one fails.
+were dead-lettered after three crashes; now a request caught in its second crash becomes a
+suspect that runs alone, so the three others succeed (on their third attempt, alone)
+and only the poison one fails.
 """
 
 from __future__ import annotations

@@ -75,6 +75,12 @@ def make(store: Store, platform: Platform | None = None, **kw: object) -> Scaler
     return Scaler(store, **args)  # type: ignore[arg-type]
 
 
+#: Queued standard requests that need more than one worker: at the default 256
+#: output tokens an 8B worker on an H200 serves one in ~1.2 s, 8 at a time, so 200
+#: queued (to clear in backlog_drain_s = 10 s) need ~3 workers.
+BACKLOG = 200
+
+
 def backlog_of(store: Store, settings: Settings, n: int) -> None:
     for _ in range(n):
         store.submit(inference_request(settings, priority="standard"))
@@ -94,7 +100,7 @@ def test_min_pool_then_backlog_launch_and_starting_workers_suppress_duplicates(
     s = make(store, backend)
     first = s.step()
     assert first.launched == backend.launched and len(first.launched) == 1  # the minimum pool
-    backlog_of(store, settings, 30)
+    backlog_of(store, settings, BACKLOG)
     second = s.step()
     assert second.decisions[0].action == "up" and len(second.launched) >= 1
     launched = list(backend.launched)
@@ -194,7 +200,7 @@ def test_only_the_lease_holder_acts(store: Store) -> None:
 
 
 def test_dry_run_acts_on_nothing_and_writes_nothing(store: Store, settings: Settings) -> None:
-    backlog_of(store, settings, 30)
+    backlog_of(store, settings, BACKLOG)
     seen: list[ScaleDecision] = []
     backend = RecordingPlatform()
     s = make(store, backend, mode=Mode.DRY_RUN, on_decision=seen.append)
@@ -211,7 +217,7 @@ def test_dry_run_acts_on_nothing_and_writes_nothing(store: Store, settings: Sett
 def test_metrics_mode_publishes_desired_counts_and_launches_nothing(
     store: Store, settings: Settings
 ) -> None:
-    backlog_of(store, settings, 30)
+    backlog_of(store, settings, BACKLOG)
     s = make(store, mode=Mode.METRICS)
     assert s.platform is None
     report = s.step()

@@ -7,6 +7,7 @@ import pytest
 from inferq.config import Settings
 from inferq.demo import DemoOptions, build_workload, compressed, parse_fleet_cards
 from inferq.errors import ConfigError
+from inferq.latency import service_time
 
 
 def test_workload_maps_traces_to_classes_routes_and_a_synthetic_batch() -> None:
@@ -26,7 +27,11 @@ def test_compression_keeps_one_clock() -> None:
     fast = compressed(base, 10)
     rt, spec = fast.class_by_name["realtime"], fast.model_by_name["llama-3.1-8b"]
     assert rt.sla_s == pytest.approx(0.2) and rt.timeout_s == pytest.approx(12)
-    assert spec.decode_tps == pytest.approx(800) and spec.cold_start_s == pytest.approx(1.5)
+    slow = base.model_by_name["llama-3.1-8b"]
+    assert service_time(spec, 1000, 100, 4).total_s == pytest.approx(
+        service_time(slow, 1000, 100, 4).total_s / 10
+    )
+    assert spec.cold_start_s == pytest.approx(1.5)
     assert fast.scaling.idle_s == pytest.approx(30)
 
 

@@ -24,7 +24,15 @@ from inferq.extras import import_extra
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 #: Installed by the extras, never by the core.
-OPTIONAL = ("matplotlib", "fakeredis", "nvidia-ml-py", "docker", "kubernetes")
+OPTIONAL = (
+    "matplotlib",
+    "fakeredis",
+    "nvidia-ml-py",
+    "docker",
+    "kubernetes",
+    "starlette",
+    "uvicorn",
+)
 
 
 def _name(requirement: str) -> str:
@@ -47,7 +55,8 @@ def test_the_core_install_pulls_no_optional_dependency() -> None:
     extras = PROJECT["optional-dependencies"]
     assert {_name(r) for r in extras["demo"]} == {"matplotlib", "fakeredis"}
     assert {_name(r) for r in extras["gpu"]} == {"nvidia-ml-py"}
-    assert "inferq[demo,docker,kubernetes]" in extras["test"]  # the tests run the demo
+    assert "inferq[demo,docker,kubernetes,dashboard]" in extras["test"]  # the tests run the demo
+    assert {_name(r) for r in extras["dashboard"]} == {"starlette", "uvicorn"}
 
 
 def test_the_components_import_no_optional_dependency() -> None:
@@ -55,7 +64,8 @@ def test_the_components_import_no_optional_dependency() -> None:
         "import sys\n"
         "import inferq.cli.main, inferq.client, inferq.dispatcher.daemon, inferq.workers.worker\n"
         "import inferq.scaler.daemon, inferq.metrics, inferq.demo, inferq.embedded, inferq.sim\n"
-        "print(sorted(m for m in ('matplotlib', 'fakeredis', 'pynvml', 'docker', 'kubernetes')"
+        "print(sorted(m for m in ('matplotlib', 'fakeredis', 'pynvml', 'docker', 'kubernetes',"
+        " 'starlette', 'uvicorn')"
         " if m in sys.modules))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

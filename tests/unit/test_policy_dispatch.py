@@ -458,8 +458,8 @@ def test_past_deadline_is_expired_with_its_wait_never_dispatched() -> None:
 
 def test_refuse_late_expires_what_cannot_finish_in_time() -> None:
     classes = [c.model_copy(update={"refuse_late": c.name == "realtime"}) for c in SETTINGS.classes]
-    # 8b decodes 80 tokens/s: 800 tokens take 10 s, more than the 5 s left
-    slow = request("slow", "realtime", waited=1.0, timeout=6.0, max_tokens=800)
+    # 8b decodes ~215 tokens/s alone on an H200: 2,000 tokens take ~9 s, more than the 5 s left
+    slow = request("slow", "realtime", waited=1.0, timeout=6.0, max_tokens=2000)
     fast = request("fast", "realtime", waited=1.0, timeout=6.0, max_tokens=80)
     other = request("other", "standard", waited=1.0, timeout=6.0, max_tokens=800)
     snap = Snapshot(
@@ -468,7 +468,7 @@ def test_refuse_late_expires_what_cannot_finish_in_time() -> None:
     decision = decide(snap, policy(classes))
     assert [rid for rid, _ in decision.expired] == ["slow"]
     reason = decision.expired[0][1]
-    assert reason.startswith("cannot finish by its deadline: needs at least 10.")
+    assert reason.startswith("cannot finish by its deadline: needs at least 9.")
     assert "llama-3.1-8b" in reason and "5.00 s left" in reason
     assert set(assigned(decision)) == {"fast", "other"}
 
@@ -497,9 +497,12 @@ def test_unschedulable_is_reported_and_others_still_dispatch() -> None:
     decision = decide(snap, policy())
     assert dict(decision.unschedulable) == {
         "huge": "needs 3.9 GiB KV cache, largest llama-3.1-8b worker has 2.0 GiB",
-        "none": "no live worker serves llama-3.1-70b",
+        "none": "no live worker or scaler pool serves model llama-3.1-70b",
     }
     assert assigned(decision) == {"ok": "w"}
+    # With a scaler pool of the 70b model, "none" waits for its cold start instead.
+    pooled = decide(dataclasses.replace(snap, scaler_pools=frozenset({"llama-3.1-70b"})), policy())
+    assert [rid for rid, _ in pooled.unschedulable] == ["huge"] and assigned(pooled) == {"ok": "w"}
 
 
 def test_unknown_class_is_reported_not_fatal() -> None:

@@ -127,8 +127,15 @@ def test_unschedulable_counts_busy_and_starting_workers_as_able() -> None:
 
 def test_unschedulable_when_no_live_worker_serves_the_route() -> None:
     r = req(route="llama-3.1-70b")
-    assert unschedulable_reason(r, [wk()], POLICY) == "no live worker serves llama-3.1-70b"
-    assert unschedulable_reason(r, [], POLICY) == "no live worker serves llama-3.1-70b"
+    reason = "no live worker or scaler pool serves model llama-3.1-70b"
+    assert unschedulable_reason(r, [wk()], POLICY) == reason
+    assert unschedulable_reason(r, [], POLICY) == reason
+    assert unschedulable_reason(req(route=">=60b"), [wk()], POLICY) == (
+        "no live worker or scaler pool serves a >=60b model"
+    )
+    # A running scaler's pool serves it: it waits for the pool's cold start (issue 12, 4).
+    assert unschedulable_reason(r, [wk()], POLICY, frozenset({"llama-3.1-70b"})) is None
+    assert unschedulable_reason(r, [], POLICY, frozenset({"llama-3.1-8b"})) == reason
     # realtime may degrade to the 8b fallback: it is schedulable later
     assert (
         unschedulable_reason(req(route="llama-3.1-70b", priority="realtime"), [wk()], POLICY)

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferq.config import ModelSpec
+from inferq.devices import profile_for
 from inferq.errors import ConfigError
 from inferq.latency import service_time
 from inferq.models import Payload
@@ -32,9 +33,7 @@ SPEC = ModelSpec(
     kv_bytes_per_token=131_072,
     max_context=32_768,
     cold_start_s=15,
-    prefill_tps=12_000,
-    decode_tps=80,
-    batch_efficiency=0.85,
+    latency=profile_for("h200", "llama-3.1-8b"),
 )
 
 

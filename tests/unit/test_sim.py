@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inferq.config import Settings
+from inferq.config import ScalingPool, ScalingSettings, Settings
 from inferq.errors import ConfigError, InvalidRequest
 from inferq.intake import build_request
 from inferq.latency import service_time
@@ -279,7 +279,7 @@ def test_scale_events_and_reversals_are_counted() -> None:
 
 def test_sustainable_rate_is_slots_over_mean_service_time() -> None:
     reqs = build_requests([("realtime", TraceRequest(0.0, 1200, 240))], SETTINGS)
-    per = 8 / (1200 / SPEC_8B.prefill_tps + 240 / (SPEC_8B.decode_tps / (1 + 0.15 * 7)))
+    per = 8 / service_time(SPEC_8B, 1200, 240, 8).total_s
     assert sustainable_rate(reqs, SETTINGS, {"llama-3.1-8b": 3}, 8) == pytest.approx(3 * per)
     assert sustainable_rate(reqs, SETTINGS, {"llama-3.1-70b": 3}, 8) == 0.0
 
@@ -287,9 +287,9 @@ def test_sustainable_rate_is_slots_over_mean_service_time() -> None:
 def test_peak_fleet_covers_the_busiest_window() -> None:
     # One request a second for 100 s: any 60 s window holds 60 of them. A worker
     # offers 8 slots x 60 s = 480 slot-seconds per window.
-    trace = [TraceRequest(float(i), 0, 390, priority="realtime") for i in range(100)]
+    trace = [TraceRequest(float(i), 0, 2000, priority="realtime") for i in range(100)]
     reqs = build_requests([(None, r) for r in trace], SETTINGS)
-    cost = service_time(SPEC_8B, 0, 390, 8).total_s  # ~10 s at full concurrency
+    cost = service_time(SPEC_8B, 0, 2000, 8).total_s  # ~10 s at full concurrency
     assert peak_fleet(reqs, SETTINGS, 8, 60.0) == {"llama-3.1-8b": math.ceil(60 * cost / 480)}
     assert peak_fleet(reqs, SETTINGS, 8, 60.0)["llama-3.1-8b"] == 2
     assert peak_fleet(reqs[:1], SETTINGS, 8, 60.0) == {"llama-3.1-8b": 1}
@@ -411,3 +411,25 @@ def test_markdown_has_one_row_per_policy_and_class() -> None:
     result = replay(rows((0.0, "realtime", "a"), (0.0, "batch", "b")), "inferq")
     text = markdown([summarize(result, SETTINGS.classes)])
     assert text.count("| inferq | realtime |") == 1 and text.count("| inferq | batch |") == 1
+
+
+def test_a_request_nothing_serves_expires_saying_why_and_is_no_backlog() -> None:
+    # Issue 12, fault 4: the scaler's only pool is the 8b model; a llama-2-13b request
+    # (standard may not degrade) is unschedulable, expires naming the missing model, and
+    # the scaler launches nothing for it.
+    pools = {"llama-3.1-8b": ScalingPool(min_workers=1, max_workers=4)}
+    settings = Settings.load(scaling=ScalingSettings(pools=pools))
+    rows_ = [
+        ("standard", TraceRequest(0.0, 100, 20)),
+        ("standard", TraceRequest(0.0, 100, 20, model="llama-2-13b")),
+    ]
+    config = SimConfig(settings=settings, fleet={"llama-3.1-8b": 1}, latency=fixed_latency(0.5))
+    result = simulate(build_requests(rows_, settings), POLICIES["inferq"], config)
+    ok, unserved = result.outcomes
+    assert ok.status == "succeeded" and unserved.status == "expired"
+    assert unserved.unschedulable == "no live worker or scaler pool serves model llama-2-13b"
+    assert (unserved.reason or "").startswith(
+        "deadline passed: no live worker or scaler pool serves model llama-2-13b (waited "
+    )
+    assert {w.model for w in result.workers} == {"llama-3.1-8b"}
+    assert all(e.action != "up" for e in result.scale_events)

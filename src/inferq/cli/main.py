@@ -393,6 +393,34 @@ def purge(obj: Context, yes: bool, as_json: bool) -> None:
     emit(out, as_json, lambda d: f"deleted {deleted} keys and {rq_deleted} RQ keys")
 
 
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--port", default=8300, show_default=True, help="TCP port (0: any free one).")
+@pass_ctx
+@handle_errors
+def dashboard(obj: Context, host: str, port: int) -> None:
+    """Serve a read-only live web page: queues, workers, SLA, events, the dead letter."""
+    from inferq.extras import import_extra
+
+    uvicorn = import_extra("uvicorn", "dashboard", "inferq dashboard")
+    import_extra("starlette", "dashboard", "inferq dashboard")
+    from inferq.dashboard.app import create_app
+
+    settings = obj.settings
+    config = uvicorn.Config(
+        create_app(obj.store), host=host, port=port, log_level="warning", access_log=False
+    )
+    server = uvicorn.Server(config)
+    try:
+        server.config.load()
+        sock = server.config.bind_socket()
+    except SystemExit:  # uvicorn exits when it cannot bind
+        fail(f"--port {port}: cannot listen on {host}:{port} (in use?)")
+    bound = sock.getsockname()[1]
+    say_ready("dashboard", settings, None, f"http://{host}:{bound}/")
+    server.run(sockets=[sock])
+
+
 # --- components -----------------------------------------------------------------------
 
 

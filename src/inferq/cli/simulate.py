@@ -240,7 +240,7 @@ def _scaled(
 ) -> tuple[list[SimRequest], dict[str, Any]]:
     """``requests`` scaled by ``--rate-scale`` or ``--load``, and the run's description."""
     scale = opts["rate_scale"]
-    sustainable = sustainable_rate(requests, settings, fleet, opts["slots"])
+    sustainable = sustainable_rate(requests, settings, fleet, opts["slots"], opts["vram_mib"])
     offered = offered_rate(requests)
     if opts["load"] is not None:
         if not opts["load"] > 0 or offered <= 0 or sustainable <= 0:
@@ -296,7 +296,8 @@ def _print(meta: dict[str, Any], reports: Sequence[dict[str, Any]]) -> None:
 def _tenant_table(reports: Sequence[dict[str, Any]], tenants: Sequence[str]) -> Table:
     """The watched tenants of a scenario, one row per policy and tenant (seconds)."""
     table = Table(title="Watched tenants")
-    for col in ("policy", "tenant", "requests", "succeeded", "SLA met", "max wait", "max TTFT"):
+    columns = ("policy", "tenant", "requests", "succeeded", "SLA met", "first wait", "max wait")
+    for col in (*columns, "max TTFT"):
         table.add_column(col, justify="left" if col in ("policy", "tenant") else "right")
     for report in reports:
         for tenant in tenants:
@@ -307,6 +308,7 @@ def _tenant_table(reports: Sequence[dict[str, Any]], tenants: Sequence[str]) -> 
                 str(t["requests"]),
                 str(t["succeeded"]),
                 str(t["sla_met"]),
+                _seconds(t.get("queue_wait_first_s")),
                 _seconds(t["queue_wait_max_s"]),
                 _seconds(t["ttft_max_s"]),
             )

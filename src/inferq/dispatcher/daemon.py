@@ -9,8 +9,11 @@ restarted at any time. Each step:
    delete dead-lettered ones past their retention (``dead_letter_ttl_s``);
 2. recover: remove workers whose heartbeat lapsed (their requests go back to
    their queues, their RQ queue is emptied) and requeue lapsed leases;
-3. read a snapshot (at most five pipelined round trips), call
-   :func:`inferq.policy.dispatch.decide`, quarantine corrupt records;
+3. read a snapshot (at most five pipelined round trips; once a second also the
+   models of a running scaler's pools, so a request only a pool serves waits for
+   its cold start instead of being reported unschedulable), call
+   :func:`inferq.policy.dispatch.decide`, quarantine corrupt records, note on each
+   unschedulable request why (an expiry then gives that reason);
 4. per batch: one Lua call claims it (ZREM is the compare-and-set, so two
    dispatchers never assign the same request), one pipeline enqueues its RQ job;
 5. write the fairness state forward (and fold idle tenants: ``fairness.lua``).
@@ -27,7 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from inferq import defaults
 from inferq.config import Settings
@@ -45,6 +48,9 @@ BATCH_JOB_TIMEOUT_S = 3600
 #: Seconds between two checks of the ``queues`` set for malformed names (one SMEMBERS):
 #: the dispatcher skips them, but the scaler, metrics and the CLI read every name.
 QUEUE_NAMES_CHECK_S = 1.0
+#: How often the scaler's pools are read, seconds: they change only when a scaler
+#: starts or stops, and a request they serve is told apart only in its reason.
+SCALER_POOLS_CHECK_S = 1.0
 #: Shortest wait after a Redis outage before reaping, seconds: workers reconnect
 #: through the client's retry backoff (50 ms doubling to 1.6 s between attempts, see
 #: ``inferq.store.connection.connection_kwargs``), so a live one may need ~2 s and a
@@ -98,6 +104,8 @@ class Dispatcher:
         self.heartbeat_ttl_s = self.settings.heartbeat_interval_s * defaults.HEARTBEAT_TTL_INTERVALS
         self._stop = threading.Event()
         self._names_checked_at = 0.0
+        self._pools: frozenset[str] = frozenset()
+        self._pools_checked_at = -1e9
         self._housekept_at = -1e9
         self._outage = False  # a connection error since the last step that could reap
         self._reap_from = 0.0  # monotonic: no reaping before (grace after an outage)
@@ -167,6 +175,9 @@ class Dispatcher:
             self._housekept_at = started
         elif self._next_due is not None and started >= self._next_due:
             report.promoted = self._promote()  # a backoff ended between two ticks
+        if started - self._pools_checked_at >= SCALER_POOLS_CHECK_S:
+            self._pools = self.store.scaler_pools()
+            self._pools_checked_at = started
         view = self.store.dispatch_view(
             self.classes,
             self.queue_head,
@@ -175,8 +186,9 @@ class Dispatcher:
             models=self.models,
         )
         self._quarantine(view, report)
+        snapshot = replace(view.snapshot, scaler_pools=self._pools)
         t1 = time.perf_counter()
-        decision = decide(view.snapshot, self.policy)
+        decision = decide(snapshot, self.policy)
         report.decide_s = time.perf_counter() - t1
         if decision.expired:
             report.expired += len(self.store.expire_ids(decision.expired))

@@ -102,7 +102,7 @@ class _Run:
         self.policy = policy
         self.now = snapshot.now
         self.index = WorkerIndex(snapshot.workers, policy)
-        self.fleet = FleetCapacity(snapshot.workers, policy)
+        self.fleet = FleetCapacity(snapshot.workers, policy, snapshot.scaler_pools)
         self.expired: list[tuple[str, str]] = []
         self.unschedulable: list[tuple[str, str]] = []
         stored = snapshot.fairness.class_credit

@@ -11,7 +11,7 @@ A worker is eligible for a request (design brief, issue 3) when
 - it has a free slot and ``free_mib >= need_mib`` (reservations of assigned but
   unfinished work already subtracted);
 - it is not running a suspect alone (``isolated``), and for a suspect (``alone``: a
-  request that was on a worker that crashed) it has nothing reserved at all: a
+  request caught in two worker crashes) it has nothing reserved at all: a
   suspect runs alone, so a poison request that crashes its worker again takes no
   other request with it (issue 13, fault 2).
 
@@ -233,10 +233,19 @@ class FleetCapacity:
     Args:
         workers: live workers in any state (a starting worker will be ready).
         policy: the dispatch policy (registry, classes).
+        pools: models a running scaler manages: a request that only they serve is
+            not unschedulable (the scaler starts a worker; its KV cache is unknown
+            until it beats, so no size check applies until then).
     """
 
-    def __init__(self, workers: Iterable[WorkerView], policy: DispatchPolicy) -> None:
+    def __init__(
+        self,
+        workers: Iterable[WorkerView],
+        policy: DispatchPolicy,
+        pools: frozenset[str] = frozenset(),
+    ) -> None:
         self._policy = policy
+        self._pools = pools
         self.largest_mib: dict[str, float] = {}
         for w in workers:
             self.largest_mib[w.model] = max(self.largest_mib.get(w.model, 0.0), w.kv_cache_mib)
@@ -250,6 +259,8 @@ class FleetCapacity:
             live = self._live[key] = self._live_models(request)
         if isinstance(live, str):
             return live
+        if not live:  # served by a scaler pool only: waits for its cold start
+            return None
         tokens = request.prompt_tokens + request.max_tokens
         for spec in live:
             if (
@@ -272,7 +283,9 @@ class FleetCapacity:
         if not models:
             return f"no model in the registry serves {request.route}"
         live = tuple(policy.model_by_name[m] for m in models if m in self.largest_mib)
-        return live or f"no live worker serves {request.route}"
+        if live or any(m in self._pools for m in models):
+            return live
+        return f"no live worker or scaler pool serves {_route_words(request.route)}"
 
     def _too_big(self, request: QueuedRequest, live: Sequence[ModelSpec]) -> str:
         tokens = request.prompt_tokens + request.max_tokens
@@ -290,8 +303,16 @@ class FleetCapacity:
         )
 
 
+def _route_words(route: str) -> str:
+    """``model llama-2-13b`` for an exact route, ``a >=13b model`` for a size requirement."""
+    return f"a {route} model" if route.startswith(">=") else f"model {route}"
+
+
 def unschedulable_reason(
-    request: QueuedRequest, workers: Sequence[WorkerView], policy: DispatchPolicy
+    request: QueuedRequest,
+    workers: Sequence[WorkerView],
+    policy: DispatchPolicy,
+    pools: frozenset[str] = frozenset(),
 ) -> str | None:
     """Why no live worker could ever serve ``request``, or None when one could.
 
@@ -300,7 +321,8 @@ def unschedulable_reason(
 
     Returns:
         e.g. ``"needs 21.3 GiB KV cache, largest llama-3.1-8b worker has 16.0 GiB"``;
-        ``"no live worker serves <route>"`` when the fleet has no worker for the
-        route at all (the scaler may start one: report it, do not fail the request).
+        ``"no live worker or scaler pool serves model <route>"`` when neither the
+        fleet nor a running scaler's pools serve the route (report it, do not fail
+        the request: a worker may still join); None when only a pool serves it.
     """
-    return FleetCapacity(workers, policy).reason(request)
+    return FleetCapacity(workers, policy, pools).reason(request)

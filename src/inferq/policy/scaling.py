@@ -8,13 +8,16 @@ workers named in ``drain``). Nothing here reads a clock: ``now`` is an argument.
 
 The rule, per model (units: requests, seconds, workers)::
 
-    mu   = slots_per_worker / mean_service_s           one worker's rate (Little's law)
+    mu   = capacity_rate, or slots_per_worker / mean_service_s   one worker's rate
     h    = cold_start_s + interval_s                    until a worker launched now is useful
     lam  = max(arrival_rate, level + slope * h)         arrivals when it is ready
     age  = 1 + min(1, oldest_c / sla_c) * (age_max - 1) per class c
     B    = sum_c queued_c * weight_c * age_c            weighted backlog
     need = (lam + B / backlog_drain_s) / mu             workers needed
 
+``capacity_rate`` is what one worker carries with its class targets still met
+(:mod:`inferq.policy.capacity`: KV cache at the target occupancy, the TPOT limit,
+slots); without it the rule falls back to Little's law over the slots.
 ``level`` and ``slope`` are Holt's double exponential smoothing of the arrival
 rate (Holt 1957; irregular steps as in Wright 1986), kept in the state, so a
 rising wave is met by workers launched one cold start ahead of it. ``current``
@@ -22,14 +25,20 @@ is ``ready + starting``: capacity on its way counts, so a burst never cascades
 launches. Then, in order:
 
 1. tolerance band: hold while ``|need / current - 1| <= tolerance`` (the HPA rule);
+   below it, scale down only to ``ceil(need / down_threshold)`` (asymmetric: up at
+   ``need``, down only with ``1 / down_threshold`` of headroom);
 2. SLA: when a class's oldest wait passes ``target_wait_fraction x SLA``, want
    at least ``ready + 1`` (a worker already starting satisfies it);
 3. bounds: ``min_workers <= desired <= max_workers`` (these override cooldowns);
 4. cooldowns: no scale-up within ``up_cooldown_s`` and no scale-down within
    ``down_cooldown_s`` of the model's last scale action;
-5. scale-down drains only workers with nothing in flight, idle ``>= idle_s``
+5. hysteresis: a direction reversal (down after up, or up after down) waits until
+   ``reversal_dwell_s`` have passed since the model's previous reversal, so any
+   ``reversal_dwell_s`` window holds at most one reversal, on any workload; only the
+   bounds (``min_workers``, ``max_workers``) override it (a lost worker is replaced);
+6. scale-down drains only workers with nothing in flight, idle ``>= idle_s``
    (longest idle first); fewer idle workers mean a smaller step;
-6. GPU budget: scale-ups are granted in model priority order, minimum pools
+7. GPU budget: scale-ups are granted in model priority order, minimum pools
    first, while ``sum (ready + starting + draining) x gpus_per_worker <= gpu_budget``.
 
 :mod:`inferq.sim.baselines` holds the baselines the simulator compares this rule
@@ -101,6 +110,8 @@ class ScalingConfig:
         down_cooldown_s: seconds after a model's last scale action before it scales down.
         idle_s: a worker is drained only after this many seconds with nothing in flight.
         tolerance: relative band around the current count inside which nothing changes.
+        down_threshold: scale down only to ``ceil(need / down_threshold)`` (0 < x <= 1).
+        reversal_dwell_s: seconds after a direction reversal before the next one.
         target_wait_fraction: fraction of a class's SLA its oldest wait may reach
             before a worker is added.
         backlog_drain_s: seconds in which extra capacity should clear the weighted backlog.
@@ -124,6 +135,8 @@ class ScalingConfig:
     down_cooldown_s: float = defaults.SCALE_DOWN_COOLDOWN_S
     idle_s: float = defaults.SCALE_IDLE_S
     tolerance: float = defaults.SCALE_TOLERANCE
+    down_threshold: float = defaults.SCALE_DOWN_THRESHOLD
+    reversal_dwell_s: float = defaults.SCALE_REVERSAL_DWELL_S
     target_wait_fraction: float = defaults.SCALE_TARGET_WAIT_FRACTION
     backlog_drain_s: float = defaults.SCALE_BACKLOG_DRAIN_S
     class_weights: Mapping[str, float] = field(
@@ -138,7 +151,15 @@ class ScalingConfig:
     def __post_init__(self) -> None:
         if self.gpu_budget is not None and self.gpu_budget < 0:
             raise ConfigError(f"gpu_budget must be >= 0 or None, got {self.gpu_budget}")
-        for name in ("up_cooldown_s", "down_cooldown_s", "idle_s", "interval_s"):
+        if not 0 < self.down_threshold <= 1:
+            raise ConfigError(f"down_threshold must be in (0, 1], got {self.down_threshold}")
+        for name in (
+            "up_cooldown_s",
+            "down_cooldown_s",
+            "idle_s",
+            "interval_s",
+            "reversal_dwell_s",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0 seconds, got {getattr(self, name)}")
         for name in ("backlog_drain_s", "trend_level_s", "trend_slope_s", "service_smoothing_s"):
@@ -215,6 +236,9 @@ class ModelLoad:
         busy: ready worker id -> requests in flight (only workers with some).
         saturation: service time with every slot busy over ``mean_service_s``, as
             measured (:func:`inferq.latency.saturation_factor`); 1.0 = no change.
+        capacity_rate: requests/s one worker carries at its target occupancy with the
+            class targets met (:func:`inferq.policy.capacity.worker_capacity`); None:
+            size on ``worker_rate``.
 
     Raises:
         ValueError: a count or time is negative, or ``slots_per_worker`` /
@@ -234,6 +258,7 @@ class ModelLoad:
     idle_workers: Mapping[str, float] = field(default_factory=dict)
     busy: Mapping[str, int] = field(default_factory=dict)
     saturation: float = 1.0
+    capacity_rate: float | None = None
 
     def __post_init__(self) -> None:
         if self.slots_per_worker < 1:
@@ -242,6 +267,8 @@ class ModelLoad:
             raise ValueError(f"{self.model}: saturation must be >= 1, got {self.saturation}")
         if self.mean_service_s <= 0:
             raise ValueError(f"{self.model}: mean_service_s must be > 0 seconds")
+        if self.capacity_rate is not None and not self.capacity_rate > 0:
+            raise ValueError(f"{self.model}: capacity_rate must be > 0, got {self.capacity_rate}")
         for name in ("arrival_rate", "cold_start_s", "ready", "starting", "draining"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{self.model}: {name} must be >= 0, got {getattr(self, name)}")
@@ -283,6 +310,7 @@ class ModelScaleState:
     Attributes:
         last_up_at / last_down_at: time of the last scale-up / scale-down, s.
         last_direction: ``"up"`` or ``"down"`` (None before the first action).
+        last_reversal_at: time of the last action opposite to the one before it, s.
         level: smoothed arrival rate, requests/s (None before the first observation).
         slope: smoothed change of the rate, requests/s per s.
         observed_at: time of the last trend update, s.
@@ -295,6 +323,7 @@ class ModelScaleState:
     last_up_at: float | None = None
     last_down_at: float | None = None
     last_direction: str | None = None
+    last_reversal_at: float | None = None
     level: float | None = None
     slope: float = 0.0
     observed_at: float | None = None
@@ -422,12 +451,22 @@ def _plan(
     limits = config.limits_for(load.model)
     current = load.current
     need, reasons = _need(load, ms, config, sla)
-    want = _within_tolerance(need, current, config.tolerance, reasons)
+    want = _within_tolerance(need, current, config, reasons)
     floor = _sla_floor(load, config, sla, reasons)
     want = max(want, floor)
     target = bounded(want, limits, reasons)
     surplus = target < current and load.starting == 0
     ms = replace(ms, surplus_since=(ms.surplus_since or now) if surplus else None)
+    forced = current < limits.min_workers or current > limits.max_workers
+    if target != current and not forced:
+        direction = "up" if target > current else "down"
+        wait = reversal_wait(ms, direction, config.reversal_dwell_s, now)
+        if wait > 0:
+            reasons.append(
+                f"hysteresis: {direction} would reverse the last {ms.last_direction}; "
+                f"no reversal for {wait:.0f} s (one per {config.reversal_dwell_s:.0f} s)"
+            )
+            return ScaleDecision(load.model, current, current, "hold", tuple(reasons)), ms
     if target > current:
         return _scale_up(load, ms, config, limits, target, now, reasons), ms
     if target < current:
@@ -439,16 +478,22 @@ def _need(
     load: ModelLoad, ms: ModelScaleState, config: ScalingConfig, sla: Mapping[str, float]
 ) -> tuple[float, list[str]]:
     """Fractional workers needed, and the reasons behind the number."""
-    mu = load.worker_rate
+    mu = load.capacity_rate or load.worker_rate
     horizon = load.cold_start_s + config.interval_s
     predicted = ms.forecast(horizon)
     rate = max(load.arrival_rate, predicted)
     backlog = _weighted_backlog(load, config, sla)
     need = (rate + backlog / config.backlog_drain_s) / mu
-    reasons = [
-        f"need {need:.2f}: arrivals {rate:.2f} req/s x {load.saturated_service_s:.2f} s "
-        f"/ {load.slots_per_worker} slots"
-    ]
+    if load.capacity_rate:
+        reasons = [
+            f"need {need:.2f}: arrivals {rate:.2f} req/s / {mu:.2f} req/s per worker "
+            "at its target occupancy"
+        ]
+    else:
+        reasons = [
+            f"need {need:.2f}: arrivals {rate:.2f} req/s x {load.saturated_service_s:.2f} s "
+            f"/ {load.slots_per_worker} slots"
+        ]
     if predicted > load.arrival_rate + _EPS:
         reasons.append(
             f"trend: {load.arrival_rate:.2f} -> {predicted:.2f} req/s within {horizon:.0f} s "
@@ -479,11 +524,35 @@ def _weighted_backlog(load: ModelLoad, config: ScalingConfig, sla: Mapping[str, 
     return total
 
 
-def _within_tolerance(need: float, current: int, tolerance: float, reasons: list[str]) -> int:
+def _within_tolerance(need: float, current: int, config: ScalingConfig, reasons: list[str]) -> int:
+    tolerance = config.tolerance
     if current > 0 and abs(need / current - 1.0) <= tolerance:
         reasons.append(f"within tolerance {tolerance:.0%} of {current}")
         return current
-    return max(0, math.ceil(need - _EPS))
+    up = max(0, math.ceil(need - _EPS))
+    if up >= current:
+        return up
+    down = max(up, math.ceil(need / config.down_threshold - _EPS))
+    if down >= current:
+        reasons.append(
+            f"need {need:.2f} fits {current - 1} workers only above "
+            f"{config.down_threshold:.0%} of their capacity: hold {current}"
+        )
+        return current
+    return down
+
+
+def reversal_wait(ms: ModelScaleState, direction: str, dwell_s: float, now: float) -> float:
+    """Seconds before an action in ``direction`` may reverse the model's last one (0: now).
+
+    Only a reversal waits, and only for ``dwell_s`` after the previous reversal: two
+    reversals are then always ``dwell_s`` apart, so any window of ``dwell_s`` holds one.
+    """
+    if ms.last_direction is None or ms.last_direction == direction:
+        return 0.0
+    if ms.last_reversal_at is None:
+        return 0.0
+    return max(0.0, ms.last_reversal_at + dwell_s - now)
 
 
 def _sla_floor(
@@ -678,6 +747,8 @@ def stamp_decisions(
     """Stamp each model's state with this decision (time checked, action taken)."""
     for d in decisions:
         ms = replace(models.get(d.model, ModelScaleState()), checked_at=now)
+        if d.action in ("up", "down") and ms.last_direction not in (None, d.action):
+            ms = replace(ms, last_reversal_at=now)
         if d.action == "up":
             ms = replace(ms, last_up_at=now, last_direction="up")
         elif d.action == "down":

@@ -22,10 +22,12 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
+from inferq import defaults
 from inferq.config import ModelSpec
 from inferq.errors import CorruptRecord, InvalidRequest
 from inferq.latency import saturation_factor, service_time
 from inferq.models import Event, WorkerState
+from inferq.policy.capacity import worker_capacity
 from inferq.policy.scaling import ModelLoad
 from inferq.routes import candidates, parse_route
 
@@ -44,6 +46,7 @@ class LiveWorker:
         slots: concurrent requests at most.
         in_flight: requests it runs (heartbeat).
         reserved: slots held by assigned work (``load:<id>``), dispatched but maybe not started.
+        kv_cache_mib: KV-cache room it advertises, MiB (0: unknown).
     """
 
     id: str
@@ -52,6 +55,7 @@ class LiveWorker:
     slots: int
     in_flight: int = 0
     reserved: int = 0
+    kv_cache_mib: int = 0
 
     @property
     def busy(self) -> int:
@@ -277,6 +281,8 @@ class LoadInputs:
         service: model -> measured means (missing: ``fallback_service_s``, no saturation).
         fallback_service_s: model -> seconds to assume without measurements.
         default_slots: slots of a worker when none of the model is live.
+        tpot_s: the strictest class TPOT target (:func:`~inferq.policy.capacity.strictest_tpot`).
+        occupancy: share of the KV cache the capacity model fills.
     """
 
     depths: Sequence[QueueDepth]
@@ -286,6 +292,8 @@ class LoadInputs:
     service: Mapping[str, ServiceStats]
     fallback_service_s: Mapping[str, float]
     default_slots: int
+    tpot_s: float | None = None
+    occupancy: float = defaults.SCALE_TARGET_OCCUPANCY
 
 
 def estimated_service_s(
@@ -333,6 +341,7 @@ def build_loads(
         stats = inputs.service.get(model)
         slots = max((w.slots for w in mine), default=inputs.default_slots)
         busy = [w.in_flight for w in ready if w.in_flight > 0]
+        kv_mib = max((w.kv_cache_mib for w in mine), default=0)
         loads.append(
             ModelLoad(
                 model=model,
@@ -353,9 +362,27 @@ def build_loads(
                     if not w.busy
                 },
                 busy={w.id: w.busy for w in ready if w.busy},
+                capacity_rate=capacity_rate(spec, kv_mib, slots, stats, inputs),
             )
         )
     return loads
+
+
+def capacity_rate(
+    spec: ModelSpec, kv_cache_mib: float, slots: int, stats: ServiceStats | None, inputs: LoadInputs
+) -> float | None:
+    """Requests/s one worker carries for the measured mix (None before any measurement)."""
+    if stats is None:
+        return None
+    return worker_capacity(
+        spec,
+        kv_cache_mib,
+        slots,
+        stats.prompt_tokens,
+        stats.output_tokens,
+        inputs.tpot_s,
+        inputs.occupancy,
+    ).rate
 
 
 _NEVER = Tracked(model="", last_busy_at=0.0)

@@ -35,7 +35,7 @@ class QueuedRequest:
     attempts: int = 0
     #: the worker whose attempt failed last; avoided when another can serve.
     excluded_worker: str | None = None
-    #: a suspect (it was on a worker that crashed): runs alone on an otherwise idle worker.
+    #: a suspect (caught in two worker crashes): runs alone on an otherwise idle worker.
     alone: bool = False
 
 
@@ -99,6 +99,9 @@ class Snapshot:
         workers: live workers (any state; only ``ready`` ones are eligible).
         fairness: carried fairness state.
         output_estimates: (model, task_type) -> moving mean of generated tokens.
+        scaler_pools: models a running scaler manages (it starts workers of them on
+            backlog): a request only they serve waits for a cold start instead of
+            being reported unschedulable.
     """
 
     now: float
@@ -107,6 +110,7 @@ class Snapshot:
     fairness: FairnessState = field(default_factory=FairnessState)
     backlogged_tenants: Mapping[str, frozenset[str]] = field(default_factory=dict)
     output_estimates: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    scaler_pools: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

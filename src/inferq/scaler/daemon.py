@@ -54,6 +54,7 @@ from inferq import defaults
 from inferq.config import Settings
 from inferq.errors import ConfigError, CorruptRecord
 from inferq.models import Event, WorkerState
+from inferq.policy.capacity import strictest_tpot
 from inferq.policy.scaling import (
     ModelLoad,
     ScaleDecision,
@@ -347,7 +348,15 @@ class Scaler:
         mine = [w for w in infos if w.model in self.models]
         reserved = self.store.worker_reservations([w.id for w in mine])
         return [
-            LiveWorker(w.id, w.model, w.state, w.slots, w.in_flight, reserved.get(w.id, 0))
+            LiveWorker(
+                w.id,
+                w.model,
+                w.state,
+                w.slots,
+                w.in_flight,
+                reserved.get(w.id, 0),
+                kv_cache_mib=w.kv_cache_mib,
+            )
             for w in mine
         ]
 
@@ -420,6 +429,7 @@ class Scaler:
             service=measured,
             fallback_service_s=self._fallback_service(),
             default_slots=self.default_slots,
+            tpot_s=strictest_tpot(self.settings.classes),
         )
 
     def _fallback_service(self) -> dict[str, float]:

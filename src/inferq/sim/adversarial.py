@@ -5,6 +5,10 @@ scheduler must survive, at the smallest size that shows it.
   when a realtime request arrives (issue 12's first example).
 - ``tenant-flood``: one tenant's backlog of hundreds of requests, then a quiet
   tenant of the same class (issue 12's second example).
+- ``tenant-flood-aged``: the same, the quiet tenant arriving once the flood is past
+  its class's aging bound (aging must not undo tenant fairness inside a class).
+- ``tenant-crowd``: 200 one-request tenants and a quiet one behind the flood (every
+  backlogged tenant is seen, at a cost that does not grow with the backlog).
 
 Token counts are fixed, not drawn, so a scenario's verdict depends only on the
 policy; the one worker is the registry's default model on a 24 GiB card.
@@ -80,4 +84,55 @@ def tenant_flood(ctx: ScenarioContext, args: Sequence[str]) -> ScenarioWorkload:
         max_workers=1,
         watch_tenants=("quiet",),
         note="a newly active tenant gets one of the first two slots that free up (VTC)",
+    )
+
+
+@scenario(
+    "tenant-flood-aged",
+    "tenant-flood with 'quiet' arriving 6.5 s after the flood, when every 'bulk' request "
+    "is past standard's 5 s aging bound: aging must not undo VTC inside the class",
+)
+def tenant_flood_aged(ctx: ScenarioContext, args: Sequence[str]) -> ScenarioWorkload:
+    """Issue 12, fault 2 past the aging bound: 300 x bulk at 0-1 s, 3 x quiet at 6.5 s."""
+    expect_args("tenant-flood-aged", args, 0, "")
+    route = ctx.settings.default_model
+    cls = ctx.settings.default_priority
+    requests = [_request(i, i / 300, cls, "bulk", route, 256, 256) for i in range(300)]
+    requests += [_request(300 + i, 6.5, cls, "quiet", route, 256, 256) for i in range(3)]
+    return ScenarioWorkload(
+        requests=requests,
+        fleet={route: 1},
+        slots=4,
+        vram_mib=SMALL_CARD_MIB,
+        max_workers=1,
+        watch_tenants=("quiet",),
+        note="the flood is overdue; quiet still gets one of the first two slots (VTC)",
+    )
+
+
+@scenario(
+    "tenant-crowd",
+    "tenant 'bulk' floods (300 requests) while 200 one-request tenants arrive at 1-2 s and "
+    "'quiet' at 2 s: every tenant must be seen, whatever the backlog ahead of it",
+)
+def tenant_crowd(ctx: ScenarioContext, args: Sequence[str]) -> ScenarioWorkload:
+    """Many tenants behind one flood: 300 x bulk at 0-1 s, 200 one-off tenants spread
+    over 1-2 s, then 3 x quiet at 2 s. VTC serves each newcomer once before bulk again
+    (equal counters after the lift; ties by tenant name)."""
+    expect_args("tenant-crowd", args, 0, "")
+    route = ctx.settings.default_model
+    cls = ctx.settings.default_priority
+    requests = [_request(i, i / 300, cls, "bulk", route, 256, 256) for i in range(300)]
+    requests += [
+        _request(300 + i, 1.0 + i / 200, cls, f"crowd-{i:03d}", route, 256, 256) for i in range(200)
+    ]
+    requests += [_request(500 + i, 2.0, cls, "quiet", route, 256, 256) for i in range(3)]
+    return ScenarioWorkload(
+        requests=requests,
+        fleet={route: 1},
+        slots=4,
+        vram_mib=SMALL_CARD_MIB,
+        max_workers=1,
+        watch_tenants=("quiet", "crowd-000", "crowd-199"),
+        note="each newcomer is served once before the flood's next request",
     )

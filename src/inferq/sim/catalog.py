@@ -5,7 +5,7 @@ scenarios are imported here (and only here), then looked up by name.
 from __future__ import annotations
 
 from inferq.errors import ConfigError
-from inferq.sim import adversarial  # noqa: F401  (registers its scenarios)
+from inferq.sim import adversarial, shapes  # noqa: F401  (register their scenarios)
 from inferq.sim.scenarios import SCENARIOS, Scenario, ScenarioContext, ScenarioWorkload
 
 

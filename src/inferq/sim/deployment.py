@@ -120,7 +120,7 @@ def initial_fleet(
     if not policy.peak_fleet:
         return dict(config.fleet)
     real = [r for r in requests if r.source != "synthetic"] or list(requests)
-    peak = peak_fleet(real, config.settings, config.slots)
+    peak = peak_fleet(real, config.settings, config.slots, vram_mib=config.vram_mib)
     for model in config.fleet:
         peak.setdefault(model, 1)
     return peak

@@ -16,7 +16,8 @@ What happens at one instant ``t`` (all events due at ``t`` are taken together):
    ``expire_due``); the outcome's end time is the deadline itself;
 3. if anything changed and some ready worker has a free slot, one dispatch
    decision: a :class:`~inferq.policy.snapshot.Snapshot` is built (per
-   ``(class, route)`` queue the ``queue_head`` oldest requests, as
+   ``(class, route)`` queue the ``queue_head`` oldest requests and the heads of its
+   tenants' sub-queues, as
    ``Store.dispatch_view`` reads them; every live worker with its reservations;
    the fairness state; the backlogged tenants; the output estimates) and
    handed to the policy (``decide`` or FIFO). The decision is applied as the
@@ -61,7 +62,7 @@ from inferq import defaults
 from inferq.errors import ConfigError, InvalidRequest
 from inferq.models import WorkerState
 from inferq.policy.estimate import estimate_key, update_moving_mean
-from inferq.policy.routing import route_models
+from inferq.policy.routing import FleetCapacity, route_models
 from inferq.policy.scaling import ScalerState
 from inferq.policy.snapshot import Decision, DispatchPolicy, FairnessState, QueuedRequest, Snapshot
 from inferq.sim.deployment import (
@@ -192,6 +193,8 @@ class _Sim:
         self.wake_pending = False
         # queues
         self.queues: dict[tuple[str, str], dict[str, QueuedRequest]] = {}
+        # per queue, each tenant's part of it (the store's sub-queues and tenant index)
+        self.tenant_queues: dict[tuple[str, str], dict[str, dict[str, QueuedRequest]]] = {}
         self.class_keys: dict[str, list[tuple[str, str]]] = {c: [] for c in self.classes}
         self.queued = 0
         self.tenant_counts: dict[str, dict[str, int]] = {c: {} for c in self.classes}
@@ -221,6 +224,8 @@ class _Sim:
             for _ in range(n):
                 self.fleet.launch(spec, 0.0, warm=True)
         self.tracker = LoadTracker(settings, self._managed(), config.slots, config.rate_window_s)
+        # What the dispatcher sees of the scaler (as the daemon reads it from Redis).
+        self.pools = frozenset(self.tracker.managed) if policy.scaler else frozenset()
 
     def _managed(self) -> list[str]:
         """The scaler's models: the configured pools, else the fleet's and the routed-to ones."""
@@ -309,6 +314,7 @@ class _Sim:
             queue = self.queues[key] = {}
             self.class_keys[r.priority] = sorted([*self.class_keys[r.priority], key])
         queue[r.id] = q
+        self.tenant_queues.setdefault(key, {}).setdefault(r.tenant, {})[r.id] = q
         self.queued += 1
         counts = self.tenant_counts[r.priority]
         counts[r.tenant] = counts.get(r.tenant, 0) + 1
@@ -320,7 +326,12 @@ class _Sim:
 
     def _dequeue(self, o: RequestOutcome) -> None:
         r = o.request
-        del self.queues[(r.priority, r.route)][r.id]
+        key = (r.priority, r.route)
+        del self.queues[key][r.id]
+        parts = self.tenant_queues[key]
+        del parts[r.tenant][r.id]
+        if not parts[r.tenant]:
+            del parts[r.tenant]
         self.queued -= 1
         counts = self.tenant_counts[r.priority]
         counts[r.tenant] -= 1
@@ -341,13 +352,23 @@ class _Sim:
             o = self.outcomes[index]
             if o.status != "queued":
                 continue
+            why = self._unservable(o)
             self._dequeue(o)
             waited = o.deadline - o.request.arrival_s
-            self._end(
-                o, "expired", o.deadline, f"deadline passed while queued (waited {waited:.2f} s)"
-            )
+            cause = f": {why}" if why else " while queued"
+            self._end(o, "expired", o.deadline, f"deadline passed{cause} (waited {waited:.2f} s)")
             expired = True
         return expired
+
+    def _unservable(self, o: RequestOutcome) -> str | None:
+        """Why nothing can serve a queued request now (as a dispatcher's fresh note on the
+        real stack says), or None: checked only for one a decision found unschedulable."""
+        if o.unschedulable is None:
+            return None
+        r = o.request
+        queued = self.queues[(r.priority, r.route)][r.id]
+        views = [w.view() for w in self.fleet]
+        return FleetCapacity(views, self.routing, self.pools).reason(queued)
 
     def _end(self, o: RequestOutcome, status: Status, at: float, reason: str | None) -> None:
         o.status = status
@@ -361,10 +382,10 @@ class _Sim:
         head = self.config.queue_head
         queued: dict[str, list[QueuedRequest]] = {}
         for cls, keys in self.class_keys.items():
-            if len(keys) == 1:
+            if len(keys) == 1 and len(self.tenant_queues.get(keys[0], ())) <= 1:
                 queued[cls] = list(islice(self.queues[keys[0]].values(), head))
             else:
-                merged = [r for k in keys for r in islice(self.queues[k].values(), head)]
+                merged = [r for k in keys for r in self._heads(k, head)]
                 merged.sort(key=lambda r: (r.submitted_at, r.id))
                 queued[cls] = merged
         for cls in self.backlog_dirty:
@@ -377,7 +398,25 @@ class _Sim:
             fairness=FairnessState(self.credit, self.counters, self.active),
             backlogged_tenants=self.backlogged,
             output_estimates=self.estimates,
+            scaler_pools=self.pools,
         )
+
+    def _heads(self, key: tuple[str, str], head: int) -> list[QueuedRequest]:
+        """What the dispatcher reads of one queue (``store/snapshot.py``): its oldest
+        ``head`` requests and the heads of the first ``max(SNAPSHOT_MIN_TENANTS, head)``
+        tenants' sub-queues (oldest head first), ``max(1, head // tenants)`` each, so a
+        tenant behind another's flood is seen at once."""
+        out = {r.id: r for r in islice(self.queues[key].values(), head)}
+        parts = self.tenant_queues.get(key, {})
+        if len(parts) > 1:
+            first = sorted(
+                parts.items(), key=lambda kv: (next(iter(kv[1].values())).submitted_at, kv[0])
+            )[: max(defaults.SNAPSHOT_MIN_TENANTS, head)]
+            depth = max(1, head // len(first))
+            for _, part in first:
+                for r in islice(part.values(), depth):
+                    out.setdefault(r.id, r)
+        return list(out.values())
 
     def _decide(self) -> None:
         snapshot = self._snapshot()

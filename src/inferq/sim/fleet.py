@@ -47,6 +47,7 @@ class SimWorker:
         stopped_at: when it left the fleet, or None while live.
         busy_s / slot_s / ready_s: seconds with work running, running x seconds,
             seconds not starting (integrated up to ``accounted_at``).
+        kv_mib_s: KV cache reserved x seconds, MiB-s (same integral).
         accounted_at: the time the integrals above are exact up to.
         served: requests it finished (or timed out).
         peak_slots / peak_mib: the most it ever held at once.
@@ -65,6 +66,7 @@ class SimWorker:
     stopped_at: float | None = None
     busy_s: float = 0.0
     slot_s: float = 0.0
+    kv_mib_s: float = 0.0
     ready_s: float = 0.0
     served: int = 0
     peak_slots: int = 0
@@ -105,6 +107,7 @@ class SimWorker:
             if n:
                 self.busy_s += dt
                 self.slot_s += n * dt
+                self.kv_mib_s += self.reserved_mib * dt
             if self.state is not WorkerState.STARTING:
                 self.ready_s += dt
             self.accounted_at = now

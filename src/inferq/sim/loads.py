@@ -25,6 +25,7 @@ from inferq import defaults
 from inferq.config import Settings
 from inferq.latency import saturation_factor
 from inferq.models import WorkerState
+from inferq.policy.capacity import strictest_tpot, worker_capacity
 from inferq.policy.scaling import ModelLoad
 from inferq.policy.scaling_inputs import QueueDepth, backlog, estimated_service_s, route_model
 from inferq.sim.fleet import SimWorker
@@ -55,6 +56,7 @@ class LoadTracker:
         self._arrivals: deque[tuple[float, str]] = deque()
         self._finishes: deque[tuple[float, str, float, int, int, int]] = deque()
         self._measured: dict[str, float] = {}
+        self._tpot_s = strictest_tpot(settings.classes)
 
     def model_of(self, route: str) -> str | None:
         """The managed model a route's requests are charged to (cached)."""
@@ -131,9 +133,28 @@ class LoadTracker:
                     mean or self._fallback(model, estimates),
                     saturation.get(model, 1.0),
                     by_model.get(model, []),
+                    self._capacity(model, sums.get(model), by_model.get(model, [])),
                 )
             )
         return out
+
+    def _capacity(
+        self, model: str, acc: list[float] | None, workers: Sequence[SimWorker]
+    ) -> float | None:
+        """One worker's rate at its target occupancy for the window's mean request
+        (:func:`inferq.policy.capacity.worker_capacity`, as the scaler daemon computes it)."""
+        if acc is None:
+            return None
+        kv_mib = max((w.kv_cache_mib for w in workers), default=0.0)
+        return worker_capacity(
+            self.settings.model_by_name[model],
+            kv_mib,
+            self.slots,
+            acc[1] / acc[4],
+            acc[2] / acc[4],
+            self._tpot_s,
+            defaults.SCALE_TARGET_OCCUPANCY,
+        ).rate
 
     def _fallback(self, model: str, estimates: Mapping[tuple[str, str], float]) -> float:
         if model in self._measured:
@@ -151,6 +172,7 @@ class LoadTracker:
         mean_service_s: float,
         saturation: float,
         workers: Sequence[SimWorker],
+        capacity_rate: float | None = None,
     ) -> ModelLoad:
         ready = [w for w in workers if w.state is WorkerState.READY]
         return ModelLoad(
@@ -167,4 +189,5 @@ class LoadTracker:
             draining=sum(1 for w in workers if w.state is WorkerState.DRAINING),
             idle_workers={w.id: max(0.0, now - w.idle_since) for w in ready if not w.running},
             busy={w.id: len(w.running) for w in ready if w.running},
+            capacity_rate=capacity_rate,
         )

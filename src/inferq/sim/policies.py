@@ -180,7 +180,7 @@ class FifoDispatch:
         ring = sorted((w for w in snapshot.workers if w.ready), key=lambda w: w.id)
         free = {w.id: [w.free_slots, w.free_mib] for w in ring}
         models = {w.id: w.model for w in ring}
-        capacity = FleetCapacity(snapshot.workers, self.policy)
+        capacity = FleetCapacity(snapshot.workers, self.policy, snapshot.scaler_pools)
         expired: list[tuple[str, str]] = []
         unschedulable: list[tuple[str, str]] = []
         batches: dict[str, list[Assignment]] = {}

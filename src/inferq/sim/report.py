@@ -5,6 +5,9 @@ Definitions (per class, and over all requests):
 - SLA attainment: the share of requests that *succeeded* with a time to first
   token (submit -> first token: queue wait + prefill) within the class SLA
   (:mod:`inferq.reporting`'s rule, shared with the demo); expired requests miss.
+  Kept for comparison beside the length-aware targets of :mod:`inferq.sla`:
+  TTFT attainment (``sla_s + prompt / reference_prefill_tps``), TPOT attainment
+  (per output token after the first) and SLO attainment (both; DistServe).
 - queue wait (submit -> dispatch), TTFT and end-to-end latency (submit ->
   result) percentiles p50/p95/p99, nearest rank, over the requests that
   reached that point (seconds).
@@ -18,8 +21,10 @@ Definitions (per class, and over all requests):
 - GPU-seconds: every worker's time from launch (cold start included) to
   stop, or to the end of the run; mean workers = GPU-seconds / run length.
 - GPU utilisation: occupied slot-seconds over the slot-seconds paid for
-  (``slots x GPU-seconds``); busy fraction: time with at least one request
-  running over GPU-seconds (what ``nvidia-smi`` would show).
+  (``slots x GPU-seconds``); KV utilisation: KV-cache MiB-seconds reserved over the
+  KV-cache MiB-seconds paid for (each worker's ``kv_cache_mib x GPU-seconds``), the
+  measure of issue 16 (the KV cache, not the slots, limits a worker); busy fraction:
+  time with at least one request running over GPU-seconds (what ``nvidia-smi`` shows).
 - scale events: scale-up and scale-down actions (and the workers they
   launched or drained); direction reversals: per model, consecutive actions
   in opposite directions (flapping).
@@ -40,7 +45,7 @@ from rich.table import Table
 
 from inferq.config import PriorityClass
 from inferq.extras import import_extra
-from inferq.reporting import Outcome, class_summary, jain_index, percentile
+from inferq.reporting import Outcome, class_summary, jain_index, percentile, slo_attainment
 from inferq.sim.result import RequestOutcome, SimResult
 
 Report = dict[str, Any]
@@ -56,6 +61,8 @@ def _reporting_outcome(o: RequestOutcome) -> Outcome:
         e2e_s=o.e2e_s,
         tenant=r.tenant,
         tokens=r.prompt_tokens + r.output_tokens,
+        prompt_tokens=r.prompt_tokens,
+        output_tokens=r.output_tokens,
     )
 
 
@@ -87,13 +94,14 @@ def summarize(
         if o.status == "refused":
             refused[o.request.priority] = refused.get(o.request.priority, 0) + 1
     outcomes = [_reporting_outcome(o) for o in admitted]
-    per_class = class_summary(outcomes, sla)
+    per_class = class_summary(outcomes, sla, classes=classes)
     for cls, stats in per_class.items():
         rows = [o for o in admitted if o.request.priority == cls]
         stats.update(_extras(rows, sla.get(cls)))
         stats["refused"] = refused.get(cls, 0)
     overall = _overall(admitted, sla)
     overall["refused"] = sum(refused.values())
+    overall.update(_overall_slo(outcomes, classes))
     return {
         "policy": result.policy,
         "summary": summary,
@@ -131,8 +139,11 @@ def _tenant(
     rows: Sequence[RequestOutcome], tenant: str, sla: Mapping[str, float]
 ) -> dict[str, Any]:
     """One watched tenant: its requests, how many succeeded and met their class's SLA,
-    and its longest queue wait and time to first token (seconds; None when none)."""
+    the queue wait of its first request (VTC's promise is about it: a newly active
+    tenant is served among the next slots), and its longest queue wait and time to
+    first token (seconds; None when none)."""
     mine = [o for o in rows if o.request.tenant == tenant]
+    first = min(mine, key=lambda o: (o.request.arrival_s, o.request.id), default=None)
     waits = [v for o in mine if (v := o.queue_wait_s) is not None]
     ttfts = [v for o in mine if (v := o.ttft_s) is not None]
     return {
@@ -140,6 +151,7 @@ def _tenant(
         "refused": sum(1 for o in mine if o.status == "refused"),
         "succeeded": sum(1 for o in mine if o.status == "succeeded"),
         "sla_met": sum(1 for o in mine if _met(o, sla)),
+        "queue_wait_first_s": first.queue_wait_s if first is not None else None,
         "queue_wait_max_s": max(waits, default=None),
         "ttft_max_s": max(ttfts, default=None),
     }
@@ -167,10 +179,25 @@ def _overall(rows: Sequence[RequestOutcome], sla: Mapping[str, float]) -> dict[s
     return out
 
 
+def _overall_slo(outcomes: Sequence[Outcome], classes: Sequence[PriorityClass]) -> dict[str, Any]:
+    """The :mod:`inferq.sla` attainments over every request (each held to its class)."""
+    n = len(outcomes)
+    if not n:
+        return {"ttft_attainment": None, "tpot_attainment": None, "slo_attainment": None}
+    sums = {"ttft_attainment": 0.0, "tpot_attainment": 0.0, "slo_attainment": 0.0}
+    for cls in classes:
+        rows = [o for o in outcomes if o.priority == cls.name]
+        for k, v in slo_attainment(rows, cls).items():
+            sums[k] += v * len(rows)
+    return {k: v / n for k, v in sums.items()}
+
+
 def _fleet(result: SimResult) -> dict[str, Any]:
     gpu_s = sum(result.gpu_seconds(w) for w in result.workers)
     slots = result.config.slots
     slot_s = sum(w.slot_s for w in result.workers)
+    kv_s = sum(w.kv_mib_s for w in result.workers)
+    kv_paid = sum(w.kv_cache_mib * result.gpu_seconds(w) for w in result.workers)
     busy_s = sum(w.busy_s for w in result.workers)
     live = [s.starting + s.ready + s.draining for s in result.samples]
     return {
@@ -180,6 +207,7 @@ def _fleet(result: SimResult) -> dict[str, Any]:
         "mean_workers": gpu_s / result.end_s if result.end_s > 0 else None,
         "gpu_seconds": gpu_s,
         "gpu_utilisation": slot_s / (slots * gpu_s) if gpu_s > 0 else None,
+        "kv_utilisation": kv_s / kv_paid if kv_paid > 0 else None,
         "gpu_busy_fraction": busy_s / gpu_s if gpu_s > 0 else None,
         "peak_slots_used": max((w.peak_slots for w in result.workers), default=0),
         "slots": slots,
@@ -249,6 +277,9 @@ CLASS_COLUMNS = (
     "class",
     "requests",
     "SLA met",
+    "TTFT met",
+    "TPOT met",
+    "SLO met",
     "wait p50/p95/p99 s",
     "TTFT p99 s",
     "e2e p50/p95/p99 s",
@@ -259,9 +290,11 @@ CLASS_COLUMNS = (
 FLEET_COLUMNS = (
     "policy",
     "SLA met",
+    "SLO met",
     "GPU-s",
     "mean/peak workers",
     "GPU util",
+    "KV util",
     "busy",
     "scale up/down",
     "reversals",
@@ -281,6 +314,9 @@ def class_rows(reports: Sequence[Report]) -> list[list[str]]:
                     cls,
                     str(s["requests"]),
                     _pct(s["sla_attainment"]),
+                    _pct(s.get("ttft_attainment")),
+                    _pct(s.get("tpot_attainment")),
+                    _pct(s.get("slo_attainment")),
                     "/".join(_sec(s[f"queue_wait_{q}_s"]) for q in ("p50", "p95", "p99")),
                     _sec(s["ttft_p99_s"]),
                     "/".join(_sec(s[f"e2e_{q}_s"]) for q in ("p50", "p95", "p99")),
@@ -301,9 +337,11 @@ def fleet_rows(reports: Sequence[Report]) -> list[list[str]]:
             [
                 rep["policy"],
                 _pct(rep["overall"]["sla_attainment"]),
+                _pct(rep["overall"].get("slo_attainment")),
                 f"{f['gpu_seconds']:.0f}",
                 f"{_num(f['mean_workers'], 1)}/{f['peak_workers']}",
                 _pct(f["gpu_utilisation"]),
+                _pct(f.get("kv_utilisation")),
                 _pct(f["gpu_busy_fraction"]),
                 f"{sc['scale_ups']}/{sc['scale_downs']}",
                 str(sc["reversals"]),
@@ -316,7 +354,9 @@ def fleet_rows(reports: Sequence[Report]) -> list[list[str]]:
 
 def tables(reports: Sequence[Report]) -> tuple[Table, Table]:
     """Two rich tables: per class, and fleet/scaling/fairness per policy."""
-    per_class = Table(title="SLA and latency per class (SLA = time to first token)")
+    per_class = Table(
+        title="SLA and latency per class (SLA = flat TTFT; TTFT/TPOT/SLO = inferq.sla's targets)"
+    )
     for col in CLASS_COLUMNS:
         per_class.add_column(col, justify="left" if col in ("policy", "class") else "right")
     for row in class_rows(reports):

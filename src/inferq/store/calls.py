@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
+from inferq import defaults
 from inferq.config import Settings
 from inferq.errors import IdempotencyConflict, QueueFull, RequestNotFound
 from inferq.models import Event, InferenceRequest, RequestRecord, from_ms
@@ -157,19 +158,49 @@ def parse_assign(reply: Sequence[Any]) -> list[tuple[str, int]]:
     return [(str(rid), int(attempt)) for rid, attempt in _pairs(reply)]
 
 
+def note_fresh_ms(settings: Settings) -> int:
+    """How long a dispatcher's unschedulable note stays the reason of an expiry, ms: one
+    heartbeat TTL (a dispatcher confirms it every step; past that, none may be running)."""
+    return round(settings.heartbeat_interval_s * defaults.HEARTBEAT_TTL_INTERVALS * 1000)
+
+
 def expire_due_call(keys: Keys, settings: Settings, limit: int) -> Call:
     """``expire.lua`` in ``due`` mode: every request of the deadlines index past its deadline."""
     s = settings
-    return Call("expire", [], [keys.prefix, s.result_ttl_s, s.events_maxlen, limit, "due"])
+    argv = [keys.prefix, s.result_ttl_s, s.events_maxlen, limit, "due", note_fresh_ms(s)]
+    return Call("expire", [], argv)
 
 
 def expire_ids_call(keys: Keys, settings: Settings, pairs: Sequence[tuple[str, str]]) -> Call:
-    """``expire.lua`` in ``ids`` mode: the given (request id, reason) now."""
+    """``expire.lua`` in ``ids`` mode: the given (request id, reason) now (a fresh
+    unschedulable note of a queued request replaces the reason)."""
     s = settings
-    argv: list[Any] = [keys.prefix, s.result_ttl_s, s.events_maxlen, len(pairs), "ids"]
+    argv: list[Any] = [
+        keys.prefix,
+        s.result_ttl_s,
+        s.events_maxlen,
+        len(pairs),
+        "ids",
+        note_fresh_ms(s),
+    ]
     for rid, reason in pairs:
         argv += [rid, reason]
     return Call("expire", [], argv)
+
+
+def note_unschedulable_call(
+    keys: Keys, settings: Settings, pairs: Sequence[tuple[str, str]]
+) -> Call:
+    """``note_unschedulable.lua``: record (request id, reason) on queued requests."""
+    argv: list[Any] = [keys.prefix, settings.events_maxlen]
+    for rid, reason in pairs:
+        argv += [rid, reason]
+    return Call("note_unschedulable", [], argv)
+
+
+def parse_note_unschedulable(reply: Sequence[Any]) -> list[str]:
+    """Ids whose unschedulable reason is new or changed."""
+    return [str(rid) for rid in reply]
 
 
 def parse_expire(reply: Sequence[Any]) -> list[tuple[str, float]]:

@@ -28,6 +28,7 @@ SCRIPTS = (
     "requeue_preempted",
     "promote",
     "expire",
+    "note_unschedulable",
     "cancel",
     "heartbeat",
     "remove_worker",

@@ -240,28 +240,28 @@ class Store(AdminCalls):
         return calls.parse_fairness(self._call(call))
 
     def mark_unschedulable(self, pairs: Sequence[tuple[str, str]]) -> list[str]:
-        """Record why requests cannot be served; returns the ids newly marked.
+        """Record why queued requests cannot be served (one script call); returns the ids
+        whose reason is new or changed (each also gets one ``unschedulable`` event).
 
-        Each id is reported (field ``unschedulable`` + one event) only once.
+        Every call refreshes the note's time, so an expiry uses the reason only while
+        a dispatcher still confirms it (``note_unschedulable.lua``, ``expire.lua``).
         """
         if not pairs:
             return []
+        call = calls.note_unschedulable_call(self.keys, self.settings, pairs)
+        return calls.parse_note_unschedulable(self._call(call))
+
+    def scaler_pools(self) -> frozenset[str]:
+        """Models a running scaler manages (the fields of ``scaler:state`` while a replica
+        holds the lease); empty when no scaler runs or its state is unreadable."""
         pipe = self.redis.pipeline(transaction=False)
-        for rid, reason in pairs:
-            pipe.hsetnx(self.keys.req(rid), "unschedulable", reason)
-        fresh = [rid for (rid, _), new in zip(pairs, pipe.execute(), strict=True) if new]
-        if fresh:
-            reasons = dict(pairs)
-            pipe = self.redis.pipeline(transaction=False)
-            for rid in fresh:
-                pipe.xadd(
-                    self.keys.events,
-                    {"type": "unschedulable", "id": rid, "reason": reasons[rid]},
-                    maxlen=self.settings.events_maxlen,
-                    approximate=True,
-                )
-            pipe.execute()
-        return fresh
+        pipe.exists(self.keys.scaler_lease)
+        pipe.hkeys(self.keys.scaler_state)
+        try:
+            held, models = pipe.execute()
+        except REPLY_ERRORS:
+            return frozenset()
+        return frozenset(models) if held else frozenset()
 
     # --- repair -------------------------------------------------------------------
 

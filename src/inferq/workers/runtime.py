@@ -40,7 +40,7 @@ from typing import Any, Literal
 from inferq import defaults, delivery
 from inferq.config import ModelSpec
 from inferq.errors import CorruptRecord, RequestNotFound
-from inferq.latency import decode_slowdown
+from inferq.latency import prefill_s, resident_kv_tokens, step_s
 from inferq.models import RequestRecord, WorkerInfo, WorkerState
 from inferq.store import CONNECTION_ERRORS, REPLY_ERRORS, Abort, Beat, Completion, Store
 from inferq.workers import failures
@@ -443,15 +443,16 @@ class Engine:
 
     def _generated(self, begun: tuple[float, int, int] | None) -> int:
         """Output tokens a cancelled call had produced, estimated by the latency profile:
-        ``(elapsed - prompt / prefill_tps) x decode_tps / slowdown(concurrency)``,
-        within ``0..max_tokens``."""
+        ``(elapsed - prefill_s(prompt)) / step_s(concurrency, resident KV)``
+        (:mod:`inferq.latency`), within ``0..max_tokens``."""
         if begun is None:
             return 0
         t0, prompt, max_tokens = begun
         spec = self.config.spec
-        decoding = self.clock.now() - t0 - prompt / spec.prefill_tps
-        rate = spec.decode_tps / decode_slowdown(spec.batch_efficiency, max(1, self.in_flight))
-        return max(0, min(max_tokens, int(decoding * rate)))
+        decoding = self.clock.now() - t0 - prefill_s(spec, prompt)
+        batch = max(1, self.in_flight)
+        step = step_s(spec, batch, resident_kv_tokens(prompt, max_tokens, batch))
+        return max(0, min(max_tokens, int(decoding / step)))
 
     # --- orphans: held in Redis, never received ----------------------------------------
 

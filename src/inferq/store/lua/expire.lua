@@ -1,17 +1,24 @@
 -- expire: end requests whose deadline has passed (from the deadlines index), or the given ids.
 -- ARGV: 1 prefix, 2 result ttl s, 3 events maxlen, 4 limit, 5 mode ('due' | 'ids'),
---       then (mode 'ids') pairs: id, reason
+--       6 note_fresh_ms, then (mode 'ids') pairs: id, reason
 -- Returns a flat list {id, waited_ms, ...} of the requests expired now.
 -- Invariant: a queued or assigned request past its deadline is expired and its waiting client
 -- told; a running one is left to its worker (which times it out) and leaves the index; the
--- deadlines index holds only non-final requests.
+-- deadlines index holds only non-final requests. A queued request a dispatcher found
+-- unschedulable within note_fresh_ms (fields unschedulable, unschedulable_ms, written by
+-- note_unschedulable.lua) expires with that reason, whoever expires it.
 -- include: clock, keys, events, withdraw, finalize
 local p, ttl, maxlen, limit, mode = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local fresh_ms = tonumber(ARGV[6])
 local now = now_ms()
 local out = {}
 local function expire_one(id, reason)
   local key = k_req(p, id)
-  local r = redis.call('HMGET', key, 'state', 'priority', 'model', 'tenant', 'worker', 'need_mib', 'submitted_ms')
+  local r = redis.call('HMGET', key, 'state', 'priority', 'model', 'tenant', 'worker', 'need_mib',
+    'submitted_ms', 'unschedulable', 'unschedulable_ms')
+  if r[1] == 'queued' and r[8] and now - (tonumber(r[9]) or 0) <= fresh_ms then
+    reason = 'deadline passed: ' .. r[8]
+  end
   if not withdraw(p, id, r) then
     redis.call('ZREM', p .. 'deadlines', id)
     return
@@ -27,6 +34,6 @@ if mode == 'due' then
   local due = redis.call('ZRANGEBYSCORE', p .. 'deadlines', '-inf', now, 'LIMIT', 0, limit)
   for _, id in ipairs(due) do expire_one(id, 'deadline passed while ' .. (redis.call('HGET', k_req(p, id), 'state') or 'gone')) end
 else
-  for i = 6, #ARGV, 2 do expire_one(ARGV[i], ARGV[i + 1]) end
+  for i = 7, #ARGV, 2 do expire_one(ARGV[i], ARGV[i + 1]) end
 end
 return out

@@ -6,9 +6,10 @@
 --       4 if_dead, 5 penalize, 6 max_attempts, 7 result ttl s, 8 events maxlen, 9 reason, 10 event type
 -- Returns {removed (1|0), requeued ids...}; 0 when the worker is alive or already gone.
 -- Invariant: every request a removed worker held is requeued (or expired/dead-lettered), so
--- nothing is lost; a worker that is still beating is never reaped. A lost worker's requests
--- become suspects (field `suspect`): assign.lua runs each alone from then on, so a poison
--- request that crashes its worker is dead-lettered alone.
+-- nothing is lost; a worker that is still beating is never reaped. Each lost worker's
+-- request counts the crash (field `crashes`); from its second one it is a suspect (field
+-- `suspect`): assign.lua runs it alone from then on, so a poison request that crashes its
+-- worker again and again is dead-lettered alone, while one random crash costs no isolation.
 -- include: clock, keys, events, requeue
 local p, w = ARGV[1], ARGV[2]
 local beat = redis.call('ZSCORE', p .. 'workers', w)
@@ -24,7 +25,9 @@ for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
   local verdict = requeue_one(p, id, '', w, ARGV[9], ARGV[5], ARGV[6], ARGV[7], ARGV[8], now)
   if verdict ~= 'stale' then out[#out + 1] = id end
   if verdict == 'queued' and ARGV[5] == '1' then
-    redis.call('HSET', k_req(p, id), 'suspect', '1')
+    if redis.call('HINCRBY', k_req(p, id), 'crashes', 1) >= 2 then
+      redis.call('HSET', k_req(p, id), 'suspect', '1')
+    end
   end
   redis.call('SREM', KEYS[2], id)
 end

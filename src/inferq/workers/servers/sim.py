@@ -76,8 +76,8 @@ class SimServer(ModelServer):
     prompt token count reported is the scheduler's estimate.
 
     Args:
-        spec: the model; its ``prefill_tps``, ``decode_tps``, ``batch_efficiency``
-            and ``cold_start_s`` drive the timings.
+        spec: the model; its ``latency`` profile (:mod:`inferq.latency`) and
+            ``cold_start_s`` drive the timings.
         time_scale: multiplies every sleep (>= 0; 0 = never sleep). Default 1.0.
         seed: seeds the generator of failures and output words; with a seed,
             the same sequence of calls gives the same results.

@@ -1,0 +1,112 @@
+"""What the dashboard shows, read from the store (plain JSON-able data)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from inferq.models import Event
+from inferq.store import Store
+
+#: SLA attainment window, seconds.
+SLA_WINDOW_S = 300.0
+#: A worker whose last heartbeat is older than this many intervals is shown as late.
+LATE_BEATS = 3
+
+
+def sla_attainment(events: Iterable[Event], sla_s: Mapping[str, float]) -> dict[str, Any]:
+    """Per class: final results, how many met the SLA (TTFT within it), and the share.
+
+    A result meets its SLA when it finished (``finish``) with ``ttft_ms`` (submit to
+    first token, the finish time when the server reported none) within the class SLA;
+    failed and expired requests miss it. Classes with no result have share None.
+
+    Returns:
+        class -> ``{"finished": n, "met": m, "attainment": m / n or None}``.
+    """
+    out: dict[str, dict[str, Any]] = {c: {"finished": 0, "met": 0} for c in sla_s}
+    for e in events:
+        cls = e.fields.get("class")
+        if e.type not in ("finish", "fail", "expire") or not cls:
+            continue
+        row = out.setdefault(cls, {"finished": 0, "met": 0})
+        row["finished"] += 1
+        ttft_ms = e.fields.get("ttft_ms") or e.fields.get("e2e_ms") or ""
+        try:
+            first_s = float(ttft_ms) / 1000
+        except ValueError:
+            continue
+        if e.type == "finish" and first_s <= sla_s.get(cls, float("inf")):
+            row["met"] += 1
+    for row in out.values():
+        row["attainment"] = row["met"] / row["finished"] if row["finished"] else None
+    return out
+
+
+def dashboard_state(store: Store, window_s: float = SLA_WINDOW_S) -> dict[str, Any]:
+    """Everything the page shows, from one pass over the store.
+
+    Returns:
+        ``{"now", "namespace", "queues", "workers", "sla", "sla_window_s", "events",
+        "dead_letter": {"count", "requests"}, "counters"}``; times in epoch seconds,
+        waits and ages in seconds, memory in MiB.
+    """
+    settings = store.settings
+    now = store.now()
+    queues = [
+        {"class": cls, "route": route, "queued": n, "oldest_wait_s": wait}
+        for cls, route, n, wait in store.queue_depths()
+    ]
+    infos, bad = store.workers()
+    loads = store.worker_loads([w.id for w in infos])
+    late_s = LATE_BEATS * settings.heartbeat_interval_s
+    workers: list[dict[str, Any]] = []
+    for w in infos:
+        slots_used, kv_used = loads.get(w.id, (0, 0.0))
+        age = max(0.0, now - w.last_heartbeat)
+        workers.append(
+            {
+                "id": w.id,
+                "model": w.model,
+                "state": w.state.value,
+                "slots_used": max(slots_used, w.in_flight),
+                "slots": w.slots,
+                "kv_used_mib": round(kv_used, 1),
+                "kv_cache_mib": w.kv_cache_mib,
+                "heartbeat_age_s": round(age, 2),
+                "health": "ok" if age <= late_s else "late",
+            }
+        )
+    workers += [{"id": key, "state": "corrupt", "health": reason} for key, reason in bad]
+    start_ms = round((now - window_s) * 1000)
+    window = store.events(count=50_000, after=f"{start_ms}-0")
+    sla = sla_attainment(window, {c.name: c.sla_s for c in settings.classes})
+    dead_ids = store.dead_letters(50)
+    dead = []
+    for rec in store.records(dead_ids):
+        if rec is None:
+            continue
+        error = (rec.result.error if rec.result else None) or rec.reason or ""
+        dead.append(
+            {
+                "id": rec.request.id,
+                "priority": rec.request.priority,
+                "tenant": rec.request.tenant,
+                "attempts": rec.attempt,
+                "error": error,
+            }
+        )
+    return {
+        "now": now,
+        "namespace": settings.namespace,
+        "queues": queues,
+        "workers": workers,
+        "sla": sla,
+        "sla_window_s": window_s,
+        "events": [
+            {"id": e.id, "type": e.type, "at": e.at, "fields": dict(e.fields)}
+            for e in reversed(store.recent_events(20))
+        ],
+        "dead_letter": {"count": store.dead_letter_count(), "requests": dead},
+        "counters": store.stats(),
+    }

@@ -1,0 +1,123 @@
+"""What one worker can carry at its SLA: the capacity model the scaler sizes the fleet with.
+
+Pure (no clock, no Redis). The scaler daemon (:func:`inferq.policy.scaling_inputs.build_loads`)
+and the simulator (:class:`inferq.sim.loads.LoadTracker`) both call :func:`worker_capacity`
+and hand its ``rate`` to :func:`inferq.policy.scaling.decide_scale` as
+``ModelLoad.capacity_rate``, so the two size a fleet the same way.
+
+For the mean request of the last window (``prompt`` and ``output`` tokens), each running
+sequence holds ``prompt + output / 2`` KV tokens on average over its decode
+(:func:`inferq.latency.resident_kv_tokens`). A worker may run ``c`` of them where all
+three limits hold:
+
+- KV cache: ``c x per_seq <= occupancy x kv_cache_tokens`` (vLLM preempts past the
+  cache; ``occupancy`` leaves headroom for the spread of request sizes);
+- TPOT: the decode step at ``c`` stays within the strictest class's per-token target
+  (:mod:`inferq.sla`): ``step_s(c, c x per_seq) <= tpot`` solved for ``c`` in the
+  roofline form of :mod:`inferq.latency`;
+- slots: ``c <= slots`` (the model server's own cap on sequences).
+
+Its rate is Little's law over the latency model at that concurrency, the simulator's
+own: ``rate = c / service_time(prompt, output, c).total_s`` requests/s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from inferq.config import ModelSpec, PriorityClass
+from inferq.latency import resident_kv_tokens, service_time, weight_bytes
+
+Limit = Literal["kv_cache", "tpot", "slots"]
+
+_MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerCapacity:
+    """One worker's carrying capacity at the target occupancy.
+
+    Attributes:
+        concurrency: sequences it runs at once (>= 1, may be fractional).
+        kv_tokens: KV tokens resident at that concurrency.
+        kv_share: ``kv_tokens`` over the worker's whole KV cache (0..1).
+        rate: requests/s it completes (Little's law).
+        limited_by: which limit set ``concurrency``.
+    """
+
+    concurrency: float
+    kv_tokens: float
+    kv_share: float
+    rate: float
+    limited_by: Limit
+
+
+def strictest_tpot(classes: Iterable[PriorityClass]) -> float | None:
+    """The smallest per-output-token target among ``classes`` (None when none has one)."""
+    targets = [c.tpot_s for c in classes if c.tpot_s is not None]
+    return min(targets) if targets else None
+
+
+def tpot_concurrency(spec: ModelSpec, per_seq_tokens: float, tpot_s: float) -> float:
+    """Largest batch whose decode step stays within ``tpot_s`` (inf if always; 0 if never).
+
+    ``step = overhead + seq_step c + (weights + c per_seq kv_bytes) / bw <= tpot``, so
+    ``c <= (tpot - overhead - weights / bw) / (seq_step + per_seq kv_bytes / bw)``.
+    """
+    p = spec.latency
+    bw = p.mem_bw_gbs * 1e9
+    room = tpot_s - p.step_overhead_ms / 1000.0 - weight_bytes(spec) / bw
+    per = p.seq_step_ms / 1000.0 + max(0.0, per_seq_tokens) * spec.kv_bytes_per_token / bw
+    if room <= 0:
+        return 0.0
+    return math.inf if per <= 0 else room / per
+
+
+def worker_capacity(
+    spec: ModelSpec,
+    kv_cache_mib: float,
+    slots: int,
+    prompt_tokens: float,
+    output_tokens: float,
+    tpot_s: float | None,
+    occupancy: float,
+) -> WorkerCapacity:
+    """What one worker of ``spec`` carries for this request mix (see the module docstring).
+
+    Args:
+        spec: the model and its latency profile.
+        kv_cache_mib: the worker's KV-cache room, MiB (0: unknown, the KV limit is skipped).
+        slots: the most sequences it runs at once (>= 1).
+        prompt_tokens / output_tokens: the mean request of the window (>= 0).
+        tpot_s: the strictest per-output-token target among its classes (None: none).
+        occupancy: share of the KV cache to fill at most (0 < x <= 1).
+
+    Raises:
+        ValueError: ``slots < 1`` or ``occupancy`` outside (0, 1].
+    """
+    if slots < 1:
+        raise ValueError(f"slots must be >= 1, got {slots}")
+    if not 0 < occupancy <= 1:
+        raise ValueError(f"occupancy must be in (0, 1], got {occupancy}")
+    per_seq = max(1.0, resident_kv_tokens(round(prompt_tokens), round(output_tokens), 1))
+    kv_room = kv_cache_mib * _MIB / spec.kv_bytes_per_token
+    limits: list[tuple[float, Limit]] = [(float(slots), "slots")]
+    if kv_room > 0:
+        limits.append((occupancy * kv_room / per_seq, "kv_cache"))
+    if tpot_s is not None:
+        limits.append((tpot_concurrency(spec, per_seq, tpot_s), "tpot"))
+    c, limit = min(limits, key=lambda x: x[0])
+    c = max(1.0, c)
+    total = service_time(
+        spec, round(prompt_tokens), round(output_tokens), max(1, math.floor(c)), c * per_seq
+    ).total_s
+    return WorkerCapacity(
+        concurrency=c,
+        kv_tokens=c * per_seq,
+        kv_share=c * per_seq / kv_room if kv_room > 0 else 0.0,
+        rate=c / total if total > 0 else math.inf,
+        limited_by=limit,
+    )

@@ -1,0 +1,39 @@
+"""Issue 16's goals on a short shaped workload: no flapping, fewer GPU-seconds than the peak.
+
+The profile is pinned by the evaluation's own settings file (docs/evaluation/l4-8b.toml:
+Llama-3.1-8B on 24 GiB L4-class cards), the workload by its scenario and seed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from inferq.cli.simulate import simulate_command
+
+CONFIG = Path(__file__).parents[2] / "docs" / "evaluation" / "l4-8b.toml"
+DWELL_S = 600.0
+
+
+def test_shaped_load_reverses_at_most_once_per_10_minutes_and_saves_gpus(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    args = ["--config", str(CONFIG), "--vram-mib", "24576", "--slots", "256"]
+    args += ["--scenario", "diurnal", "--duration", "1200", "--load", "0.85", "--seed", "0"]
+    args += ["--policy", "static-fifo", "--policy", "inferq", "--json-out", str(out)]
+    result = CliRunner().invoke(simulate_command, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    runs = {p["policy"]: p for p in data["policies"]}
+    static, inferq = runs["static-fifo"], runs["inferq"]
+    span = inferq["duration_s"]
+    assert inferq["scaling"]["reversals"] <= 1 + span // DWELL_S
+    ratio = inferq["fleet"]["gpu_seconds"] / static["fleet"]["gpu_seconds"]
+    assert ratio <= GPU_RATIO_BOUND, ratio
+
+
+#: inferq's GPU-seconds over the peak-provisioned fleet's on this workload: 7,815 / 9,452
+#: = 0.83 measured with this seed (the issue's goal for shaped load, 0.7, is not met yet:
+#: docs/evaluation.md says why).
+GPU_RATIO_BOUND = 0.85
