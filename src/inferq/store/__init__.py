@@ -12,7 +12,7 @@ dispatcher's snapshot. Nothing outside this package (besides the RQ delivery sea
 """
 
 from inferq.store.aio import AsyncStore
-from inferq.store.calls import Abort, Completion, Submitted
+from inferq.store.calls import Abort, Chunk, Completion, Submitted
 from inferq.store.connection import (
     CONNECTION_ERRORS,
     REDIS_ERRORS,
@@ -33,6 +33,7 @@ __all__ = [
     "Abort",
     "AsyncConnection",
     "AsyncStore",
+    "Chunk",
     "Completion",
     "Connection",
     "DispatchView",

@@ -14,7 +14,7 @@ import redis
 from inferq import defaults
 from inferq.config import Settings
 from inferq.errors import IdempotencyConflict, QueueFull, RedisUnavailable
-from inferq.models import InferenceRequest, RequestRecord
+from inferq.models import InferenceRequest, RequestRecord, StreamChunk
 from inferq.store import calls
 from inferq.store.calls import Call, Submitted
 from inferq.store.connection import AsyncConnection, open_async_redis
@@ -108,6 +108,14 @@ class AsyncStore:
         wait = min(timeout_s, defaults.BLOCK_CHUNK_S)
         token = await self.redis.blmove(key, key, timeout=wait, src="RIGHT", dest="LEFT")
         return token is not None
+
+    async def read_stream(
+        self, request_id: str, after: str, block_s: float
+    ) -> list[tuple[str, StreamChunk | str | None]]:
+        """See :meth:`inferq.store.Store.read_stream`."""
+        block_ms = max(1, round(min(block_s, defaults.BLOCK_CHUNK_S) * 1000))
+        reply = await self.redis.xread({self.keys.stream(request_id): after}, block=block_ms)
+        return calls.parse_xread(reply)
 
     async def expire_ids(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[str, float]]:
         """See :meth:`inferq.store.Store.expire_ids`."""

@@ -28,6 +28,7 @@ P deadlines                     zset    queued/assigned ids, score = deadline ms
 P leases                        zset    assigned/running ids, score = lease expiry ms
 P done:<id>                     list    one token pushed when the request is final
 P idem:<n>.<tenant>:<m>.<key>   hash    idempotency key -> ``id``, ``fp`` (request fingerprint)
+P stream:<id>                   stream  output chunks of a streamed request, capped; ``end``
 P counts                        hash    queued counts: ``c:<class>``, ``t:<class>:<tenant>``
 P stats                         hash    lifetime counters (submitted, succeeded, ...)
 P workers                       zset    live worker ids, score = last heartbeat ms
@@ -117,6 +118,10 @@ class Keys:
 
     def done(self, request_id: str) -> str:
         return f"{self.prefix}done:{request_id}"
+
+    def stream(self, request_id: str) -> str:
+        """The output chunks of a streamed request (entries ``a s d n f t``, then ``end``)."""
+        return f"{self.prefix}stream:{request_id}"
 
     def idem(self, tenant: str, key: str) -> str:
         """The idempotency key ``key`` of ``tenant`` (both caller-chosen: length-prefixed)."""
