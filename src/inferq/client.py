@@ -39,6 +39,8 @@ from inferq.store import CONNECTION_ERRORS, AsyncStore, Connection, Store, Submi
 _RUNNING_GRACE_LEASES = 2.0
 #: Why ``result()`` expired a request itself (queued past its deadline: no dispatcher).
 EXPIRED_BY_CLIENT = "deadline passed with no dispatcher"
+#: The error of a running request the caller cancelled (its worker aborts it).
+CANCELLED_BY_CALLER = "cancelled by the caller while running"
 #: ``stream()``: connection errors in a row it rides out (resuming from the last entry
 #: it delivered) before raising, and the first pause between tries (doubling), seconds.
 _STREAM_RETRIES = 5
@@ -161,7 +163,7 @@ class RequestHandle:
         return self.client.status(self.id)
 
     def cancel(self) -> RequestState:
-        """Cancel it if it has not started."""
+        """Cancel it (see :meth:`Client.cancel`: a running one is aborted on its worker)."""
         return self.client.cancel(self.id)
 
     def __repr__(self) -> str:
@@ -313,7 +315,8 @@ class Client:
             RequestNotFound: unknown id.
             RedisUnavailable/ConnectionError: Redis stayed unreachable over several tries.
         """
-        record = self.store.record(request_id)
+        store = self.cells.for_id(request_id)
+        record = store.record(request_id)
         if not record.request.stream:  # nothing is published: the whole text at the end
             yield from _StreamFold(after is not None).finish(self.result(request_id, timeout))
             return
@@ -324,7 +327,7 @@ class Client:
         failures = 0
         while True:
             try:
-                entries = self.store.read_stream(request_id, last, block_s)
+                entries = store.read_stream(request_id, last, block_s)
                 failures = 0
             except CONNECTION_ERRORS:
                 failures += 1
@@ -335,7 +338,7 @@ class Client:
             for entry_id, item in entries:
                 last = entry_id
                 if isinstance(item, str):  # the `end` entry: the request is final
-                    yield from fold.finish(self.store.record(request_id).result)
+                    yield from fold.finish(store.record(request_id).result)
                     return
                 chunk = fold.feed(item)
                 if chunk is not None:
@@ -343,24 +346,31 @@ class Client:
             if entries:
                 wait = _ResultWait(self.settings, request_id, timeout)
                 continue
-            record = self.store.record(request_id)
+            record = store.record(request_id)
             if record.result is not None:  # final, its `end` entry trimmed or expired
                 yield from fold.finish(record.result)
                 return
-            step = wait.next(record, self.store.now())
+            step = wait.next(record, store.now())
             if step.action == "expire":
-                self.store.expire_ids([(request_id, EXPIRED_BY_CLIENT)])
+                store.expire_ids([(request_id, EXPIRED_BY_CLIENT)])
             block_s = step.block_s
 
     def cancel(self, request_id: str) -> RequestState:
-        """Cancel a queued or assigned request; returns the state after the call.
+        """Cancel a request; returns its state after the call.
 
-        A running request is not interrupted (its state is returned unchanged).
+        A queued or assigned request is ``cancelled`` at once. A running one is
+        aborted on its worker (a command on the worker's control channel: it stops the
+        model-server call, frees the slot and writes ``cancelled`` within a moment);
+        ``running`` is returned then. A final request is left as it is.
 
         Raises:
             RequestNotFound: unknown id.
         """
-        return RequestState(self.cells.for_id(request_id).cancel(request_id))
+        store = self.cells.for_id(request_id)
+        state = RequestState(store.cancel(request_id))
+        if state is RequestState.RUNNING:
+            store.cancel_running(request_id, CANCELLED_BY_CALLER)
+        return state
 
 
 class AsyncClient:
@@ -430,7 +440,8 @@ class AsyncClient:
         self, request_id: str, timeout: float | None = None, after: str | None = None
     ) -> AsyncIterator[StreamItem]:
         """See :meth:`Client.stream` (an async iterator)."""
-        record = await self.status(request_id)
+        store = self.cells.for_id(request_id)
+        record = await store.record(request_id)
         if not record.request.stream:
             result = await self.result(request_id, timeout)
             for item in _StreamFold(after is not None).finish(result):
@@ -443,7 +454,7 @@ class AsyncClient:
         failures = 0
         while True:
             try:
-                entries = await self.store.read_stream(request_id, last, block_s)
+                entries = await store.read_stream(request_id, last, block_s)
                 failures = 0
             except CONNECTION_ERRORS:
                 failures += 1
@@ -454,7 +465,7 @@ class AsyncClient:
             for entry_id, entry in entries:
                 last = entry_id
                 if isinstance(entry, str):
-                    for out in fold.finish((await self.status(request_id)).result):
+                    for out in fold.finish((await store.record(request_id)).result):
                         yield out
                     return
                 chunk = fold.feed(entry)
@@ -463,19 +474,23 @@ class AsyncClient:
             if entries:
                 wait = _ResultWait(self.settings, request_id, timeout)
                 continue
-            record = await self.status(request_id)
+            record = await store.record(request_id)
             if record.result is not None:
                 for out in fold.finish(record.result):
                     yield out
                 return
-            step = wait.next(record, await self.store.now())
+            step = wait.next(record, await store.now())
             if step.action == "expire":
-                await self.store.expire_ids([(request_id, EXPIRED_BY_CLIENT)])
+                await store.expire_ids([(request_id, EXPIRED_BY_CLIENT)])
             block_s = step.block_s
 
     async def cancel(self, request_id: str) -> RequestState:
-        """See :meth:`Client.cancel`."""
-        return RequestState(await self.cells.for_id(request_id).cancel(request_id))
+        """See :meth:`Client.cancel` (a running request is aborted on its worker)."""
+        store = self.cells.for_id(request_id)
+        state = RequestState(await store.cancel(request_id))
+        if state is RequestState.RUNNING:
+            await store.cancel_running(request_id, CANCELLED_BY_CALLER)
+        return state
 
 
 class AsyncRequestHandle:

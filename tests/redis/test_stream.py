@@ -160,3 +160,23 @@ def test_a_stream_expires_with_the_result(
     assert 0 < ttl <= fast_settings.result_ttl_s
     items = list(handle.stream(timeout=5))
     assert isinstance(items[-1], Result) and items[-1].status == "cancelled"
+
+
+def test_cancelling_a_running_request_aborts_it_on_its_worker(fleet: Fleet, client: Client) -> None:
+    fleet.worker("w1", time_scale=50.0, slots=1)  # 40 tokens: a few seconds of decoding
+    handle = client.submit(
+        "x", model="llama-3.1-8b", max_tokens=40, params={"sim_output_tokens": 40}, stream=True
+    )
+    stream = handle.stream(timeout=30)
+    first = next(stream)
+    assert isinstance(first, StreamChunk)
+    assert client.cancel(handle.id).value == "running"  # the worker is told
+    rest = list(stream)
+    result = rest[-1]
+    assert isinstance(result, Result) and result.status == "cancelled"
+    assert result.error == "cancelled by the caller while running"
+    finished = result.timings.finished_at
+    assert finished is not None and finished - first.first_token_at < 2.0  # not the full run
+    # The slot is free again: a second request runs on the one-slot worker.
+    again = client.submit("y", model="llama-3.1-8b", max_tokens=2, params={"sim_output_tokens": 2})
+    assert again.result(timeout=30).ok

@@ -217,9 +217,10 @@ def request_cmd(obj: Context, request_id: str, as_json: bool) -> None:
 @pass_ctx
 @handle_errors
 def cancel(obj: Context, request_id: str, as_json: bool) -> None:
-    """Cancel a queued or assigned request (prints the state it ends in)."""
-    state = obj.store.cancel(request_id)
-    emit({"id": request_id, "state": state}, as_json, lambda d: d["state"])
+    """Cancel a request (prints the state it is in after the call); a running one is
+    aborted on its worker: ``running`` is printed, then the worker writes ``cancelled``."""
+    state = Client(settings=obj.settings, store=obj.store).cancel(request_id)
+    emit({"id": request_id, "state": state.value}, as_json, lambda d: d["state"])
 
 
 # --- fleet --------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from inferq.store.keys import Keys
 from inferq.store.scripts import script_source
 
 #: The scripts a client runs.
-CLIENT_SCRIPTS = ("submit", "cancel", "expire")
+CLIENT_SCRIPTS = ("submit", "cancel", "expire", "abort")
 
 
 class AsyncStore:
@@ -108,6 +108,16 @@ class AsyncStore:
         wait = min(timeout_s, defaults.BLOCK_CHUNK_S)
         token = await self.redis.blmove(key, key, timeout=wait, src="RIGHT", dest="LEFT")
         return token is not None
+
+    async def cancel_running(self, request_id: str, reason: str) -> str:
+        """See :meth:`inferq.store.Store.cancel_running`."""
+        row = await self.redis.hmget(self.keys.req(request_id), "state", "attempts", "worker")
+        abort = calls.running_abort(request_id, row, reason)
+        if abort is None:
+            return "not_running"
+        call = calls.abort_call(self.keys, self.settings, [abort], defaults.VTC_OUTPUT_WEIGHT)
+        [verdict] = calls.parse_abort(await self._call(call))
+        return verdict
 
     async def read_stream(
         self, request_id: str, after: str, block_s: float

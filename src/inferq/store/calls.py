@@ -488,6 +488,15 @@ def abort_call(
     return Call("abort", [], argv)
 
 
+def running_abort(request_id: str, row: Sequence[Any], reason: str) -> Abort | None:
+    """The cancel :class:`Abort` of a request from an HMGET of its ``state``, ``attempts``
+    and ``worker``: None unless it is assigned or running on a worker."""
+    state, attempts, worker = row
+    if state not in ("assigned", "running") or not worker or not attempts:
+        return None
+    return Abort(request_id, int(attempts), str(worker), "cancel", reason)
+
+
 def parse_abort(reply: Sequence[Any]) -> list[str]:
     """One verdict per abort: ``done``, ``sent``, ``pending`` or ``stale``."""
     return [str(v) for v in reply]

@@ -108,6 +108,18 @@ class Store(AdminCalls):
         token = self.redis.blmove(key, key, timeout=wait, src="RIGHT", dest="LEFT")
         return token is not None
 
+    def cancel_running(self, request_id: str, reason: str) -> str:
+        """Cancel a running request on its worker (``abort.lua``: a command on the worker's
+        control channel; the worker stops the model-server call, frees the slot and writes
+        ``cancelled``). Returns the verdict (``sent``, ``done``, ``pending``, ``stale``),
+        or ``not_running``."""
+        row = self.redis.hmget(self.keys.req(request_id), "state", "attempts", "worker")
+        abort = calls.running_abort(request_id, row, reason)
+        if abort is None:
+            return "not_running"
+        [verdict] = self.abort([abort])
+        return verdict
+
     def read_stream(
         self, request_id: str, after: str, block_s: float
     ) -> list[tuple[str, StreamChunk | str | None]]:
