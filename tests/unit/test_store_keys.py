@@ -44,6 +44,7 @@ def test_every_key_is_under_the_prefix() -> None:
         k.quarantine,
         k.quarantined("x"),
         k.events,
+        k.rate_limits,
         k.wake,
         k.delayed,
         k.estimates,

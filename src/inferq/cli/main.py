@@ -42,6 +42,7 @@ from inferq.cli.simulate import simulate
 from inferq.client import Client
 from inferq.config import Settings
 from inferq.errors import InferqError, redact_url
+from inferq.extras import import_extra
 from inferq.logs import setup_logging
 from inferq.models import Result, StreamChunk
 
@@ -459,6 +460,43 @@ def dashboard(obj: Context, host: str, port: int) -> None:
 
 
 # --- components -----------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8080, show_default=True, type=int)
+@click.option(
+    "--keys",
+    "keys_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="INFERQ_GATEWAY_KEYS",
+    help="API keys file (TOML or JSON): key -> tenant, classes, limits. "
+    "Without one the gateway is open (every caller is the default tenant).",
+)
+@click.option("--no-rate-limits", is_flag=True, help="Ignore the keys' per-minute limits.")
+@pass_ctx
+@handle_errors
+def gateway(
+    obj: Context,
+    host: str,
+    port: int,
+    keys_path: Path | None,
+    no_rate_limits: bool,
+) -> None:
+    """Serve the OpenAI HTTP API (chat and completions, streaming) in front of the queue.
+
+    Stateless: run one per core or host, behind any load balancer."""
+    import_extra("starlette", "gateway", "inferq gateway")
+    uvicorn = import_extra("uvicorn", "gateway", "inferq gateway")
+    from inferq.gateway.app import create_app
+    from inferq.gateway.tenants import KeyRing
+
+    keyring = KeyRing.load(keys_path, [c.name for c in obj.settings.classes])
+    if keyring.open:
+        click.echo("warning: no --keys file: every caller is the default tenant", err=True)
+    app = create_app(obj.settings, keyring, rate_limits=not no_rate_limits)
+    click.echo(f"inferq gateway on http://{host}:{port}/v1 ({len(keyring)} API keys)", err=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
 
 
 @cli.command()

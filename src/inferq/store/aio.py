@@ -109,6 +109,18 @@ class AsyncStore:
         token = await self.redis.blmove(key, key, timeout=wait, src="RIGHT", dest="LEFT")
         return token is not None
 
+    async def live_models(self) -> dict[str, int]:
+        """Models served by live workers (``starting`` or ``ready``), with their counts."""
+        ids = await self.redis.zrange(self.keys.workers, 0, -1)
+        pipe = self.redis.pipeline(transaction=False)
+        for wid in ids:
+            pipe.hmget(self.keys.worker(wid), "model", "state")
+        out: dict[str, int] = {}
+        for model, state in await pipe.execute() if ids else []:
+            if model and state in ("starting", "ready"):
+                out[model] = out.get(model, 0) + 1
+        return out
+
     async def cancel_running(self, request_id: str, reason: str) -> str:
         """See :meth:`inferq.store.Store.cancel_running`."""
         row = await self.redis.hmget(self.keys.req(request_id), "state", "attempts", "worker")

@@ -44,6 +44,7 @@ P fair:seen:<class>             zset    tenant -> last backlogged/served ms (idl
 P dead                          zset    dead-lettered ids, score = time ms
 P quarantine                    hash    corrupt key -> reason
 P quarantined:<key>             any     a corrupt record, renamed aside
+P ratelimit...                  string  the gateway's per-tenant rate-limit windows (``limits``)
 P events                        stream  capped event log
 P wake                          list    dispatcher wake-up tokens
 P estimates                     hash    ``<model>|<task>`` -> moving output-token mean
@@ -184,6 +185,12 @@ class Keys:
 
     def quarantined(self, key: str) -> str:
         return f"{self.prefix}quarantined:{key}"
+
+    @property
+    def rate_limits(self) -> str:
+        """Key prefix of the gateway's rate-limit counters (the ``limits`` library adds
+        its own suffix: ``P ratelimit:<limit>/<tenant>``)."""
+        return f"{self.prefix}ratelimit"
 
     @property
     def events(self) -> str:
