@@ -11,7 +11,7 @@ COPY src ./src
 # docker, kubernetes: the scaler's platforms. gpu: nvidia-ml-py, so a worker on a GPU
 # reads its card through NVML (a simulated worker, or one beside a GPU it cannot see,
 # is given --vram-mib instead).
-RUN pip install ".[docker,kubernetes,gpu]" && useradd --create-home --uid 10001 inferq
+RUN pip install ".[docker,kubernetes,gpu,gateway]" && useradd --create-home --uid 10001 inferq
 # Numeric, so Kubernetes' runAsNonRoot can verify it. The compose scaler runs as root
 # to reach the Docker socket (see docker-compose.yml).
 USER 10001

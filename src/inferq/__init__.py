@@ -25,7 +25,7 @@ if TYPE_CHECKING:
         QueueFull,
         ResultTimeout,
     )
-    from inferq.models import InferenceRequest, RequestState, Result, WorkerInfo
+    from inferq.models import InferenceRequest, RequestState, Result, StreamChunk, WorkerInfo
 
 __version__ = "0.1.0"
 
@@ -45,6 +45,7 @@ _HOMES = {
     "InferenceRequest": "inferq.models",
     "RequestState": "inferq.models",
     "Result": "inferq.models",
+    "StreamChunk": "inferq.models",
     "WorkerInfo": "inferq.models",
 }
 
@@ -63,6 +64,7 @@ __all__ = [
     "Result",
     "ResultTimeout",
     "Settings",
+    "StreamChunk",
     "WorkerInfo",
     "__version__",
 ]

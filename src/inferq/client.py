@@ -9,6 +9,11 @@
         result = handle.result(timeout=30)        # blocks on Redis, no polling
         print(result.status, result.output)
 
+        handle = client.submit("Tell me a story", stream=True)
+        for item in handle.stream():             # chunks as they are generated, then the Result
+            if isinstance(item, StreamChunk):
+                print(item.delta, end="", flush=True)
+
 Every argument is validated before anything reaches Redis (see
 :func:`inferq.intake.build_request`). :class:`AsyncClient` offers the same
 calls for asyncio code.
@@ -16,8 +21,9 @@ calls for asyncio code.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
@@ -25,14 +31,23 @@ from inferq.cells import cell_for, cell_of, with_cell
 from inferq.config import Settings
 from inferq.errors import IdempotencyConflict, InvalidRequest, QueueFull, ResultTimeout
 from inferq.intake import build_request
-from inferq.models import InferenceRequest, RequestRecord, RequestState, Result
-from inferq.store import AsyncStore, Connection, Store, Submitted, connect
+from inferq.models import InferenceRequest, RequestRecord, RequestState, Result, StreamChunk
+from inferq.store import CONNECTION_ERRORS, AsyncStore, Connection, Store, Submitted, connect
 
 #: After the deadline, how long ``result()`` without a timeout still waits for a
 #: running request (its worker times it out), seconds: two leases.
 _RUNNING_GRACE_LEASES = 2.0
 #: Why ``result()`` expired a request itself (queued past its deadline: no dispatcher).
 EXPIRED_BY_CLIENT = "deadline passed with no dispatcher"
+#: The error of a running request the caller cancelled (its worker aborts it).
+CANCELLED_BY_CALLER = "cancelled by the caller while running"
+#: ``stream()``: connection errors in a row it rides out (resuming from the last entry
+#: it delivered) before raising, and the first pause between tries (doubling), seconds.
+_STREAM_RETRIES = 5
+_STREAM_RETRY_S = 0.1
+
+#: What ``stream()`` yields: chunks, then the final result last.
+StreamItem = StreamChunk | Result
 
 H = TypeVar("H")
 #: A store type: :class:`Store` for :class:`Client`, :class:`AsyncStore` for :class:`AsyncClient`.
@@ -136,12 +151,19 @@ class RequestHandle:
         """Block until the final result (see :meth:`Client.result`)."""
         return self.client.result(self.id, timeout=timeout)
 
+    def stream(
+        self, timeout: float | None = None, after: str | None = None
+    ) -> Iterator[StreamItem]:
+        """Chunks of the output as they are generated, then the final result (see
+        :meth:`Client.stream`)."""
+        return self.client.stream(self.id, timeout=timeout, after=after)
+
     def status(self) -> RequestRecord:
         """The request's current record."""
         return self.client.status(self.id)
 
     def cancel(self) -> RequestState:
-        """Cancel it if it has not started."""
+        """Cancel it (see :meth:`Client.cancel`: a running one is aborted on its worker)."""
         return self.client.cancel(self.id)
 
     def __repr__(self) -> str:
@@ -264,15 +286,91 @@ class Client:
                 if not store.wait_final(request_id, step.block_s):
                     _pace(before, step.seconds)
 
-    def cancel(self, request_id: str) -> RequestState:
-        """Cancel a queued or assigned request; returns the state after the call.
+    def stream(
+        self, request_id: str, timeout: float | None = None, after: str | None = None
+    ) -> Iterator[StreamItem]:
+        """Yield the request's output as it is generated, then its final :class:`Result`.
 
-        A running request is not interrupted (its state is returned unchanged).
+        Submit with ``stream=True`` for chunks to be published; for any other request
+        the whole text comes as one chunk when it is final. The rule a caller relies on
+        (see :class:`~inferq.models.StreamChunk`): the deltas since the last chunk with
+        ``reset=True`` concatenate to the current attempt's text, and in the end to
+        ``Result.output``. A retried request restarts its text (its new attempt's first
+        chunk has ``reset=True``); a reader that fell behind the stream's cap gets one
+        ``reset`` chunk with the whole text from the final result.
+
+        Reads block on Redis (XREAD), no polling. A dropped connection is ridden out by
+        reading again from the last entry delivered; ``after=chunk.id`` resumes a stream
+        read elsewhere.
+
+        Args:
+            request_id: the request.
+            timeout: longest silence (no chunk, no result), seconds; default: until the
+                deadline, with :meth:`result`'s rules (a request still queued then is
+                expired on the spot, a running one gets two leases' grace).
+            after: resume after this entry id (a chunk's ``id``).
+
+        Raises:
+            ResultTimeout: ``timeout`` seconds passed with nothing new.
+            RequestNotFound: unknown id.
+            RedisUnavailable/ConnectionError: Redis stayed unreachable over several tries.
+        """
+        store = self.cells.for_id(request_id)
+        record = store.record(request_id)
+        if not record.request.stream:  # nothing is published: the whole text at the end
+            yield from _StreamFold(after is not None).finish(self.result(request_id, timeout))
+            return
+        fold = _StreamFold(after is not None)
+        last = after or "0"
+        wait = _ResultWait(self.settings, request_id, timeout)
+        block_s = _first_block(record, timeout)
+        failures = 0
+        while True:
+            try:
+                entries = store.read_stream(request_id, last, block_s)
+                failures = 0
+            except CONNECTION_ERRORS:
+                failures += 1
+                if failures > _STREAM_RETRIES:
+                    raise
+                time.sleep(_STREAM_RETRY_S * 2 ** (failures - 1))
+                continue
+            for entry_id, item in entries:
+                last = entry_id
+                if isinstance(item, str):  # the `end` entry: the request is final
+                    yield from fold.finish(store.record(request_id).result)
+                    return
+                chunk = fold.feed(item)
+                if chunk is not None:
+                    yield chunk
+            if entries:
+                wait = _ResultWait(self.settings, request_id, timeout)
+                continue
+            record = store.record(request_id)
+            if record.result is not None:  # final, its `end` entry trimmed or expired
+                yield from fold.finish(record.result)
+                return
+            step = wait.next(record, store.now())
+            if step.action == "expire":
+                store.expire_ids([(request_id, EXPIRED_BY_CLIENT)])
+            block_s = step.block_s
+
+    def cancel(self, request_id: str) -> RequestState:
+        """Cancel a request; returns its state after the call.
+
+        A queued or assigned request is ``cancelled`` at once. A running one is
+        aborted on its worker (a command on the worker's control channel: it stops the
+        model-server call, frees the slot and writes ``cancelled`` within a moment);
+        ``running`` is returned then. A final request is left as it is.
 
         Raises:
             RequestNotFound: unknown id.
         """
-        return RequestState(self.cells.for_id(request_id).cancel(request_id))
+        store = self.cells.for_id(request_id)
+        state = RequestState(store.cancel(request_id))
+        if state is RequestState.RUNNING:
+            store.cancel_running(request_id, CANCELLED_BY_CALLER)
+        return state
 
 
 class AsyncClient:
@@ -338,9 +436,61 @@ class AsyncClient:
             else:
                 await store.wait_final(request_id, step.block_s)
 
+    async def stream(
+        self, request_id: str, timeout: float | None = None, after: str | None = None
+    ) -> AsyncIterator[StreamItem]:
+        """See :meth:`Client.stream` (an async iterator)."""
+        store = self.cells.for_id(request_id)
+        record = await store.record(request_id)
+        if not record.request.stream:
+            result = await self.result(request_id, timeout)
+            for item in _StreamFold(after is not None).finish(result):
+                yield item
+            return
+        fold = _StreamFold(after is not None)
+        last = after or "0"
+        wait = _ResultWait(self.settings, request_id, timeout)
+        block_s = _first_block(record, timeout)
+        failures = 0
+        while True:
+            try:
+                entries = await store.read_stream(request_id, last, block_s)
+                failures = 0
+            except CONNECTION_ERRORS:
+                failures += 1
+                if failures > _STREAM_RETRIES:
+                    raise
+                await asyncio.sleep(_STREAM_RETRY_S * 2 ** (failures - 1))
+                continue
+            for entry_id, entry in entries:
+                last = entry_id
+                if isinstance(entry, str):
+                    for out in fold.finish((await store.record(request_id)).result):
+                        yield out
+                    return
+                chunk = fold.feed(entry)
+                if chunk is not None:
+                    yield chunk
+            if entries:
+                wait = _ResultWait(self.settings, request_id, timeout)
+                continue
+            record = await store.record(request_id)
+            if record.result is not None:
+                for out in fold.finish(record.result):
+                    yield out
+                return
+            step = wait.next(record, await store.now())
+            if step.action == "expire":
+                await store.expire_ids([(request_id, EXPIRED_BY_CLIENT)])
+            block_s = step.block_s
+
     async def cancel(self, request_id: str) -> RequestState:
-        """See :meth:`Client.cancel`."""
-        return RequestState(await self.cells.for_id(request_id).cancel(request_id))
+        """See :meth:`Client.cancel` (a running request is aborted on its worker)."""
+        store = self.cells.for_id(request_id)
+        state = RequestState(await store.cancel(request_id))
+        if state is RequestState.RUNNING:
+            await store.cancel_running(request_id, CANCELLED_BY_CALLER)
+        return state
 
 
 class AsyncRequestHandle:
@@ -358,6 +508,12 @@ class AsyncRequestHandle:
 
     async def result(self, timeout: float | None = None) -> Result:
         return await self.client.result(self.id, timeout=timeout)
+
+    def stream(
+        self, timeout: float | None = None, after: str | None = None
+    ) -> AsyncIterator[StreamItem]:
+        """See :meth:`Client.stream` (an async iterator)."""
+        return self.client.stream(self.id, timeout=timeout, after=after)
 
     async def status(self) -> RequestRecord:
         return await self.client.status(self.id)
@@ -472,6 +628,90 @@ def _next_wait(
         return 0.0
     grace = record.request.deadline + _RUNNING_GRACE_LEASES * settings.lease_s - now
     return grace if grace > 0 else None
+
+
+class _StreamFold:
+    """The reading rule of ``stream()``, written once for :class:`Client` and
+    :class:`AsyncClient`: which chunks to yield, and what to add at the end so the
+    deltas since the last reset always concatenate to the final text.
+
+    Chunks of an attempt older than the newest seen are stale (a worker that lost the
+    request) and skipped. A newer attempt restarts the text (``reset=True`` when
+    anything was yielded before). A gap in ``seq`` (the reader fell behind the cap, or a
+    worker dropped a write) stops the deltas of that attempt; the final result then
+    supplies the whole text in one ``reset`` chunk.
+
+    Args:
+        resumed: reading starts after an entry id the caller gives: the text before it
+            is the caller's, so it is not checked against the result.
+    """
+
+    def __init__(self, resumed: bool) -> None:
+        self.resumed = resumed
+        self.attempt = -1
+        self.next_seq = 0
+        self.parts: list[str] = []
+        self.broken = False
+        self.yielded = resumed
+        self.whole = not resumed  # parts hold the attempt's text from its start
+        self.finish_reason: str | None = None
+        self.last_id = "0-0"
+
+    def feed(self, chunk: StreamChunk | None) -> StreamChunk | None:
+        """The chunk to yield for a stream entry, or None (skip it)."""
+        if chunk is None:  # an entry that does not parse: the text has a hole
+            self.broken = True
+            return None
+        self.last_id = chunk.id
+        if chunk.attempt < self.attempt:
+            return None
+        reset = False
+        if chunk.attempt > self.attempt:
+            first_read = self.attempt < 0
+            reset = self.yielded and not (first_read and self.resumed)
+            self.whole = self.whole or not first_read
+            self.attempt, self.parts, self.broken = chunk.attempt, [], False
+            self.next_seq = 0 if not (first_read and self.resumed) else chunk.seq
+        if chunk.seq != self.next_seq:
+            self.broken = True
+        self.next_seq = chunk.seq + 1
+        self.finish_reason = chunk.finish_reason or self.finish_reason
+        if self.broken:
+            return None
+        self.parts.append(chunk.delta)
+        if not chunk.delta and chunk.finish_reason is None:
+            return None
+        self.yielded = True
+        return chunk.model_copy(update={"reset": reset}) if reset else chunk
+
+    def finish(self, result: Result | None) -> Iterator[StreamItem]:
+        """The last items: a ``reset`` chunk with the whole text when the deltas yielded
+        do not add up to it (or none were), then the result."""
+        if result is None:  # a final record always has a result; defensive
+            return
+        text = result.output or ""
+        if result.ok and (
+            self.broken
+            or (self.whole and "".join(self.parts) != text)
+            or (not self.yielded and text)
+        ):
+            yield StreamChunk(
+                id=self.last_id,
+                attempt=result.attempt,
+                seq=0,
+                delta=text,
+                tokens=result.completion_tokens or 0,
+                finish_reason=self.finish_reason,
+                reset=self.yielded,
+            )
+        yield result
+
+
+def _first_block(record: RequestRecord, timeout: float | None) -> float:
+    """How long the first read of a stream blocks: until the deadline or ``timeout``."""
+    if timeout is not None:
+        return max(timeout, 0.001)
+    return max(record.request.deadline - time.time(), 0.05)
 
 
 def _pace(before: float, wait: float) -> None:

@@ -76,6 +76,11 @@ DEAD_LETTER_TTL_S = 7 * 24 * 3600
 DEAD_LETTER_PRUNE_LIMIT = 100
 #: Events stream length (approximate MAXLEN): about an hour of a busy fleet.
 EVENTS_MAXLEN = 100_000
+#: Entries kept in a streamed request's output stream (approximate MAXLEN). The worker
+#: writes about one entry per token when it keeps up (more tokens per entry when it
+#: coalesces), so 1,024 covers a typical chat answer; a reader that falls further behind
+#: gets the whole text from the final result instead (``StreamChunk.reset``).
+STREAM_MAXLEN = 1024
 #: Characters per token for the fast prompt-size estimate (OpenAI's rule of thumb
 #: for English text: ~4 characters per token).
 CHARS_PER_TOKEN = 4.0

@@ -48,6 +48,7 @@ FIELDS = (
     "deadline",
     "idempotency_key",
     "params",
+    "stream",
 )
 
 
@@ -77,6 +78,7 @@ def build_request(
     deadline: float | None = None,
     idempotency_key: str | None = None,
     params: Mapping[str, Any] | None = None,
+    stream: bool = False,
     now: float | None = None,
     **unknown: Any,
 ) -> InferenceRequest:
@@ -96,6 +98,8 @@ def build_request(
             tenant) returns the first id while its record lives; another request
             under it is refused (IdempotencyConflict, at submit).
         params: sampling parameters passed to the model server (JSON, <= 16 KiB).
+        stream: publish the output chunk by chunk while it is generated (read it with
+            ``handle.stream()``); a bool.
         now: epoch seconds (default: the local clock).
 
     Raises:
@@ -121,6 +125,8 @@ def build_request(
         raise InvalidRequest("max_tokens", f"must be an integer, got {_show(max_tokens)}")
     check_context(max_tokens, prompt_tokens, specs, route.text)
     timeout_s, deadline_at = _deadline(cls, timeout, deadline, now)
+    if not isinstance(stream, bool):
+        raise InvalidRequest("stream", f"must be true or false, got {_show(stream)}")
     try:
         return InferenceRequest(
             id=new_id(),
@@ -135,6 +141,7 @@ def build_request(
             deadline=deadline_at,
             idempotency_key=idempotency_key,
             submitted_at=now,
+            stream=stream,
         )
     except ValidationError as exc:
         raise _invalid(exc) from None

@@ -121,6 +121,8 @@ class InferenceRequest(BaseModel):
             returns the first id while its record lives (see ``fingerprint``).
         submitted_at: epoch seconds.
         attempts: deliveries so far (the fencing number of the latest one).
+        stream: the worker publishes the output as it is generated, chunk by chunk, to
+            the request's Redis stream (``handle.stream()``, the gateway's SSE).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -138,6 +140,7 @@ class InferenceRequest(BaseModel):
     idempotency_key: str | None = Field(default=None, pattern=KEY_PATTERN)
     submitted_at: float = Field(gt=0)
     attempts: int = Field(default=0, ge=0)
+    stream: bool = False
 
     @property
     def route(self) -> str:
@@ -183,6 +186,8 @@ class InferenceRequest(BaseModel):
             fields["task_type"] = self.task_type
         if self.idempotency_key is not None:
             fields["idempotency_key"] = self.idempotency_key
+        if self.stream:
+            fields["stream"] = "1"
         return fields
 
     @classmethod
@@ -207,11 +212,49 @@ class InferenceRequest(BaseModel):
                 idempotency_key=fields.get("idempotency_key"),
                 submitted_at=from_ms(int(fields["submitted_ms"])),
                 attempts=int(fields.get("attempts", "0")),
+                stream=fields.get("stream") == "1",
             )
         except KeyError as exc:
             raise CorruptRecord(key, f"missing field {exc.args[0]!r}") from None
         except (ValueError, ValidationError) as exc:
             raise CorruptRecord(key, _first_error(exc)) from None
+
+
+class StreamChunk(BaseModel):
+    """A piece of a running request's output, as :meth:`RequestHandle.stream` yields it.
+
+    The worker publishes chunks to the request's Redis stream (``P stream:<id>``) while
+    it generates. The rule a caller relies on: **the deltas since the last chunk with
+    ``reset=True`` (or since the start) concatenate to the text of the current attempt**,
+    and at the end to the final ``Result.output``. A chunk with ``reset=True`` voids
+    every delta before it: the request was retried (a new ``attempt`` restarts the text
+    from its beginning), or the reader fell behind the stream's cap or missed chunks,
+    in which case the reset chunk carries the whole text at once.
+
+    Attributes:
+        id: the stream entry id (``<ms>-<n>``); pass it as ``after=`` to resume reading.
+        attempt: the attempt (fencing number) that produced the chunk.
+        seq: the chunk's position within its attempt, from 0.
+        delta: the new text.
+        tokens: output tokens of this attempt so far (the model server's chunks, one
+            token each on llama.cpp and vLLM; estimated otherwise).
+        finish_reason: on the last chunk of an attempt: ``stop`` or ``length`` (as the
+            model server says); None before.
+        first_token_at: on an attempt's first chunk: when the worker received the first
+            token (epoch seconds, the worker's clock); None on later chunks.
+        reset: the deltas yielded before this one are void (see above).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    attempt: int = Field(ge=0)
+    seq: int = Field(ge=0)
+    delta: str
+    tokens: int = Field(ge=0)
+    finish_reason: str | None = None
+    first_token_at: float | None = None
+    reset: bool = False
 
 
 class Timings(BaseModel):

@@ -69,6 +69,32 @@ def test_submit_reads_stdin_and_waits(run, store: Store, settings: Settings) -> 
     assert data["e2e_s"] >= 0 and "ttft_s" in data  # no first token reported: ttft_s None
 
 
+def test_submit_stream_prints_chunks_then_the_result(run, store: Store) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    from inferq.store import Chunk
+
+    ready_worker(store, "w1")
+
+    def serve() -> None:
+        time.sleep(0.3)
+        Dispatcher(store).step()
+        for rid in store.redis.smembers(store.keys.inflight("w1")):
+            attempt = int(store.redis.hget(store.keys.req(rid), "attempts"))
+            store.start("w1", [(rid, attempt)])
+            store.publish_chunks([Chunk(rid, attempt, 0, "po", 1), Chunk(rid, attempt, 1, "ng", 2)])
+            store.complete("w1", [Completion(rid, attempt, "succeeded", output="pong")])
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    out = run("submit", "ping", "--priority", "realtime", "--stream", "--json")
+    thread.join()
+    assert out.exit_code == 0, out.output
+    lines = [json.loads(line) for line in out.output.splitlines()]
+    assert [line["delta"] for line in lines[:-1]] == ["po", "ng"]
+    assert lines[-1]["output"] == "pong" and lines[-1]["status"] == "succeeded"
+
+
 def test_refusals_are_one_line_with_a_nonzero_exit(run) -> None:  # type: ignore[no-untyped-def]
     out = run("submit", "hi", "--max-tokens", "0")
     assert out.exit_code == 1

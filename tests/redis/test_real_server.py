@@ -292,3 +292,33 @@ def test_a_deadline_stops_the_generation_on_the_server(
         what="every server slot idle after the deadline",
         timeout=5,
     )
+
+
+def test_a_streamed_request_reaches_the_caller_chunk_by_chunk(stack: Stack, client: Client) -> None:
+    """handle.stream() on the real server: the first chunk arrives before the request ends,
+    the chunks add up to the result, and the first chunk carries the first-token time."""
+    from inferq.models import StreamChunk
+
+    stack.worker("w1")  # not stream=true: a streamed request streams on its own
+    handle = client.submit(
+        "Once upon a time", model=MODEL, max_tokens=48, params={"ignore_eos": True}, stream=True
+    )
+    arrivals: list[tuple[float, StreamChunk]] = []
+    result: Result | None = None
+    for item in handle.stream(timeout=60):
+        if isinstance(item, StreamChunk):
+            arrivals.append((time.time(), item))
+        else:
+            result = item
+    assert result is not None
+    assert_succeeded(result)
+    chunks = [c for _, c in arrivals]
+    assert not any(c.reset for c in chunks)
+    assert "".join(c.delta for c in chunks) == result.output
+    assert chunks[-1].finish_reason == "length"
+    assert len(chunks) > 5  # llama.cpp sends a token per event; the worker may coalesce some
+    finished = result.timings.finished_at
+    assert finished is not None and arrivals[0][0] < finished  # before the request finished
+    assert chunks[0].first_token_at is not None
+    assert result.timings.first_token_at is not None
+    assert abs(chunks[0].first_token_at - result.timings.first_token_at) < 0.05

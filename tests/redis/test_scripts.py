@@ -198,3 +198,13 @@ def test_bench_sim_script_writes_its_figures(tmp_path: Path) -> None:
     assert [(r["workload"], r["policy"]) for r in rows] == [("conv", "inferq"), ("mix", "inferq")]
     assert all(r["requests"] > 0 and r["decisions"] > 0 for r in rows)
     assert rows[0]["within_budget"] is None  # only judged on the full trace
+
+
+@pytest.mark.usefixtures("no_leftovers")
+def test_bench_stream(tmp_path: Path) -> None:
+    stdout, doc = run_script(
+        "bench_stream.py", tmp_path, "--chunks", "20", "--rounds", "1", "--interval-ms", "1"
+    )
+    assert "Latency per chunk" in stdout
+    assert doc["through Redis (publish_chunks -> stream())"]["n"] == 20
+    assert "p50" in doc["added_ms"]

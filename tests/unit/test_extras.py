@@ -32,6 +32,8 @@ OPTIONAL = (
     "kubernetes",
     "starlette",
     "uvicorn",
+    "sse-starlette",
+    "limits",
 )
 
 
@@ -55,8 +57,14 @@ def test_the_core_install_pulls_no_optional_dependency() -> None:
     extras = PROJECT["optional-dependencies"]
     assert {_name(r) for r in extras["demo"]} == {"matplotlib", "fakeredis"}
     assert {_name(r) for r in extras["gpu"]} == {"nvidia-ml-py"}
-    assert "inferq[demo,docker,kubernetes,dashboard]" in extras["test"]  # the tests run the demo
+    assert "inferq[demo,docker,kubernetes,dashboard,gateway]" in extras["test"]  # the demo
     assert {_name(r) for r in extras["dashboard"]} == {"starlette", "uvicorn"}
+    assert {_name(r) for r in extras["gateway"]} == {
+        "starlette",
+        "uvicorn",
+        "sse-starlette",
+        "limits",
+    }
 
 
 def test_the_components_import_no_optional_dependency() -> None:
@@ -65,7 +73,7 @@ def test_the_components_import_no_optional_dependency() -> None:
         "import inferq.cli.main, inferq.client, inferq.dispatcher.daemon, inferq.workers.worker\n"
         "import inferq.scaler.daemon, inferq.metrics, inferq.demo, inferq.embedded, inferq.sim\n"
         "print(sorted(m for m in ('matplotlib', 'fakeredis', 'pynvml', 'docker', 'kubernetes',"
-        " 'starlette', 'uvicorn')"
+        " 'starlette', 'uvicorn', 'sse_starlette', 'limits')"
         " if m in sys.modules))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -23,6 +23,7 @@ def test_every_key_is_under_the_prefix() -> None:
         k.leases,
         k.done("a"),
         k.payload("a"),
+        k.stream("a"),
         k.idem("t", "x"),
         k.counts,
         k.stats,
@@ -43,6 +44,7 @@ def test_every_key_is_under_the_prefix() -> None:
         k.quarantine,
         k.quarantined("x"),
         k.events,
+        k.rate_limits,
         k.wake,
         k.delayed,
         k.estimates,
@@ -62,6 +64,7 @@ def test_lua_templates_match_keys_py() -> None:
     assert k.req("ID") == k.prefix + templates["k_req"] + "ID"
     assert k.done("ID") == k.prefix + templates["k_done"] + "ID"
     assert k.payload("ID") == k.prefix + templates["k_payload"] + "ID"
+    assert k.stream("ID") == k.prefix + templates["k_stream"] + "ID"
     assert k.load("W") == k.prefix + templates["k_load"] + "W"
     assert k.inflight("W") == k.prefix + templates["k_inflight"] + "W"
     assert k.ctl("W") == k.prefix + templates["k_ctl"] + "W"

@@ -16,7 +16,7 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,9 @@ from inferq.cli.simulate import simulate
 from inferq.client import Client
 from inferq.config import Settings
 from inferq.errors import InferqError, redact_url
+from inferq.extras import import_extra
 from inferq.logs import setup_logging
+from inferq.models import Result, StreamChunk
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -117,6 +119,11 @@ def emit(data: Any, as_json: bool, render: Callable[[Any], Any]) -> None:
 @click.option("--timeout", type=float, help="Seconds until the deadline.")
 @click.option("--idempotency-key")
 @click.option("--wait", is_flag=True, help="Wait for the result and print it.")
+@click.option(
+    "--stream",
+    is_flag=True,
+    help="Print the output as it is generated, then the result (--json: one JSON line per chunk).",
+)
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @handle_errors
@@ -131,6 +138,7 @@ def submit(
     timeout: float | None,
     idempotency_key: str | None,
     wait: bool,
+    stream: bool,
     as_json: bool,
 ) -> None:
     """Submit one request (PROMPT, or stdin when omitted)."""
@@ -150,7 +158,10 @@ def submit(
         if value is not None:
             fields[name] = value
     client = Client(settings=obj.settings, store=obj.store)
-    handle = client.submit(prompt, **fields)
+    handle = client.submit(prompt, stream=stream, **fields)
+    if stream:
+        print_stream(handle.stream(), as_json)
+        return
     if not wait:
         out = {"id": handle.id, "duplicate": handle.duplicate}
         emit(out, as_json, lambda d: f"{d['id']}" + (" (duplicate)" if d["duplicate"] else ""))
@@ -160,6 +171,32 @@ def submit(
     timings = obj.store.record(handle.id).timings
     data |= {"queue_wait_s": timings.queue_wait_s, "ttft_s": timings.ttft_s, "e2e_s": timings.e2e_s}
     emit(data, as_json, views.result_panel)
+    if not result.ok:
+        sys.exit(1)
+
+
+def print_stream(items: Iterable[StreamChunk | Result], as_json: bool) -> None:
+    """Print chunks as they come (a reset starts a new line, saying why), then the result:
+    its panel, or with ``as_json`` one JSON object per line (chunks, then the result).
+    Exits 1 when the request did not succeed."""
+    result: Result | None = None
+    for item in items:
+        if isinstance(item, Result):
+            result = item
+        elif as_json:
+            click.echo(json.dumps(item.model_dump(mode="json"), sort_keys=True), nl=True)
+        else:
+            if item.reset:
+                click.echo(f"\n[reset: attempt {item.attempt} restarts the text]", err=True)
+            click.echo(item.delta, nl=False)
+            sys.stdout.flush()
+    if result is None:
+        return
+    if as_json:
+        click.echo(json.dumps(result.model_dump(mode="json"), sort_keys=True))
+    else:
+        click.echo()
+        console.print(views.result_panel(result.model_dump(mode="json")))
     if not result.ok:
         sys.exit(1)
 
@@ -181,9 +218,10 @@ def request_cmd(obj: Context, request_id: str, as_json: bool) -> None:
 @pass_ctx
 @handle_errors
 def cancel(obj: Context, request_id: str, as_json: bool) -> None:
-    """Cancel a queued or assigned request (prints the state it ends in)."""
-    state = obj.store.cancel(request_id)
-    emit({"id": request_id, "state": state}, as_json, lambda d: d["state"])
+    """Cancel a request (prints the state it is in after the call); a running one is
+    aborted on its worker: ``running`` is printed, then the worker writes ``cancelled``."""
+    state = Client(settings=obj.settings, store=obj.store).cancel(request_id)
+    emit({"id": request_id, "state": state.value}, as_json, lambda d: d["state"])
 
 
 # --- fleet --------------------------------------------------------------------------
@@ -422,6 +460,43 @@ def dashboard(obj: Context, host: str, port: int) -> None:
 
 
 # --- components -----------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8080, show_default=True, type=int)
+@click.option(
+    "--keys",
+    "keys_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="INFERQ_GATEWAY_KEYS",
+    help="API keys file (TOML or JSON): key -> tenant, classes, limits. "
+    "Without one the gateway is open (every caller is the default tenant).",
+)
+@click.option("--no-rate-limits", is_flag=True, help="Ignore the keys' per-minute limits.")
+@pass_ctx
+@handle_errors
+def gateway(
+    obj: Context,
+    host: str,
+    port: int,
+    keys_path: Path | None,
+    no_rate_limits: bool,
+) -> None:
+    """Serve the OpenAI HTTP API (chat and completions, streaming) in front of the queue.
+
+    Stateless: run one per core or host, behind any load balancer."""
+    import_extra("starlette", "gateway", "inferq gateway")
+    uvicorn = import_extra("uvicorn", "gateway", "inferq gateway")
+    from inferq.gateway.app import create_app
+    from inferq.gateway.tenants import KeyRing
+
+    keyring = KeyRing.load(keys_path, [c.name for c in obj.settings.classes])
+    if keyring.open:
+        click.echo("warning: no --keys file: every caller is the default tenant", err=True)
+    app = create_app(obj.settings, keyring, rate_limits=not no_rate_limits)
+    click.echo(f"inferq gateway on http://{host}:{port}/v1 ({len(keyring)} API keys)", err=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
 
 
 @cli.command()

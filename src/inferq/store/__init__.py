@@ -12,7 +12,7 @@ dispatcher's snapshot. Nothing outside this package (besides the RQ delivery sea
 """
 
 from inferq.store.aio import AsyncStore
-from inferq.store.calls import Abort, Beat, Completion, Submitted
+from inferq.store.calls import Abort, Beat, Chunk, Completion, Submitted
 from inferq.store.connection import (
     CONNECTION_ERRORS,
     REDIS_ERRORS,
@@ -34,6 +34,7 @@ __all__ = [
     "AsyncConnection",
     "AsyncStore",
     "Beat",
+    "Chunk",
     "Completion",
     "Connection",
     "DispatchView",

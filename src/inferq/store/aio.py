@@ -14,7 +14,7 @@ import redis
 from inferq import defaults
 from inferq.config import Settings
 from inferq.errors import IdempotencyConflict, QueueFull, RedisUnavailable
-from inferq.models import InferenceRequest, RequestRecord
+from inferq.models import InferenceRequest, RequestRecord, StreamChunk
 from inferq.store import calls
 from inferq.store.calls import Call, Submitted
 from inferq.store.connection import MIN_BLOCK_S, AsyncConnection, block_limit_s, open_async_redis
@@ -22,7 +22,7 @@ from inferq.store.keys import Keys
 from inferq.store.scripts import script_source
 
 #: The scripts a client runs.
-CLIENT_SCRIPTS = ("submit", "cancel", "expire")
+CLIENT_SCRIPTS = ("submit", "cancel", "expire", "abort")
 
 
 class AsyncStore:
@@ -111,6 +111,36 @@ class AsyncStore:
             wait = max(MIN_BLOCK_S, min(wait, self._block_limit))
         token = await self.redis.blmove(key, key, timeout=wait, src="RIGHT", dest="LEFT")
         return token is not None
+
+    async def live_models(self) -> dict[str, int]:
+        """Models served by live workers (``starting`` or ``ready``), with their counts."""
+        ids = await self.redis.zrange(self.keys.workers, 0, -1)
+        pipe = self.redis.pipeline(transaction=False)
+        for wid in ids:
+            pipe.hmget(self.keys.worker(wid), "model", "state")
+        out: dict[str, int] = {}
+        for model, state in await pipe.execute() if ids else []:
+            if model and state in ("starting", "ready"):
+                out[model] = out.get(model, 0) + 1
+        return out
+
+    async def cancel_running(self, request_id: str, reason: str) -> str:
+        """See :meth:`inferq.store.Store.cancel_running`."""
+        row = await self.redis.hmget(self.keys.req(request_id), "state", "attempts", "worker")
+        abort = calls.running_abort(request_id, row, reason)
+        if abort is None:
+            return "not_running"
+        call = calls.abort_call(self.keys, self.settings, [abort], defaults.VTC_OUTPUT_WEIGHT)
+        [verdict] = calls.parse_abort(await self._call(call))
+        return verdict
+
+    async def read_stream(
+        self, request_id: str, after: str, block_s: float
+    ) -> list[tuple[str, StreamChunk | str | None]]:
+        """See :meth:`inferq.store.Store.read_stream`."""
+        block_ms = max(1, round(min(block_s, defaults.BLOCK_CHUNK_S) * 1000))
+        reply = await self.redis.xread({self.keys.stream(request_id): after}, block=block_ms)
+        return calls.parse_xread(reply)
 
     async def expire_ids(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[str, float]]:
         """See :meth:`inferq.store.Store.expire_ids`."""

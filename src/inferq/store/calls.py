@@ -17,7 +17,14 @@ from typing import Any, Literal, NamedTuple
 from inferq import defaults
 from inferq.config import Settings
 from inferq.errors import IdempotencyConflict, QueueFull, RequestNotFound
-from inferq.models import Event, InferenceRequest, RequestRecord, from_ms
+from inferq.models import (
+    Event,
+    InferenceRequest,
+    RequestRecord,
+    StreamChunk,
+    from_ms,
+    to_ms,
+)
 from inferq.store.keys import Keys
 
 
@@ -63,6 +70,79 @@ class Completion:
     first_token_at: float | None = None
     error: str = ""
     finish_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """A piece of a running request's output, as a worker hands it to
+    :meth:`Store.publish_chunks` (the reader's view is :class:`~inferq.models.StreamChunk`).
+
+    Attributes:
+        request_id / attempt: whose output; the attempt voids older attempts' chunks.
+        seq: position within the attempt, from 0 (a reader detects a gap by it).
+        delta: the new text.
+        tokens: output tokens of this attempt so far.
+        finish_reason: set on the attempt's last chunk.
+        first_token_at: set on the attempt's first chunk (epoch seconds).
+        ttl_s: the stream expires this many seconds from now unless the request's
+            final write (``finalize``) sets its expiry first.
+    """
+
+    request_id: str
+    attempt: int
+    seq: int
+    delta: str
+    tokens: int
+    finish_reason: str | None = None
+    first_token_at: float | None = None
+    ttl_s: int = 60
+
+
+def chunk_fields(chunk: Chunk) -> dict[str, str]:
+    """The stream entry of ``chunk``: ``a`` attempt, ``s`` seq, ``d`` delta, ``n`` tokens,
+    ``f`` finish reason and ``t`` first-token time in ms (when set)."""
+    fields = {
+        "a": str(chunk.attempt),
+        "s": str(chunk.seq),
+        "d": chunk.delta,
+        "n": str(chunk.tokens),
+    }
+    if chunk.finish_reason:
+        fields["f"] = chunk.finish_reason
+    if chunk.first_token_at is not None:
+        fields["t"] = str(to_ms(chunk.first_token_at))
+    return fields
+
+
+def parse_xread(reply: Any) -> list[tuple[str, StreamChunk | str | None]]:
+    """The entries of an XREAD reply on a request's stream (RESP2:
+    ``[[key, [[id, fields], ...]]]``), in order, each parsed by :func:`parse_stream_entry`."""
+    out: list[tuple[str, StreamChunk | str | None]] = []
+    for _key, entries in reply or []:
+        for eid, fields in entries:
+            out.append((str(eid), parse_stream_entry(str(eid), dict(fields or {}))))
+    return out
+
+
+def parse_stream_entry(entry_id: str, fields: dict[str, str]) -> StreamChunk | str | None:
+    """One entry of a request's stream: a :class:`StreamChunk`, the final state (str) of
+    the ``end`` entry ``finalize`` appends, or None for an entry that does not parse
+    (skipped by the reader; the final result still carries the whole text)."""
+    if "end" in fields:
+        return str(fields["end"])
+    try:
+        first = fields.get("t")
+        return StreamChunk(
+            id=entry_id,
+            attempt=int(fields["a"]),
+            seq=int(fields["s"]),
+            delta=fields.get("d", ""),
+            tokens=int(fields.get("n", "0")),
+            finish_reason=fields.get("f") or None,
+            first_token_at=from_ms(int(first)) if first else None,
+        )
+    except (KeyError, ValueError):
+        return None
 
 
 def _pairs(flat: Sequence[Any]) -> list[tuple[Any, Any]]:
@@ -435,6 +515,15 @@ def abort_call(
     for a in aborts:
         argv += [a.request_id, a.attempt, a.worker_id, a.action, a.reason, repr(a.charged)]
     return Call("abort", [], argv)
+
+
+def running_abort(request_id: str, row: Sequence[Any], reason: str) -> Abort | None:
+    """The cancel :class:`Abort` of a request from an HMGET of its ``state``, ``attempts``
+    and ``worker``: None unless it is assigned or running on a worker."""
+    state, attempts, worker = row
+    if state not in ("assigned", "running") or not worker or not attempts:
+        return None
+    return Abort(request_id, int(attempts), str(worker), "cancel", reason)
 
 
 def parse_abort(reply: Sequence[Any]) -> list[str]:

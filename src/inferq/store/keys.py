@@ -28,6 +28,7 @@ P deadlines                     zset    queued/assigned ids, score = deadline ms
 P leases                        zset    assigned/running ids, score = lease expiry ms
 P done:<id>                     list    one token pushed when the request is final
 P idem:<n>.<tenant>:<m>.<key>   hash    idempotency key -> ``id``, ``fp`` (request fingerprint)
+P stream:<id>                   stream  output chunks of a streamed request, capped; ``end``
 P counts                        hash    queued counts: ``c:<class>``, ``t:<class>:<tenant>``
 P stats                         hash    lifetime counters (submitted, succeeded, ...)
 P workers                       zset    live worker ids, score = last heartbeat ms
@@ -43,6 +44,7 @@ P fair:seen:<class>             zset    tenant -> last backlogged/served ms (idl
 P dead                          zset    dead-lettered ids, score = time ms
 P quarantine                    hash    corrupt key -> reason
 P quarantined:<key>             any     a corrupt record, renamed aside
+P ratelimit...                  string  the gateway's per-tenant rate-limit windows (``limits``)
 P events                        stream  capped event log
 P wake                          list    dispatcher wake-up tokens
 P estimates                     hash    ``<model>|<task>`` -> moving output-token mean
@@ -118,6 +120,10 @@ class Keys:
     def done(self, request_id: str) -> str:
         return f"{self.prefix}done:{request_id}"
 
+    def stream(self, request_id: str) -> str:
+        """The output chunks of a streamed request (entries ``a s d n f t``, then ``end``)."""
+        return f"{self.prefix}stream:{request_id}"
+
     def idem(self, tenant: str, key: str) -> str:
         """The idempotency key ``key`` of ``tenant`` (both caller-chosen: length-prefixed)."""
         return f"{self.prefix}idem:{join_parts(tenant, key)}"
@@ -179,6 +185,12 @@ class Keys:
 
     def quarantined(self, key: str) -> str:
         return f"{self.prefix}quarantined:{key}"
+
+    @property
+    def rate_limits(self) -> str:
+        """Key prefix of the gateway's rate-limit counters (the ``limits`` library adds
+        its own suffix: ``P ratelimit:<limit>/<tenant>``)."""
+        return f"{self.prefix}ratelimit"
 
     @property
     def events(self) -> str:

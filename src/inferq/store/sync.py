@@ -16,12 +16,12 @@ from typing import Any, Literal
 from inferq import defaults
 from inferq.config import Settings
 from inferq.errors import CorruptRecord, IdempotencyConflict, QueueFull, RequestNotFound
-from inferq.models import InferenceRequest, RequestRecord, WorkerInfo
+from inferq.models import InferenceRequest, RequestRecord, StreamChunk, WorkerInfo
 from inferq.policy.estimate import update_moving_mean
 from inferq.policy.snapshot import Decision
 from inferq.store import calls, repair
 from inferq.store.admin import AdminCalls
-from inferq.store.calls import Abort, Completion, Submitted
+from inferq.store.calls import Abort, Chunk, Completion, Submitted
 from inferq.store.connection import MIN_BLOCK_S, REPLY_ERRORS, connect
 from inferq.store.snapshot import DispatchView, read_dispatch_view
 
@@ -108,6 +108,30 @@ class Store(AdminCalls):
         wait = self.block_s(min(timeout_s, defaults.BLOCK_CHUNK_S))
         token = self.redis.blmove(key, key, timeout=wait, src="RIGHT", dest="LEFT")
         return token is not None
+
+    def cancel_running(self, request_id: str, reason: str) -> str:
+        """Cancel a running request on its worker (``abort.lua``: a command on the worker's
+        control channel; the worker stops the model-server call, frees the slot and writes
+        ``cancelled``). Returns the verdict (``sent``, ``done``, ``pending``, ``stale``),
+        or ``not_running``."""
+        row = self.redis.hmget(self.keys.req(request_id), "state", "attempts", "worker")
+        abort = calls.running_abort(request_id, row, reason)
+        if abort is None:
+            return "not_running"
+        [verdict] = self.abort([abort])
+        return verdict
+
+    def read_stream(
+        self, request_id: str, after: str, block_s: float
+    ) -> list[tuple[str, StreamChunk | str | None]]:
+        """Entries of the request's output stream after the entry id ``after`` (``"0"``
+        for all), blocking up to ``block_s`` (capped at ``defaults.BLOCK_CHUNK_S``;
+        callers loop) when there are none yet. Returns ``[(entry id, item)]``: a
+        :class:`~inferq.models.StreamChunk`, the final state (str) of the ``end`` entry, or
+        None for an entry that does not parse (see :func:`calls.parse_stream_entry`)."""
+        block_ms = max(1, round(min(block_s, defaults.BLOCK_CHUNK_S) * 1000))
+        reply = self.redis.xread({self.keys.stream(request_id): after}, block=block_ms)
+        return calls.parse_xread(reply)
 
     def cancel(self, request_id: str) -> str:
         """Cancel a queued or assigned request; returns its state after the call.
@@ -424,6 +448,21 @@ class Store(AdminCalls):
             (how many moved, seconds until the next one is due, or None when none waits).
         """
         return calls.parse_promote(self._call(calls.promote_call(self.keys, limit)))
+
+    def publish_chunks(self, chunks: Sequence[Chunk]) -> None:
+        """Append output chunks to their requests' streams in one round trip, each stream
+        capped at ``defaults.STREAM_MAXLEN`` entries (approximately) and expiring
+        ``chunk.ttl_s`` from now (``finalize`` sets the result's TTL when it ends it)."""
+        if not chunks:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for chunk in chunks:
+            key = self.keys.stream(chunk.request_id)
+            pipe.xadd(
+                key, calls.chunk_fields(chunk), maxlen=defaults.STREAM_MAXLEN, approximate=True
+            )
+            pipe.expire(key, max(1, chunk.ttl_s))
+        pipe.execute()
 
     def reserved_mib(self, worker_id: str) -> float:
         """KV-cache MiB reserved on the worker by assigned work (``load:<id>``)."""

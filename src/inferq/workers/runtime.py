@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import signal
 import socket
@@ -42,14 +43,20 @@ from inferq.config import ModelSpec
 from inferq.errors import CorruptRecord, RequestNotFound
 from inferq.latency import prefill_s, resident_kv_tokens, step_s
 from inferq.models import RequestRecord, WorkerInfo, WorkerState
-from inferq.store import CONNECTION_ERRORS, REPLY_ERRORS, Abort, Beat, Completion, Store
+from inferq.store import CONNECTION_ERRORS, REPLY_ERRORS, Abort, Beat, Chunk, Completion, Store
 from inferq.workers import failures
 from inferq.workers.clock import RedisClock
 from inferq.workers.control import ControlReader
 from inferq.workers.gpu import GpuInfo
 from inferq.workers.health import HealthMonitor
 from inferq.workers.pulse import HeartbeatProcess
-from inferq.workers.servers import FailureKind, ModelServer, ServerError, ServerRequest
+from inferq.workers.servers import (
+    ChunkSink,
+    FailureKind,
+    ModelServer,
+    ServerError,
+    ServerRequest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +131,12 @@ class Engine:
         self._flush_wanted: asyncio.Event | None = None
         self._flusher: asyncio.Task[None] | None = None
         self._write_lock: asyncio.Lock | None = None  # one writer of results at a time
+        # Output chunks of streamed requests not yet in Redis, by (request, attempt):
+        # chunks that arrive while a write is in flight merge into one entry.
+        self._chunks: dict[tuple[str, int], Chunk] = {}
+        self._chunk_wanted: asyncio.Event | None = None
+        self._chunk_lock: asyncio.Lock | None = None  # one writer of chunks at a time
+        self._publisher: asyncio.Task[None] | None = None
         self._idle = threading.Condition()
         self._beat_stop = threading.Event()
         self._beat_thread: threading.Thread | None = None
@@ -582,6 +595,9 @@ class Engine:
         self._flush_wanted = asyncio.Event()
         self._write_lock = asyncio.Lock()
         self._flusher = asyncio.create_task(self._flush_forever())
+        self._chunk_wanted = asyncio.Event()
+        self._chunk_lock = asyncio.Lock()
+        self._publisher = asyncio.create_task(self._publish_forever())
 
     def _launch(self, record: RequestRecord, attempt: int) -> None:
         key = (record.request.id, attempt)
@@ -606,6 +622,7 @@ class Engine:
             max_tokens=req.max_tokens,
             prompt_tokens=req.prompt_tokens,
             timeout_s=max(0.001, remaining),
+            on_chunk=self._sink(req.id, attempt, req.deadline) if req.stream else None,
         )
         t0 = self.clock.now()
         self._begun[(req.id, attempt)] = (t0, req.prompt_tokens, req.max_tokens)
@@ -642,6 +659,63 @@ class Engine:
             finish_reason=result.finish_reason,
         )
         self._queue(outcome, req.task_type)
+
+    # --- streamed output ---------------------------------------------------------------
+
+    def _sink(self, rid: str, attempt: int, deadline: float) -> ChunkSink:
+        """The model server's :data:`ChunkSink` for one attempt of a streamed request.
+
+        Called in the loop; it only buffers. A chunk that arrives while the previous
+        write is in flight merges into the pending one (same seq), so a slow Redis costs
+        fewer, larger entries, never a stalled generation. The first chunk carries the
+        time the worker received the first token.
+        """
+        seq = 0
+        ttl_s = max(1, math.ceil(deadline - time.time())) + self.store.settings.result_ttl_s
+
+        def on_chunk(delta: str, tokens: int, finish: str | None) -> None:
+            nonlocal seq
+            key = (rid, attempt)
+            pending = self._chunks.get(key)
+            if pending is not None and pending.finish_reason is None:
+                self._chunks[key] = Chunk(
+                    rid,
+                    attempt,
+                    pending.seq,
+                    pending.delta + delta,
+                    tokens,
+                    finish,
+                    pending.first_token_at,
+                    ttl_s,
+                )
+            else:
+                first = time.time() if seq == 0 else None
+                self._chunks[key] = Chunk(rid, attempt, seq, delta, tokens, finish, first, ttl_s)
+                seq += 1
+            assert self._chunk_wanted is not None
+            self._chunk_wanted.set()
+
+        return on_chunk
+
+    async def _publish_forever(self) -> None:
+        assert self._chunk_wanted is not None
+        while True:
+            await self._chunk_wanted.wait()
+            self._chunk_wanted.clear()
+            await self._publish_chunks()
+
+    async def _publish_chunks(self) -> None:
+        """Write every buffered chunk (one pipeline per round). Chunks are a live view:
+        a write that fails is dropped with a warning (readers see the gap by ``seq`` and
+        take the whole text from the final result), never retried into a later one."""
+        assert self._chunk_lock is not None
+        async with self._chunk_lock:
+            while self._chunks:
+                batch, self._chunks = list(self._chunks.values()), {}
+                try:
+                    await asyncio.to_thread(self.store.publish_chunks, batch)
+                except Exception as exc:  # the result path must go on regardless
+                    log.warning("dropped %d output chunks: %s", len(batch), exc)
 
     async def _failed(self, rid: str, attempt: int, exc: ServerError) -> None:
         """Fail ``rid`` at once (a request error) or requeue it with a backoff, spending
@@ -694,6 +768,8 @@ class Engine:
             await self._flush_pending()
 
     async def _flush_pending(self) -> None:
+        # A result ends its request's stream (finalize appends ``end``): its chunks first.
+        await self._publish_chunks()
         while self._pending:
             batch, self._pending = self._pending, []
             try:
@@ -738,9 +814,10 @@ class Engine:
 
     async def _shutdown_loop(self) -> None:
         await self.health.close()
-        if self._flusher is not None:
-            self._flusher.cancel()
-            await asyncio.gather(self._flusher, return_exceptions=True)
+        for task in (self._flusher, self._publisher):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await self.server.close()
 
     def _call(self, coro: Any) -> Any:

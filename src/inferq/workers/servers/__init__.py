@@ -8,6 +8,7 @@ interface.
 
 from inferq.workers.servers.base import (
     ENTRY_POINT_GROUP,
+    ChunkSink,
     FailureKind,
     ModelServer,
     ServerError,
@@ -21,6 +22,7 @@ from inferq.workers.servers.base import (
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "ChunkSink",
     "FailureKind",
     "ModelServer",
     "ServerError",

@@ -30,6 +30,11 @@ from inferq.models import Payload
 ENTRY_POINT_GROUP = "inferq.backends"
 
 ServerFactory = Callable[..., "ModelServer"]
+#: Called by a model server for each piece of output while it generates, as
+#: ``on_chunk(text delta, output tokens so far, finish reason or None)``; the last call
+#: of a request carries the finish reason (``stop``, ``length``). It must not block
+#: (the worker only buffers the chunk; a publisher task writes it to Redis).
+ChunkSink = Callable[[str, int, "str | None"], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +48,9 @@ class ServerRequest:
         max_tokens: most output tokens to generate.
         prompt_tokens: the scheduler's estimate of the prompt, tokens.
         timeout_s: time left before the request's deadline, seconds.
+        on_chunk: when set, the caller reads the output as it is generated: a model
+            server that can stream calls it for each piece (see :data:`ChunkSink`); one
+            that cannot leaves it, and the caller gets the whole text with the result.
     """
 
     id: str
@@ -51,6 +59,7 @@ class ServerRequest:
     max_tokens: int
     prompt_tokens: int
     timeout_s: float
+    on_chunk: ChunkSink | None = None
 
 
 @dataclass(frozen=True, slots=True)

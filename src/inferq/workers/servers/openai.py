@@ -26,6 +26,8 @@ streamed one is stopped at the next token) the answer is read as server-sent
 events and the time to first token is measured; otherwise ``ttft_s`` is ``None``.
 The finish reason (``stop``, ``length``) is recorded; completion tokens never exceed
 ``max_tokens``. A connection cut mid-answer is closed, never returned to the pool.
+For a request whose caller reads its output as it comes (``ServerRequest.on_chunk``)
+the answer is always streamed, and each piece is handed to ``on_chunk``.
 
 The HTTP client belongs to the event loop that first used it; on a new loop
 (``asyncio.run`` per batch) a new client is made, so a worker should keep one
@@ -173,12 +175,13 @@ class OpenAIServer(ModelServer):
                 f"openai: request {request.id} has no time left before its deadline",
                 retryable=True,
             )
-        path, body = build_body(request, self.served_model_name, stream=self.stream)
+        stream = self.stream or request.on_chunk is not None
+        path, body = build_body(request, self.served_model_name, stream=stream)
         start = time.monotonic()
         answered: list[bool] = []  # non-empty once the answer began (status line received)
         try:
             async with asyncio.timeout(request.timeout_s):
-                if self.stream:
+                if stream:
                     return await self._post_stream(request, path, body, start, answered)
                 return await self._post(request, path, body, answered)
         except (TimeoutError, httpx.TimeoutException):
@@ -232,6 +235,8 @@ class OpenAIServer(ModelServer):
         ttft_s: float | None = None
         finish: str | None = None
         done = False
+        sink = request.on_chunk
+        sent_finish = False
         async with client.stream("POST", path, json=body, timeout=request.timeout_s) as response:
             answered.append(True)
             if not response.is_success:
@@ -254,6 +259,9 @@ class OpenAIServer(ModelServer):
                     if ttft_s is None:
                         ttft_s = time.monotonic() - start
                     parts.append(piece)
+                if sink is not None and (piece or (reason and not sent_finish)):
+                    sink(piece, len(parts), reason)
+                    sent_finish = sent_finish or reason is not None
         if not done and finish is None:
             raise ServerError(
                 f"openai: request {request.id}: the stream ended without a finish reason "
@@ -261,6 +269,8 @@ class OpenAIServer(ModelServer):
                 retryable=True,
                 kind=FailureKind.TRUNCATED,
             )
+        if sink is not None and not sent_finish:  # a server that names no finish reason
+            sink("", len(parts), finish or "stop")
         return _result(request, "".join(parts), usage, ttft_s=ttft_s, finish_reason=finish)
 
     async def probe(self) -> ServerError | None:

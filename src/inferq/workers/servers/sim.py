@@ -149,7 +149,15 @@ class SimServer(ModelServer):
         await self._pause(ttft_s)
         if fails:
             raise ServerError(f"sim: simulated failure of request {request.id}", retryable=True)
-        await self._pause(st.decode_s * self.time_scale)
+        if request.on_chunk is None or n_out == 0:
+            await self._pause(st.decode_s * self.time_scale)
+        else:  # one word per token, one chunk per token, the decode time spread evenly
+            finish = "length" if n_out >= request.max_tokens else "stop"
+            step = st.decode_s * self.time_scale / n_out
+            for i, word in enumerate(words):
+                request.on_chunk(word if i == 0 else " " + word, i + 1, None)
+                await self._pause(step)
+            request.on_chunk("", n_out, finish)
         return ServerResult(
             output=" ".join(words),
             prompt_tokens=request.prompt_tokens,

@@ -1,0 +1,524 @@
+"""The gateway's Starlette application: the OpenAI HTTP API on :class:`~inferq.client.AsyncClient`.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (``stream`` true or
+false), ``GET /v1/models`` (the models the fleet serves now), ``GET /health``,
+``GET /metrics`` (this replica's counters, Prometheus text).
+
+A request's way through: bearer key -> tenant (:mod:`~inferq.gateway.tenants`); body ->
+submission (:mod:`~inferq.gateway.openai_api`), validated by inferq's intake (400 naming
+the field); class allowed for the key (403); a model no live worker and no scaler pool
+can serve (503); rate limits (429 + ``Retry-After``); submit (``QueueFull``: 429 +
+``Retry-After``); then the result (non-streamed) or the request's chunks as server-sent
+events (streamed), ending ``data: [DONE]``. The first item is awaited before the
+response starts, so a request that expires in the queue gets a 504 and one that fails
+before its first token a 5xx, not an empty stream. When the HTTP client goes away the
+request is cancelled, a running one included (its worker aborts the model-server call).
+
+Every replica is stateless (the queue, the rate-limit windows and the requests live in
+Redis): run as many as needed behind any load balancer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import anyio
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from sse_starlette import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from inferq.client import AsyncClient
+from inferq.config import Settings
+from inferq.errors import InferqError, InvalidRequest, QueueFull, RedisUnavailable
+from inferq.gateway import openai_api as api
+from inferq.gateway.ratelimit import RateLimits
+from inferq.gateway.tenants import ApiKey, KeyRing
+from inferq.intake import build_request
+from inferq.models import InferenceRequest, Result, StreamChunk
+from inferq.routes import candidates, parse_route
+from inferq.store import CONNECTION_ERRORS
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: How long a replica trusts its view of the fleet's models, seconds (one heartbeat).
+FLEET_CACHE_S = 1.0
+#: ``Retry-After`` of a full queue, seconds: queues drain at the fleet's pace, not a window's.
+QUEUE_FULL_RETRY_S = 1
+#: What a cancel on disconnect says (the result's error).
+DISCONNECTED = "the HTTP client disconnected"
+
+
+class Disconnected(Exception):
+    """The HTTP client went away while its request was waiting."""
+
+
+class GatewayMetrics:
+    """This replica's counters (deployment-wide gauges come from ``inferq metrics``)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "inferq_gateway_requests",
+            "HTTP requests answered, by endpoint and status code",
+            ["endpoint", "code"],
+            registry=self.registry,
+        )
+        self.tokens = Counter(
+            "inferq_gateway_tokens",
+            "Tokens of succeeded requests, by kind (prompt, completion)",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "inferq_gateway_ttft_seconds",
+            "HTTP request received -> first token sent (streamed requests)",
+            registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+        )
+        self.cancelled = Counter(
+            "inferq_gateway_disconnect_cancels",
+            "Requests cancelled because their HTTP client disconnected",
+            registry=self.registry,
+        )
+
+
+class Gateway:
+    """The application's state: settings, keys, the client, rate limits, metrics.
+
+    Args:
+        settings: the deployment (Redis URL, namespace, classes, models, scaling pools).
+        keyring: the API keys (an open ring = no authentication).
+        rate_limits: enforce the keys' rate limits (on Redis).
+    """
+
+    def __init__(self, settings: Settings, keyring: KeyRing, *, rate_limits: bool = True) -> None:
+        self.settings = settings
+        self.keyring = keyring
+        self.metrics = GatewayMetrics()
+        self.use_rate_limits = rate_limits
+        self.client: AsyncClient | None = None
+        self.limits: RateLimits | None = None
+        self._fleet: tuple[float, set[str]] = (0.0, set())
+        self._pools = set(settings.scaling.pools)
+        self._classes = [c.name for c in settings.classes]
+
+    async def start(self) -> None:
+        self.client = AsyncClient(settings=self.settings)
+        await self.client.store.check()
+        if self.use_rate_limits:
+            self.limits = RateLimits(self.settings.redis_url, self.client.store.keys)
+
+    async def stop(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+
+    @property
+    def aclient(self) -> AsyncClient:
+        assert self.client is not None, "the gateway is not started"
+        return self.client
+
+    # --- routes -------------------------------------------------------------------------
+
+    async def chat(self, request: Request) -> Response:
+        return await self._complete(request, "chat")
+
+    async def completions(self, request: Request) -> Response:
+        return await self._complete(request, "completions")
+
+    async def models(self, request: Request) -> Response:
+        if self._key(request) is None:
+            return self._unauthorized("models")
+        live = await self._live_models()
+        data = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "inferq"}
+            for name in sorted(live | self._pools)
+        ]
+        return self._json("models", 200, {"object": "list", "data": data})
+
+    async def health(self, request: Request) -> Response:
+        try:
+            await self.aclient.store.check()
+        except RedisUnavailable as exc:
+            return JSONResponse({"status": "unavailable", "error": str(exc)}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    async def metrics_text(self, request: Request) -> Response:
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    # --- the completion path ----------------------------------------------------------
+
+    async def _complete(self, request: Request, endpoint: api.Endpoint) -> Response:
+        received = time.perf_counter()
+        key = self._key(request)
+        if key is None:
+            return self._unauthorized(endpoint)
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            return self._error(endpoint, 400, "the body is not JSON", "invalid_request_error")
+        try:
+            sub = api.read_body(endpoint, body)
+            inferq_request, fields = self._request(request, key, sub)
+        except InvalidRequest as exc:
+            return self._error(endpoint, 400, str(exc), "invalid_request_error", param=exc.field)
+        if not key.allows(inferq_request.priority):
+            allowed = ", ".join(key.classes)
+            return self._error(
+                endpoint,
+                403,
+                f"priority class {inferq_request.priority!r} is not allowed for this API key "
+                f"(allowed: {allowed})",
+                "permission_error",
+                param="priority",
+            )
+        if not await self._servable(inferq_request):
+            return self._error(
+                endpoint,
+                503,
+                f"no live worker and no scaler pool serves model {sub.model!r}",
+                "service_unavailable",
+                param="model",
+                code="model_unavailable",
+            )
+        if self.limits is not None:
+            refusal = await self.limits.admit(
+                key, inferq_request.prompt_tokens + inferq_request.max_tokens
+            )
+            if refusal is not None:
+                return self._error(
+                    endpoint,
+                    429,
+                    refusal.message(key.tenant),
+                    "rate_limit_error",
+                    code="rate_limit_exceeded",
+                    retry_after=refusal.retry_after_s,
+                )
+        try:
+            handle = await self.aclient.submit(**fields)
+        except QueueFull as exc:
+            return self._error(
+                endpoint,
+                429,
+                str(exc),
+                "rate_limit_error",
+                code="queue_full",
+                retry_after=QUEUE_FULL_RETRY_S,
+            )
+        except InvalidRequest as exc:
+            return self._error(endpoint, 400, str(exc), "invalid_request_error", param=exc.field)
+        created = int(time.time())
+        if sub.stream:
+            return await self._stream(
+                request, sub, handle.id, inferq_request.max_tokens, created, received
+            )
+        try:
+            result = await self._unless_disconnected(
+                request, self.aclient.result(handle.id), handle.id
+            )
+        except Disconnected:
+            return Response(status_code=499)
+        if not result.ok:
+            return self._failure(endpoint, result)
+        self._count_tokens(result)
+        return self._json(
+            endpoint,
+            200,
+            api.completion_body(sub, handle.id, result, inferq_request.max_tokens, created),
+        )
+
+    def _request(
+        self, request: Request, key: ApiKey, sub: api.Submission
+    ) -> tuple[InferenceRequest, dict[str, Any]]:
+        """The submission's fields with the tenant, class and timeout, validated by intake.
+
+        Raises:
+            InvalidRequest: a field is refused (names it).
+        """
+        fields = dict(sub.fields)
+        fields["tenant"] = key.tenant
+        priority = request.headers.get(api.PRIORITY_HEADER) or sub.priority
+        if priority is None:
+            priority = key.default_class
+        if isinstance(priority, str) and priority.isdigit():
+            priority = int(priority)
+        if priority is not None:
+            fields["priority"] = priority
+        timeout = api.timeout_header(request.headers.get(api.TIMEOUT_HEADER)) or sub.timeout
+        if timeout is not None:
+            fields["timeout"] = timeout
+        try:
+            built = build_request(self.settings, **fields)
+        except TypeError as exc:
+            raise InvalidRequest("body", str(exc)) from None
+        return built, fields
+
+    async def _stream(
+        self,
+        request: Request,
+        sub: api.Submission,
+        request_id: str,
+        max_tokens: int,
+        created: int,
+        received: float,
+    ) -> Response:
+        items = self.aclient.stream(request_id)
+        try:
+            first = await self._unless_disconnected(request, anext(items), request_id)
+        except Disconnected:
+            await _aclose(items)
+            return Response(status_code=499)
+        if isinstance(first, Result) and not first.ok:
+            await _aclose(items)
+            return self._failure(sub.endpoint, first)
+        self.metrics.requests.labels(sub.endpoint, "200").inc()
+        return EventSourceResponse(
+            self._events(sub, request_id, max_tokens, created, received, first, items),
+            ping=15,
+            sep="\n",
+        )
+
+    async def _events(
+        self,
+        sub: api.Submission,
+        request_id: str,
+        max_tokens: int,
+        created: int,
+        received: float,
+        first: StreamChunk | Result,
+        items: AsyncIterator[StreamChunk | Result],
+    ) -> AsyncIterator[dict[str, str]]:
+        """The SSE events of a streamed request; cancels it when the client goes away."""
+        final = False
+        sent = False
+        finish: str | None = None
+        try:
+            item: StreamChunk | Result | None = first
+            while item is not None:
+                if isinstance(item, Result):
+                    final = True
+                    async for event in self._closing(
+                        sub, request_id, max_tokens, created, item, finish, sent
+                    ):
+                        yield event
+                    return
+                if item.reset and sent:  # OpenAI streams cannot take text back
+                    yield _data(
+                        api.error_body(
+                            "the request was retried after its worker failed; the text sent "
+                            "so far is void: retry the request",
+                            "server_error",
+                            code="stream_reset",
+                        )
+                    )
+                    return
+                finish = item.finish_reason or finish
+                if item.delta or not sent:
+                    if not sent:
+                        self.metrics.ttft.observe(time.perf_counter() - received)
+                    yield _data(
+                        api.chunk_body(sub, request_id, created, delta=item.delta, first=not sent)
+                    )
+                    sent = True
+                item = await anext(items, None)
+        finally:
+            if not final:
+                with anyio.CancelScope(shield=True):
+                    await self._cancel_on_disconnect(request_id)
+            with anyio.CancelScope(shield=True):
+                await _aclose(items)
+
+    async def _closing(
+        self,
+        sub: api.Submission,
+        request_id: str,
+        max_tokens: int,
+        created: int,
+        result: Result,
+        finish: str | None,
+        sent: bool,
+    ) -> AsyncIterator[dict[str, str]]:
+        """The last events: the finish reason, the usage chunk when asked, ``[DONE]``; or
+        the error of a request that ended badly after its stream began."""
+        if not result.ok:
+            _, kind, code = _failure_kind(result)
+            yield _data(api.error_body(result.error or result.status, kind, code=code))
+            return
+        self._count_tokens(result)
+        reason = api.finish_reason(result, max_tokens, finish)
+        yield _data(
+            api.chunk_body(
+                sub,
+                request_id,
+                created,
+                delta="" if sub.endpoint == "completions" else None,
+                first=not sent,
+                finish=reason,
+            )
+        )
+        if sub.include_usage:
+            yield _data(api.chunk_body(sub, request_id, created, result=result))
+        yield {"data": "[DONE]"}
+
+    async def _unless_disconnected(
+        self, request: Request, work: Awaitable[T], request_id: str
+    ) -> T:
+        """``work``'s value, unless the HTTP client disconnects first: then the request is
+        cancelled (a running one is aborted on its worker) and :class:`Disconnected` raised."""
+        task = asyncio.ensure_future(work)
+        watch = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await self._cancel_on_disconnect(request_id)
+        raise Disconnected(request_id)
+
+    async def _cancel_on_disconnect(self, request_id: str) -> None:
+        try:
+            await self.aclient.cancel(request_id)
+            self.metrics.cancelled.inc()
+        except InferqError as exc:
+            log.warning("could not cancel %s after its client left: %s", request_id, exc)
+        except CONNECTION_ERRORS as exc:
+            log.warning("could not cancel %s after its client left: %s", request_id, exc)
+
+    async def _servable(self, request: InferenceRequest) -> bool:
+        """True when a live worker or a scaler pool serves a model the route accepts (its
+        fallbacks too, when the request's class may degrade)."""
+        cls = next(c for c in self.settings.classes if c.name == request.priority)
+        route = parse_route(request.model)
+        names = set(candidates(route, self.settings.models, degrade=cls.allow_degrade))
+        if names & self._pools:
+            return True
+        return bool(names & await self._live_models())
+
+    async def _live_models(self) -> set[str]:
+        at, models = self._fleet
+        now = time.monotonic()
+        if now - at > FLEET_CACHE_S:
+            models = set(await self.aclient.store.live_models())
+            self._fleet = (now, models)
+        return models
+
+    # --- answers --------------------------------------------------------------------------
+
+    def _key(self, request: Request) -> ApiKey | None:
+        auth = request.headers.get("authorization", "")
+        scheme, _, token = auth.partition(" ")
+        bearer = token.strip() if scheme.lower() == "bearer" else None
+        return self.keyring.lookup(bearer)
+
+    def _unauthorized(self, endpoint: str) -> Response:
+        return self._error(
+            endpoint,
+            401,
+            "missing or unknown API key (send Authorization: Bearer <key>)",
+            "invalid_request_error",
+            code="invalid_api_key",
+        )
+
+    def _failure(self, endpoint: str, result: Result) -> Response:
+        status, kind, code = _failure_kind(result)
+        return self._error(endpoint, status, result.error or result.status, kind, code=code)
+
+    def _count_tokens(self, result: Result) -> None:
+        self.metrics.tokens.labels("prompt").inc(result.prompt_tokens or 0)
+        self.metrics.tokens.labels("completion").inc(result.completion_tokens or 0)
+
+    def _json(self, endpoint: str, status: int, body: dict[str, Any]) -> Response:
+        self.metrics.requests.labels(endpoint, str(status)).inc()
+        return JSONResponse(body, status_code=status)
+
+    def _error(
+        self,
+        endpoint: str,
+        status: int,
+        message: str,
+        kind: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: int | None = None,
+    ) -> Response:
+        self.metrics.requests.labels(endpoint, str(status)).inc()
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+        return JSONResponse(
+            api.error_body(message, kind, param=param, code=code),
+            status_code=status,
+            headers=headers,
+        )
+
+
+def create_app(settings: Settings, keyring: KeyRing, *, rate_limits: bool = True) -> Starlette:
+    """The gateway as an ASGI application (run it with uvicorn: ``inferq gateway``).
+
+    Args:
+        settings: the deployment.
+        keyring: the API keys (:meth:`KeyRing.load`).
+        rate_limits: enforce the keys' per-minute limits.
+    """
+    gateway = Gateway(settings, keyring, rate_limits=rate_limits)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.stop()
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", gateway.chat, methods=["POST"]),
+            Route("/v1/completions", gateway.completions, methods=["POST"]),
+            Route("/v1/models", gateway.models, methods=["GET"]),
+            Route("/health", gateway.health, methods=["GET"]),
+            Route("/metrics", gateway.metrics_text, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.gateway = gateway
+    return app
+
+
+def _data(body: dict[str, Any]) -> dict[str, str]:
+    return {"data": json.dumps(body, separators=(",", ":"))}
+
+
+def _failure_kind(result: Result) -> tuple[int, str, str]:
+    """HTTP status, OpenAI error type and code of a request that did not succeed."""
+    if result.status == "expired":
+        return 504, "timeout", "deadline_exceeded"
+    if result.status == "cancelled":
+        return 409, "invalid_request_error", "cancelled"
+    return 500, "server_error", "generation_failed"
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the HTTP client disconnects (the body was read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _aclose(items: AsyncIterator[Any]) -> None:
+    close = getattr(items, "aclose", None)
+    if close is not None:
+        await close()

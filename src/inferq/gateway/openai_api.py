@@ -1,0 +1,328 @@
+"""The OpenAI HTTP API's shapes, mapped onto inferq: request bodies in, response bodies out.
+
+Pure functions of their arguments (no clock but the ``created`` stamp passed in, no I/O):
+the gateway application calls them. The shapes follow OpenAI's API reference for
+``POST /v1/chat/completions`` and ``POST /v1/completions`` (``choices``, ``usage``,
+``finish_reason``, ``stream_options.include_usage``, ``chat.completion.chunk``) and its
+error body ``{"error": {"message", "type", "param", "code"}}``.
+
+Mapping (also in the README, "Use it from any language"):
+
+- ``model``: the inferq route (a registry model name or ``>=13b``).
+- ``max_tokens`` / ``max_completion_tokens``: the request's ``max_tokens``.
+- priority: the ``X-Inferq-Priority`` header or a ``priority`` body field (an extension;
+  the OpenAI SDKs send it with ``extra_body``); default: the API key's default class.
+- deadline: the ``X-Inferq-Timeout`` header (seconds) or a ``timeout`` body field.
+- ``user``: kept in the request's parameters (recorded, forwarded to the model server).
+- sampling fields (``temperature``, ``top_p``, ``stop``, ``seed``, penalties, ...):
+  forwarded to the model server as parameters. ``n`` other than 1, ``logprobs``,
+  ``tools`` and ``response_format`` are refused (400 naming the field).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from inferq.errors import InvalidRequest
+from inferq.models import Result
+
+Endpoint = Literal["chat", "completions"]
+
+#: Header naming the priority class (or level) of a request.
+PRIORITY_HEADER = "x-inferq-priority"
+#: Header giving the request's timeout in seconds (OpenAI bodies have no such field).
+TIMEOUT_HEADER = "x-inferq-timeout"
+#: Body fields the gateway reads itself; every other known field is a sampling parameter.
+_HANDLED = frozenset(
+    {
+        "model",
+        "messages",
+        "prompt",
+        "max_tokens",
+        "max_completion_tokens",
+        "stream",
+        "stream_options",
+        "user",
+        "priority",
+        "timeout",
+        "n",
+    }
+)
+#: OpenAI fields inferq does not serve: refused rather than silently ignored.
+_REFUSED = frozenset(
+    {
+        "logprobs",
+        "top_logprobs",
+        "tools",
+        "tool_choice",
+        "functions",
+        "function_call",
+        "response_format",
+        "best_of",
+        "echo",
+        "suffix",
+        "audio",
+        "modalities",
+        "prediction",
+    }
+)
+#: Roles of chat messages as inferq stores them (``developer`` is OpenAI's newer ``system``).
+_ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """An OpenAI request body, read: what to submit and how to answer.
+
+    Attributes:
+        endpoint: ``chat`` or ``completions``.
+        model: the route as the caller named it (echoed back in the response).
+        fields: keyword arguments of ``AsyncClient.submit`` (prompt or messages, model,
+            max_tokens, params, stream, and priority/timeout when the body gave them).
+        stream: answer with server-sent events.
+        include_usage: ``stream_options.include_usage``: a last chunk with ``usage``.
+        priority / timeout: from the body (headers are read by the application).
+    """
+
+    endpoint: Endpoint
+    model: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    stream: bool = False
+    include_usage: bool = False
+    priority: str | int | None = None
+    timeout: float | None = None
+
+
+def read_body(endpoint: Endpoint, body: Any) -> Submission:
+    """Read an OpenAI request body.
+
+    Raises:
+        InvalidRequest: a field is missing, mistyped or not served (the field is named).
+    """
+    if not isinstance(body, Mapping):
+        raise InvalidRequest("body", "must be a JSON object")
+    for name in body:
+        if name in _REFUSED and body[name] not in (None, False, [], {}):
+            raise InvalidRequest(name, "is not supported by inferq's gateway")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model", "is required: a model name or a size route such as >=13b")
+    n = body.get("n", 1)
+    if n not in (1, None):
+        raise InvalidRequest("n", f"only 1 choice per request is served, got {n!r}")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool) and stream is not None:
+        raise InvalidRequest("stream", f"must be true or false, got {stream!r}")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, Mapping):
+        raise InvalidRequest("stream_options", "must be an object")
+    fields: dict[str, Any] = {"model": model, "stream": bool(stream)}
+    if endpoint == "chat":
+        fields["messages"] = _messages(body.get("messages"))
+    else:
+        fields["prompt"] = _prompt(body.get("prompt"))
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None:
+        fields["max_tokens"] = max_tokens
+    params = {k: v for k, v in body.items() if k not in _HANDLED and k not in _REFUSED}
+    user = body.get("user")
+    if user is not None:
+        if not isinstance(user, str):
+            raise InvalidRequest("user", "must be a string")
+        params["user"] = user
+    if params:
+        fields["params"] = params
+    return Submission(
+        endpoint=endpoint,
+        model=model,
+        fields=fields,
+        stream=bool(stream),
+        include_usage=bool(options.get("include_usage", False)),
+        priority=_priority(body.get("priority")),
+        timeout=_timeout("timeout", body.get("timeout")),
+    )
+
+
+def timeout_header(value: str | None) -> float | None:
+    """The ``X-Inferq-Timeout`` header as seconds (None when absent).
+
+    Raises:
+        InvalidRequest: not a positive finite number.
+    """
+    if value is None:
+        return None
+    try:
+        return _timeout(TIMEOUT_HEADER, float(value))
+    except ValueError:
+        raise InvalidRequest(TIMEOUT_HEADER, f"must be seconds (a number), got {value!r}") from None
+
+
+def _timeout(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidRequest(name, f"must be seconds (a number), got {value!r}")
+    if value <= 0:
+        raise InvalidRequest(name, f"must be > 0 seconds, got {value!r}")
+    return float(value)
+
+
+def _priority(value: Any) -> str | int | None:
+    if value is None or (isinstance(value, str | int) and not isinstance(value, bool)):
+        return value
+    raise InvalidRequest("priority", f"must be a class name or level, got {value!r}")
+
+
+def _messages(raw: Any) -> list[dict[str, str]]:
+    if not isinstance(raw, list) or not raw:
+        raise InvalidRequest("messages", "must be a non-empty list of messages")
+    out = []
+    for i, message in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(message, Mapping):
+            raise InvalidRequest(where, "must be an object with role and content")
+        role = _ROLES.get(str(message.get("role")))
+        if role is None:
+            raise InvalidRequest(f"{where}.role", f"must be one of {', '.join(_ROLES)}")
+        out.append({"role": role, "content": _content(f"{where}.content", message.get("content"))})
+    return out
+
+
+def _content(where: str, content: Any) -> str:
+    """A message's text: a string, or a list of ``{"type": "text", "text": ...}`` parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, Mapping) or part.get("type") != "text":
+                raise InvalidRequest(f"{where}[{j}]", "only text parts are served")
+            parts.append(str(part.get("text", "")))
+        return "".join(parts)
+    raise InvalidRequest(where, "must be a string or a list of text parts")
+
+
+def _prompt(raw: Any) -> str:
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
+        return raw[0]
+    raise InvalidRequest("prompt", "must be a string (one prompt per request)")
+
+
+# --- responses ---------------------------------------------------------------------------
+
+
+def response_id(endpoint: Endpoint, request_id: str) -> str:
+    """The response id: ``chatcmpl-<request id>`` or ``cmpl-<request id>``."""
+    return f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{request_id}"
+
+
+def finish_reason(result: Result, max_tokens: int, streamed: str | None = None) -> str:
+    """``length`` when the output reached ``max_tokens``, else ``stop`` (or what the stream
+    said)."""
+    if streamed:
+        return streamed
+    return "length" if (result.completion_tokens or 0) >= max_tokens else "stop"
+
+
+def usage(result: Result) -> dict[str, int]:
+    """OpenAI's ``usage`` object from a result's token counts."""
+    prompt = result.prompt_tokens or 0
+    completion = result.completion_tokens or 0
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def completion_body(
+    sub: Submission, request_id: str, result: Result, max_tokens: int, created: int
+) -> dict[str, Any]:
+    """The non-streamed response of a succeeded request."""
+    text = result.output or ""
+    reason = finish_reason(result, max_tokens)
+    choice: dict[str, Any]
+    if sub.endpoint == "chat":
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": reason,
+            "logprobs": None,
+        }
+        kind = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
+        kind = "text_completion"
+    return {
+        "id": response_id(sub.endpoint, request_id),
+        "object": kind,
+        "created": created,
+        "model": sub.model,
+        "choices": [choice],
+        "usage": usage(result),
+    }
+
+
+def chunk_body(
+    sub: Submission,
+    request_id: str,
+    created: int,
+    *,
+    delta: str | None = None,
+    first: bool = False,
+    finish: str | None = None,
+    result: Result | None = None,
+) -> dict[str, Any]:
+    """One streamed chunk: text (``delta``), the role on the first chat chunk, the finish
+    reason on the last, or (``result`` with no delta) the usage chunk with no choices."""
+    base: dict[str, Any] = {
+        "id": response_id(sub.endpoint, request_id),
+        "created": created,
+        "model": sub.model,
+    }
+    if sub.endpoint == "chat":
+        base["object"] = "chat.completion.chunk"
+    else:
+        base["object"] = "text_completion"
+    if result is not None and delta is None and finish is None:
+        base["choices"] = []
+        base["usage"] = usage(result)
+        return base
+    if sub.endpoint == "chat":
+        content: dict[str, Any] = {}
+        if first:
+            content["role"] = "assistant"
+        if delta is not None:
+            content["content"] = delta
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": content,
+            "finish_reason": finish,
+            "logprobs": None,
+        }
+    else:
+        choice = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": None}
+    base["choices"] = [choice]
+    if sub.include_usage:
+        base["usage"] = None  # OpenAI: null on every chunk but the last
+    return base
+
+
+def error_body(
+    message: str, kind: str, *, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

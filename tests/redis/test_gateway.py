@@ -1,0 +1,230 @@
+"""``inferq gateway`` with the official OpenAI SDK: gateway + dispatcher + sim workers + Redis.
+
+The real llama.cpp server's turn (streaming, and a dropped client stopping generation
+on the server) is in ``test_gateway_llm.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from inferq.config import Settings
+from inferq.store import Store
+
+from ..helpers import wait_for
+from .gateway_server import GatewayServer
+from .test_workers import Fleet
+
+MODEL = "llama-3.1-8b"
+KEYS = """
+[keys."sk-acme"]
+tenant = "acme"
+classes = ["realtime", "standard"]
+default_class = "standard"
+
+[keys."sk-batch"]
+tenant = "nightly"
+classes = ["batch"]
+default_class = "batch"
+requests_per_minute = 2
+"""
+
+
+@pytest.fixture
+def fast_settings(settings: Settings) -> Settings:
+    return settings.model_copy(update={"heartbeat_interval_s": 0.2, "lease_s": 1.0})
+
+
+@pytest.fixture
+def fleet(fast_settings: Settings, redis_client: Any) -> Iterator[Fleet]:
+    f = Fleet(fast_settings, Store(redis_client, fast_settings))
+    yield f
+    f.close()
+
+
+@pytest.fixture
+def gateway(fast_settings: Settings, tmp_path: Path) -> Iterator[GatewayServer]:
+    keys = tmp_path / "keys.toml"
+    keys.write_text(KEYS)
+    with GatewayServer(fast_settings, keys) as g:
+        yield g
+
+
+def sdk(gateway: GatewayServer, key: str = "sk-acme") -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway.url, api_key=key, max_retries=0, timeout=30)
+
+
+def test_chat_and_completions_with_the_sdk(fleet: Fleet, gateway: GatewayServer) -> None:
+    fleet.worker("w1", time_scale=0.0)
+    client = sdk(gateway)
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=5,
+        extra_body={"sim_output_tokens": 5},
+    )
+    assert chat.object == "chat.completion" and chat.model == MODEL
+    assert chat.choices[0].message.role == "assistant"
+    assert len(chat.choices[0].message.content.split()) == 5
+    assert chat.choices[0].finish_reason == "length"
+    assert chat.usage is not None and chat.usage.completion_tokens == 5
+    assert chat.usage.total_tokens == chat.usage.prompt_tokens + 5
+    text = client.completions.create(
+        model=MODEL, prompt="Once", max_tokens=8, extra_body={"sim_output_tokens": 3}
+    )
+    assert text.object == "text_completion"
+    assert len(text.choices[0].text.split()) == 3 and text.choices[0].finish_reason == "stop"
+
+
+def test_a_streamed_chat_arrives_chunk_by_chunk(fleet: Fleet, gateway: GatewayServer) -> None:
+    fleet.worker("w1", time_scale=20.0)  # 30 tokens: about a second of decoding
+    client = sdk(gateway)
+    started = time.time()
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "tell me"}],
+        max_tokens=30,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"sim_output_tokens": 30},
+    )
+    arrivals: list[float] = []
+    parts: list[str] = []
+    finish = None
+    usage = None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        if chunk.choices:
+            delta = chunk.choices[0].delta.content
+            if delta:
+                arrivals.append(time.time())
+                parts.append(delta)
+            finish = chunk.choices[0].finish_reason or finish
+    ended = time.time()
+    assert len(parts) >= 10 and len("".join(parts).split()) == 30
+    assert finish == "length"
+    assert usage is not None and usage.completion_tokens == 30
+    assert arrivals[0] < ended - 0.3  # the first token came well before the end
+    assert arrivals[0] - started < ended - started
+
+
+def test_curl_style_sse_and_the_other_endpoints(fleet: Fleet, gateway: GatewayServer) -> None:
+    fleet.worker("w1", time_scale=0.0)
+    headers = {"Authorization": "Bearer sk-acme"}
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 3, "stream": True, "sim_output_tokens": 3}
+    with httpx.stream(
+        "POST", f"{gateway.url}/completions", json=body, headers=headers, timeout=30
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    events = [json.loads(line[6:]) for line in lines[:-1]]
+    assert "".join(e["choices"][0]["text"] for e in events).split().__len__() == 3
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+    models = httpx.get(f"{gateway.url}/models", headers=headers).json()
+    assert [m["id"] for m in models["data"]] == [MODEL]
+    assert httpx.get(f"{gateway.root}/health").json() == {"status": "ok"}
+    metrics = httpx.get(f"{gateway.root}/metrics").text
+    assert 'inferq_gateway_requests_total{code="200",endpoint="completions"}' in metrics
+
+
+def test_refusals_use_the_openai_error_body(fleet: Fleet, gateway: GatewayServer) -> None:
+    fleet.worker("w1", time_scale=0.0)
+    client = sdk(gateway)
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.AuthenticationError) as unknown_key:
+        sdk(gateway, "sk-nope").chat.completions.create(model=MODEL, messages=messages)
+    assert unknown_key.value.body["code"] == "invalid_api_key"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=0)
+    assert bad.value.body["param"] == "max_tokens"  # type: ignore[index]
+    assert "max_tokens" in bad.value.body["message"]  # type: ignore[index]
+    with pytest.raises(openai.PermissionDeniedError) as denied:
+        client.chat.completions.create(
+            model=MODEL, messages=messages, extra_headers={"X-Inferq-Priority": "batch"}
+        )
+    assert denied.value.body["param"] == "priority"  # type: ignore[index]
+    with pytest.raises(openai.InternalServerError) as unavailable:  # 503: no worker, no pool
+        client.chat.completions.create(model="llama-3.1-70b", messages=messages)
+    assert unavailable.value.status_code == 503
+    assert unavailable.value.body["code"] == "model_unavailable"  # type: ignore[index]
+    batch = sdk(gateway, "sk-batch")  # 2 requests per minute
+    for _ in range(2):
+        batch.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=1, extra_body={"sim_output_tokens": 1}
+        )
+    with pytest.raises(openai.RateLimitError) as limited:
+        batch.chat.completions.create(model=MODEL, messages=messages, max_tokens=1)
+    assert limited.value.body["code"] == "rate_limit_exceeded"  # type: ignore[index]
+    assert 1 <= int(limited.value.response.headers["retry-after"]) <= 60
+
+
+def test_a_deadline_that_passes_in_the_queue_is_a_504(fleet: Fleet, gateway: GatewayServer) -> None:
+    fleet.worker("w1", time_scale=50.0, slots=1)
+    client = sdk(gateway)
+    messages = [{"role": "user", "content": "hi"}]
+    import threading
+
+    def keep_busy() -> None:  # holds the only slot; its own answer does not matter here
+        with contextlib.suppress(openai.APIError):
+            sdk(gateway).chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=40, extra_body={"sim_output_tokens": 40}
+            )
+
+    busy = threading.Thread(target=keep_busy)
+    busy.start()
+    time.sleep(0.5)
+    with pytest.raises(openai.APIStatusError) as late:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=2,
+            extra_headers={"X-Inferq-Timeout": "0.5"},
+        )
+    assert late.value.status_code == 504
+    assert late.value.body["code"] == "deadline_exceeded"  # type: ignore[index]
+    busy.join(timeout=60)
+
+
+def test_a_client_that_hangs_up_cancels_its_running_request(
+    fleet: Fleet, gateway: GatewayServer, store: Store, fast_settings: Settings
+) -> None:
+    fleet.worker("w1", time_scale=50.0, slots=1)  # 60 tokens: several seconds of decoding
+    client = sdk(gateway)
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "tell me"}],
+        max_tokens=60,
+        stream=True,
+        extra_body={"sim_output_tokens": 60},
+    )
+    got = next(iter(stream))
+    rid = got.id.removeprefix("chatcmpl-")
+    stream.close()  # the SDK closes the HTTP response mid-answer
+    wait_for(
+        lambda: store.redis.hget(store.keys.req(rid), "state") == "cancelled",
+        what="the request cancelled",
+        timeout=10,
+    )
+    record = store.record(rid)
+    assert record.result is not None and record.result.error is not None
+    assert "disconnected" in record.result.error or "cancelled" in record.result.error
+    # Its slot is free: the next request runs on the one-slot worker at once.
+    quick = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=2,
+        extra_body={"sim_output_tokens": 2},
+    )
+    assert quick.choices[0].finish_reason == "length"

@@ -1,0 +1,123 @@
+"""``inferq gateway`` on the real model server: the OpenAI SDK -> gateway -> Redis ->
+dispatcher -> worker -> llama.cpp (SmolLM2-135M), streaming and not, and a client that
+closes its stream mid-answer stopping the generation on the server."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from inferq.config import Settings
+from inferq.store import Store
+
+from ..helpers import wait_for
+from .gateway_server import GatewayServer
+from .llm_server import MODEL
+from .test_real_server import Stack
+
+
+@pytest.fixture
+def fast_settings(settings: Settings) -> Settings:
+    return settings.model_copy(update={"heartbeat_interval_s": 0.2, "lease_s": 1.0})
+
+
+@pytest.fixture
+def stack(fast_settings: Settings, redis_client: Any, llama_server_url: str) -> Iterator[Stack]:
+    s = Stack(fast_settings, Store(redis_client, fast_settings), llama_server_url)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def gateway(fast_settings: Settings) -> Iterator[GatewayServer]:
+    with GatewayServer(fast_settings, None) as g:  # open: every caller is the default tenant
+        yield g
+
+
+@pytest.fixture
+def llama(llama_server_url: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=llama_server_url, trust_env=False, timeout=30) as http:
+        yield http
+
+
+def sdk(gateway: GatewayServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway.url, api_key="unused", max_retries=0, timeout=60)
+
+
+def test_the_sdk_streams_and_not_through_the_gateway(stack: Stack, gateway: GatewayServer) -> None:
+    stack.worker("w1")
+    client = sdk(gateway)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    plain = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=12, extra_body={"ignore_eos": True}
+    )
+    assert plain.choices[0].message.content
+    assert plain.usage is not None and plain.usage.completion_tokens == 12
+    assert plain.choices[0].finish_reason == "length"
+    started = time.time()
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=48,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    arrivals, parts, usage, finish = [], [], None, None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        if chunk.choices:
+            finish = chunk.choices[0].finish_reason or finish
+            if chunk.choices[0].delta.content:
+                arrivals.append(time.time())
+                parts.append(chunk.choices[0].delta.content)
+    ended = time.time()
+    assert len(parts) > 5 and finish == "length"
+    assert usage is not None and usage.completion_tokens == 48
+    assert started < arrivals[0] < ended  # the first token arrived before the answer ended
+    assert arrivals[0] < arrivals[-1]
+
+
+def test_closing_the_stream_stops_generation_on_the_server(
+    stack: Stack, gateway: GatewayServer, llama: httpx.Client, fast_settings: Settings
+) -> None:
+    stack.worker("w1")
+    client = sdk(gateway)
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Tell me a very long story about a dragon."}],
+        max_tokens=400,  # many seconds of decoding on a CPU
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    chunks = iter(stream)
+    first = next(chunks)
+    next(chunks)
+    assert any(s["is_processing"] for s in llama.get("/slots").json())
+    stream.close()
+    closed = time.time()
+    wait_for(
+        lambda: not any(s["is_processing"] for s in llama.get("/slots").json()),
+        what="llama.cpp's slots idle",
+        timeout=10,
+    )
+    idle_after = time.time() - closed
+    rid = first.id.removeprefix("chatcmpl-")
+    store = stack.store
+    wait_for(
+        lambda: store.redis.hget(store.keys.req(rid), "state") == "cancelled",
+        what="the request cancelled",
+        timeout=10,
+    )
+    # The worker's slot is free within one heartbeat of the cancel (and the server idle).
+    wait_for(
+        lambda: store.redis.hget(store.keys.worker("w1"), "in_flight") == "0",
+        what="the worker's slot free",
+        timeout=fast_settings.heartbeat_interval_s * 3 + 2,
+    )
+    assert idle_after < 5

@@ -1,0 +1,77 @@
+"""The gateway's API keys file and OpenAI body mapping (no server, no Redis)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from inferq.config import Settings
+from inferq.errors import ConfigError, InvalidRequest
+from inferq.gateway import openai_api as api
+from inferq.gateway.tenants import KeyRing, digest
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+CLASSES = [c.name for c in Settings.load().classes]
+
+
+def test_the_readme_keys_file_loads(tmp_path: Path) -> None:
+    [snippet] = re.findall(r"```toml keys\.toml\n(.*?)```", README.read_text(), re.S)
+    path = tmp_path / "keys.toml"
+    path.write_text(snippet)
+    ring = KeyRing.load(path, CLASSES)
+    key = ring.lookup("sk-acme")
+    assert key is not None and key.tenant == "acme" and key.default_class == "standard"
+    assert key.allows("realtime") and not key.allows("batch")
+    assert ring.lookup("sk-other") is None and ring.lookup(None) is None
+
+
+def test_keys_by_digest_in_json_and_refusals(tmp_path: Path) -> None:
+    path = tmp_path / "keys.json"
+    path.write_text(json.dumps({"keys": {f"sha256:{digest('secret')}": {"tenant": "t1"}}}))
+    assert KeyRing.load(path, CLASSES).lookup("secret") is not None
+    path.write_text(json.dumps({"keys": {"k": {"tenant": "t1", "classes": ["urgent"]}}}))
+    with pytest.raises(ConfigError, match="unknown class 'urgent'"):
+        KeyRing.load(path, CLASSES)
+    path.write_text(json.dumps({"keys": {"k": {"tenant": "t", "classes": ["batch"],
+                                                "default_class": "realtime"}}}))  # fmt: skip
+    with pytest.raises(ConfigError, match="default_class 'realtime' is not in classes"):
+        KeyRing.load(path, CLASSES)
+    assert KeyRing.load(None, CLASSES).open
+
+
+def test_openai_bodies_map_onto_submissions() -> None:
+    sub = api.read_body(
+        "chat",
+        {
+            "model": "llama-3.1-8b",
+            "messages": [{"role": "developer", "content": [{"type": "text", "text": "hi"}]}],
+            "max_completion_tokens": 5,
+            "temperature": 0.2,
+            "user": "u1",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "priority": "realtime",
+            "timeout": 3,
+        },
+    )
+    assert sub.fields["messages"] == [{"role": "system", "content": "hi"}]
+    assert sub.fields["max_tokens"] == 5
+    assert sub.fields["params"] == {"temperature": 0.2, "user": "u1"}
+    assert sub.stream and sub.include_usage and sub.priority == "realtime" and sub.timeout == 3
+    for body, field in (
+        ({"messages": [{"role": "user", "content": "x"}]}, "model"),
+        ({"model": "m", "messages": []}, "messages"),
+        ({"model": "m", "messages": [{"role": "x", "content": "y"}]}, "messages[0].role"),
+        ({"model": "m", "messages": [{"role": "user", "content": "y"}], "n": 2}, "n"),
+        ({"model": "m", "messages": [{"role": "user", "content": "y"}], "tools": [{}]}, "tools"),
+        ({"model": "m", "messages": [{"role": "user", "content": "y"}], "timeout": -1}, "timeout"),
+    ):
+        with pytest.raises(InvalidRequest) as caught:
+            api.read_body("chat", body)
+        assert caught.value.field == field
+    with pytest.raises(InvalidRequest) as header:
+        api.timeout_header("soon")
+    assert header.value.field == api.TIMEOUT_HEADER
