@@ -14,12 +14,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
+from click.utils import make_default_short_help
 from rich.console import Console
 from rich.markup import escape
 
-from inferq.config import Settings
 from inferq.errors import InferqError, redact_url
-from inferq.store import REDIS_ERRORS, Store, connect, describe_error
+
+if TYPE_CHECKING:  # loaded when a command runs: `inferq --help` needs neither (issue 15)
+    from inferq.config import Settings
+    from inferq.store import Store
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -40,6 +43,8 @@ class Context:
     @property
     def store(self) -> Store:
         if self._store is None:
+            from inferq.store import Store, connect
+
             self._store = Store(connect(self.settings.redis_url), self.settings)
         return self._store
 
@@ -49,6 +54,8 @@ def handle_errors(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from inferq.store import REDIS_ERRORS, describe_error
+
         try:
             return func(*args, **kwargs)
         except InferqError as exc:
@@ -148,3 +155,52 @@ def pairs(option: str, values: tuple[str, ...]) -> dict[str, str]:
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint=option)
         out[key] = value
     return out
+
+
+class LazyGroup(click.Group):
+    """A command group whose heavy subcommands are imported only when they run.
+
+    ``lazy`` maps a command name to ``("module:attribute", "one-line help")``: the help
+    line is listed by ``--help`` without importing the module (the pattern of click's
+    documentation, "Lazily Loading Subcommands"). ``inferq scaler`` and ``inferq
+    simulate`` import the scaler's platforms and the simulator, which every other
+    command would otherwise pay for at start (issue 15).
+    """
+
+    def __init__(self, *args: Any, lazy: dict[str, tuple[str, str]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy and cmd_name not in self.commands:
+            import importlib
+
+            module, attribute = self.lazy[cmd_name][0].split(":")
+            self.add_command(getattr(importlib.import_module(module), attribute), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """click's listing, with the lazy commands' help lines given, not imported."""
+        entries: list[tuple[str, str | None]] = []
+        for name in self.list_commands(ctx):
+            if name in self.lazy and name not in self.commands:
+                entries.append((name, self.lazy[name][1]))
+                continue
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                entries.append((name, None))
+        if not entries:
+            return
+        limit = formatter.width - 6 - max(len(name) for name, _ in entries)
+        rows = []
+        for name, lazy_help in entries:
+            if lazy_help is not None:
+                rows.append((name, make_default_short_help(lazy_help, limit)))
+            else:
+                cmd = self.commands[name]
+                rows.append((name, cmd.get_short_help_str(limit)))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)

@@ -22,9 +22,9 @@ from typing import Any
 
 import click
 
-from inferq.cli import views
 from inferq.cli.common import (
     Context,
+    LazyGroup,
     console,
     err_console,
     fail,
@@ -37,17 +37,29 @@ from inferq.cli.common import (
     say_ready,
     start_metrics,
 )
-from inferq.cli.scaler import scaler
-from inferq.cli.simulate import simulate
-from inferq.client import Client
-from inferq.config import Settings
 from inferq.errors import InferqError, redact_url
 from inferq.extras import import_extra
 from inferq.logs import setup_logging
 from inferq.models import Result, StreamChunk
 
+#: Commands imported only when they run (their modules pull in heavy dependencies).
+LAZY_COMMANDS = {
+    "scaler": (
+        "inferq.cli.scaler:scaler",
+        "Run a scaler replica: launch workers on backlog, drain idle ones.",
+    ),
+    "simulate": (
+        "inferq.cli.simulate:simulate",
+        "Replay traces through the five policies in virtual time and compare them.",
+    ),
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+@click.group(
+    cls=LazyGroup,
+    lazy=LAZY_COMMANDS,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 @click.option(
     "--redis-url",
     envvar="INFERQ_REDIS_URL",
@@ -81,6 +93,8 @@ def cli(
     log_json: bool,
 ) -> None:
     """inferq: priority-, deadline- and GPU-aware scheduling of LLM inference on Redis."""
+    from inferq.config import Settings
+
     setup_logging(log_level, json_lines=log_json)
     overrides: dict[str, Any] = {}
     if redis_url:
@@ -142,6 +156,9 @@ def submit(
     as_json: bool,
 ) -> None:
     """Submit one request (PROMPT, or stdin when omitted)."""
+    from inferq.cli import views
+    from inferq.client import Client
+
     if prompt is None:
         if sys.stdin.isatty():
             raise click.UsageError("give a PROMPT or pipe one on stdin")
@@ -208,6 +225,8 @@ def print_stream(items: Iterable[StreamChunk | Result], as_json: bool) -> None:
 @handle_errors
 def request_cmd(obj: Context, request_id: str, as_json: bool) -> None:
     """Show one request: state, timings, result or error."""
+    from inferq.cli import views
+
     record = obj.store.record(request_id)
     emit(views.record_dict(record), as_json, views.record_panel)
 
@@ -233,6 +252,8 @@ def cancel(obj: Context, request_id: str, as_json: bool) -> None:
 @handle_errors
 def queues(obj: Context, as_json: bool) -> None:
     """Queue depth per route and class, oldest wait, submit and finish rates."""
+    from inferq.cli import views
+
     rates = obj.store.event_rates()
     rows = views.queue_rows(obj.store)
     emit(rows, as_json, lambda rows: views.queue_table(rows, rates))
@@ -246,6 +267,8 @@ def queues(obj: Context, as_json: bool) -> None:
 @handle_errors
 def workers(obj: Context, as_json: bool) -> None:
     """Live workers: model, state, slots, VRAM, heartbeat age."""
+    from inferq.cli import views
+
     rows = views.worker_rows(obj.store)
     emit(rows, as_json, views.worker_table)
     if not rows:
@@ -293,6 +316,8 @@ def drain(obj: Context, worker_id: str, wait: bool, timeout: float, as_json: boo
 @handle_errors
 def events(obj: Context, count: int, follow: bool, as_json: bool) -> None:
     """The events stream: submit, dispatch, finish, retry, expire, worker and scale events."""
+    from inferq.cli import views
+
     last = "-"
     batch = obj.store.recent_events(count)
     while True:
@@ -311,6 +336,8 @@ def events(obj: Context, count: int, follow: bool, as_json: bool) -> None:
 @handle_errors
 def report(obj: Context, as_json: bool) -> None:
     """The run report: queue sizes, oldest waits, per-worker counts, recent events."""
+    from inferq.cli import views
+
     emit(views.report_dict(obj.store), as_json, views.report_render)
 
 
@@ -320,6 +347,8 @@ def report(obj: Context, as_json: bool) -> None:
 @handle_errors
 def cells(obj: Context, as_json: bool) -> None:
     """Every cell: its Redis, routes and tenants, whether it answers, queued and live workers."""
+    from inferq.cli import views
+
     emit(views.cells_list(obj.settings), as_json, views.cells_render)
 
 
@@ -330,6 +359,8 @@ def cells(obj: Context, as_json: bool) -> None:
 def top(obj: Context, interval: float) -> None:
     """A live view of queues, workers and recent events (Ctrl-C to quit)."""
     from rich.live import Live
+
+    from inferq.cli import views
 
     with Live(views.report_render(views.report_dict(obj.store)), console=console) as live:
         try:
@@ -352,6 +383,8 @@ def dead_letter() -> None:
 @handle_errors
 def dead_list(obj: Context, limit: int, as_json: bool) -> None:
     """List dead-lettered requests with their last error."""
+    from inferq.cli import views
+
     records = [r for r in obj.store.records(obj.store.dead_letters(limit)) if r is not None]
     emit([views.record_dict(r) for r in records], as_json, views.dead_table)
     if not records:
@@ -635,10 +668,6 @@ def demo(
     except KeyboardInterrupt:
         err_console.print("interrupted: everything the demo started was stopped")
         sys.exit(130)
-
-
-cli.add_command(scaler)
-cli.add_command(simulate)
 
 
 def main() -> None:
