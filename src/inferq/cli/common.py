@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
-from click.utils import make_default_short_help
 from rich.console import Console
 from rich.markup import escape
 
@@ -198,7 +197,8 @@ class LazyGroup(click.Group):
         rows = []
         for name, lazy_help in entries:
             if lazy_help is not None:
-                rows.append((name, make_default_short_help(lazy_help, limit)))
+                shown = click.Command(name, help=lazy_help)  # click's own shortening
+                rows.append((name, shown.get_short_help_str(limit)))
             else:
                 cmd = self.commands[name]
                 rows.append((name, cmd.get_short_help_str(limit)))

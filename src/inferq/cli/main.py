@@ -196,6 +196,8 @@ def print_stream(items: Iterable[StreamChunk | Result], as_json: bool) -> None:
     """Print chunks as they come (a reset starts a new line, saying why), then the result:
     its panel, or with ``as_json`` one JSON object per line (chunks, then the result).
     Exits 1 when the request did not succeed."""
+    from inferq.cli import views
+
     result: Result | None = None
     for item in items:
         if isinstance(item, Result):
@@ -239,6 +241,8 @@ def request_cmd(obj: Context, request_id: str, as_json: bool) -> None:
 def cancel(obj: Context, request_id: str, as_json: bool) -> None:
     """Cancel a request (prints the state it is in after the call); a running one is
     aborted on its worker: ``running`` is printed, then the worker writes ``cancelled``."""
+    from inferq.client import Client
+
     state = Client(settings=obj.settings, store=obj.store).cancel(request_id)
     emit({"id": request_id, "state": state.value}, as_json, lambda d: d["state"])
 
