@@ -278,8 +278,10 @@ def test_load_waits_for_a_server_that_starts_later() -> None:
 
 
 def test_load_gives_up_after_its_bound() -> None:
-    b = backend(f"http://127.0.0.1:{free_port()}", load_timeout_s=0.2)
-    with pytest.raises(ServerError, match=r"not ready after 0.2 s .*ConnectError") as info:
+    # 1 s: room for at least one refused probe on a loaded machine (a refusal is instant,
+    # but with 0.2 s the bound could pass before the first probe got a turn).
+    b = backend(f"http://127.0.0.1:{free_port()}", load_timeout_s=1.0)
+    with pytest.raises(ServerError, match=r"not ready after 1 s .*ConnectError") as info:
         asyncio.run(b.load())
     assert info.value.retryable
 
