@@ -19,6 +19,9 @@ answered as ``ok``. ``retry_after``: a ``Retry-After`` header sent with ``error`
 answers. Answers carry ``finish_reason`` (``length`` when ``max_tokens`` cut them,
 else ``stop``). ``GET /health`` answers 200 (503 in ``error`` mode with a 5xx status).
 
+``not_found_paths``: POST paths answered 404 (a chat-only server: ``{"/v1/completions"}``),
+before ``mode`` and ``fail_posts`` are looked at.
+
 ``GET /v1/models`` answers 503 for the first ``models_unavailable`` calls, then
 ``models_status`` with the list ``models``.
 """
@@ -70,6 +73,7 @@ class StandIn:
     fail_posts: int | None = None
     retry_after: str | None = None
     truncate_after: int = 2
+    not_found_paths: set[str] = field(default_factory=set)
     requests: list[Recorded] = field(default_factory=list)
     _server: _Server | None = None
     _thread: threading.Thread | None = None
@@ -188,6 +192,9 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         body = json.loads(raw) if raw else {}
         s.record(Recorded("POST", self.path, dict(self.headers.items()), body, time.monotonic()))
+        if self.path in s.not_found_paths:
+            self._json(404, {"error": {"message": f"no route {self.path}"}})
+            return
         mode = s.mode_for_post()
         if mode == "drop":
             self.close_connection = True

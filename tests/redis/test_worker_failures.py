@@ -188,3 +188,23 @@ def test_truncated_streams_are_retried_not_recorded_as_success(
     # the worker's probe (a 1-token request) may take one of the 3 truncated answers
     probes = sum(1 for post in server.posts()[:3] if post.body.get("max_tokens") == 1)
     assert len(retries) == 3 - probes >= 1
+
+
+def test_a_chat_only_server_recovers_after_a_500(fleet: Fleet, client: Client) -> None:
+    """A server that serves only ``/v1/chat/completions`` (404 on ``/v1/completions``, as a
+    chat-only deployment or gateway answers) and fails one request with 500: the probe that
+    follows must not keep the worker ``unhealthy`` forever because the probe's own endpoint
+    is missing; a server that answers 404 is up."""
+    with StandIn(
+        mode="error", error_status=500, fail_posts=1, not_found_paths={"/v1/completions"}
+    ) as server:
+        fleet.worker("w", server.url)
+        messages = [{"role": "user", "content": "hi"}]
+        handles = [
+            client.submit(messages=messages, priority="standard", max_tokens=4, timeout=30)
+            for _ in range(4)
+        ]
+        results = [h.result(timeout=40) for h in handles]
+        assert [r.status for r in results] == ["succeeded"] * 4
+        assert fleet.state("w") == "ready"
+    assert fleet.store.dead_letters() == []

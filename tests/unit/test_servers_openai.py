@@ -536,3 +536,22 @@ def test_probe_passes_on_a_healthy_server_and_fails_on_a_dead_one(standin: Stand
     assert error is not None and error.status == 503  # /health said so first
     dead = asyncio.run(probe(backend(f"http://127.0.0.1:{free_port()}")))
     assert dead is not None and classify(dead) is FailureKind.INFRASTRUCTURE
+
+
+def test_probe_passes_on_a_server_that_refuses_the_probe_itself(standin: StandIn) -> None:
+    """A chat-only server (404 on ``/v1/completions``) is up: a 4xx but 408/429 from the
+    probe's request is no outage; a 429 is."""
+
+    async def probe(b: OpenAIServer) -> ServerError | None:
+        try:
+            return await b.probe()
+        finally:
+            await b.close()
+
+    standin.not_found_paths = {"/v1/completions"}
+    assert asyncio.run(probe(backend(standin))) is None
+    standin.not_found_paths = set()
+    standin.mode = "error"
+    standin.error_status = 429
+    error = asyncio.run(probe(backend(standin)))
+    assert error is not None and error.status == 429

@@ -274,18 +274,20 @@ class OpenAIServer(ModelServer):
         return _result(request, "".join(parts), usage, ttft_s=ttft_s, finish_reason=finish)
 
     async def probe(self) -> ServerError | None:
-        """Is the server healthy? ``GET /health`` (llama.cpp, vLLM, TGI; a 404 is skipped),
-        then a 1-token completion. None when both pass, else the error of the first that
-        failed (its kind and ``Retry-After`` included)."""
+        """Is the server healthy? ``GET /health`` (llama.cpp, vLLM, TGI), then a 1-token
+        completion. None when both pass, else the error of the first that failed (its kind
+        and ``Retry-After`` included). An answer that refuses the probe itself (a 4xx but
+        408 and 429: no ``/health`` route, a chat-only server without ``/v1/completions``)
+        counts as a pass: the server is up and answering, and an outage is what is probed."""
         timeout = defaults.HEALTH_PROBE_TIMEOUT_S
         try:
             response = await self._client().get("/health", timeout=timeout)
-            if not response.is_success and response.status_code != 404:
-                return status_error("health", response)
+            if not response.is_success and (error := status_error("health", response)).retryable:
+                return error
             body = {"model": self.served_model_name, "prompt": "Hi", "max_tokens": 1}
             response = await self._client().post("/v1/completions", json=body, timeout=timeout)
-            if not response.is_success:
-                return status_error("probe", response)
+            if not response.is_success and (error := status_error("probe", response)).retryable:
+                return error
         except httpx.HTTPError as exc:
             return ServerError(
                 f"openai: probe of {redact_url(self.base_url)} failed: {type(exc).__name__}: {exc}",
