@@ -49,6 +49,22 @@ def test_sticky_labels_never_give_more_than_n_plus_one_values(seen: list[str], n
         ("lease expired on worker w1", "lease_lapsed"),
         ("openai: request r has no time left before its deadline", "deadline"),
         ("sim: simulated failure of request r", "simulated"),
+        (
+            "openai: request r: the stream ended without a finish reason or [DONE] after 2 "
+            "chunks (truncated)",
+            "truncated",
+        ),
+        ("openai: request r: HTTP 200 with an empty body", "truncated"),
+        (
+            "openai: request r: connection to http://llm-loadbalancer:8000 failed: "
+            "ConnectError: refused",
+            "connection",
+        ),
+        (
+            "openai: request r timed out after 3.000 s (its remaining time) at "
+            "http://connection-pool-gw:8000",
+            "timeout",
+        ),
         ("something else", "other"),
         ("", "unknown"),
     ],

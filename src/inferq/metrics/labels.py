@@ -29,11 +29,15 @@ _ERROR_KINDS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"connection|connect", "connection"),
         (r"error in stream", "stream"),
         (r"malformed", "malformed"),
+        (r"\(truncated\)|with an empty body", "truncated"),
         (r"corrupt", "corrupt"),
         (r"not ready|load", "server_not_ready"),
         (r"simulated", "simulated"),
     )
 )
+
+#: A URL inside an error message (the model server's); its words are not the error's.
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.I)
 
 #: Every value :func:`error_kind` returns (the label's whole domain).
 ERROR_KINDS: tuple[str, ...] = (*(kind for _, kind in _ERROR_KINDS), "other", "unknown")
@@ -46,6 +50,7 @@ def error_kind(message: str) -> str:
     """
     if not message:
         return "unknown"
+    message = _URL.sub("<url>", message)  # a host named "loadbalancer" is no load failure
     for pattern, kind in _ERROR_KINDS:
         if pattern.search(message):
             return kind
