@@ -1,11 +1,11 @@
 """Dispatcher decision time per batch and batches per second, on the real Redis.
 
 Issue 3's benchmark. Setup, in a fresh namespace: ``--workers`` fake workers
-(60% llama-3.1-8b on 24 GiB cards, 30% llama-2-13b on 40 GiB, 10% llama-3.1-70b
+(60% llama-3.1-8b on 24 GiB cards, 30% llama-2-13b on 40 GiB, 10% llama-3.1-70b-awq
 on 80 GiB; ``--slots`` each) registered with ``Store.heartbeat`` and kept beating
 every second by a child process (no worker processes), and ``--queued`` requests
 over 3 classes, 20 tenants and three routes (60% llama-3.1-8b, 25% ``>=13b``, 15%
-llama-3.1-70b). ``Dispatcher.step()`` is then called directly, timed, in two
+llama-3.1-70b-awq). ``Dispatcher.step()`` is then called directly, timed, in two
 scenarios; between steps (untimed) the bench completes claimed requests to free
 slots and submits as many new ones, so the backlog stays at ``--queued``:
 
@@ -60,11 +60,11 @@ GOAL_MS_PER_BATCH = 2.0
 CLASSES = ("realtime", "standard", "batch")
 TENANTS = 20
 #: (route, share of requests); (model, params B, card MiB, share of workers).
-ROUTES = (("llama-3.1-8b", 0.60), (">=13b", 0.25), ("llama-3.1-70b", 0.15))
+ROUTES = (("llama-3.1-8b", 0.60), (">=13b", 0.25), ("llama-3.1-70b-awq", 0.15))
 FLEET = (
     ("llama-3.1-8b", 8.0, 24_576, 0.6),
     ("llama-2-13b", 13.0, 40_960, 0.3),
-    ("llama-3.1-70b", 70.0, 81_920, 0.1),
+    ("llama-3.1-70b-awq", 70.0, 81_920, 0.1),
 )
 #: A fleet counts as full once no step dispatched anything for this long, seconds:
 #: past every class's batching delay (0.5 s) and realtime's degrade delay (1 s).

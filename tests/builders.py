@@ -28,7 +28,7 @@ from inferq.policy.snapshot import (
     WorkerView,
 )
 
-#: The default registry and classes (llama-3.1-8b, llama-2-13b, llama-3.1-70b).
+#: The default registry and classes (llama-3.1-8b, llama-2-13b, llama-3.1-70b-awq).
 SETTINGS = Settings()
 #: Registry model -> parameters, billions (unregistered models count as 1b).
 PARAMS_B = {m.name: m.params_b for m in SETTINGS.models}

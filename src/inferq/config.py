@@ -251,19 +251,35 @@ def _default_classes() -> list[PriorityClass]:
 
 
 def _default_models() -> list[ModelSpec]:
-    # Figures: fp16 weights = 2 bytes x params; KV per token from each model's
-    # published config (layers, KV heads, head dim); load times are typical
-    # local-NVMe figures (the design brief: a 70B model takes 30-60 s).
+    # Every figure with its source. Names carry the precision when the weights are not
+    # fp16/bf16 (-awq: 4-bit AWQ). Common to the three Llama entries:
+    # - params_b: Meta's nominal size (the model cards count 8.03 B, 13.0 B, 70.6 B);
+    # - kv_bytes_per_token: 2 (K, V) x num_hidden_layers x num_key_value_heads x head dim
+    #   (hidden_size / num_attention_heads) x 2 bytes (fp16 cache, vLLM's default; AWQ
+    #   quantises the weights only), from each model's published config.json;
+    # - max_context: config.json's max_position_embeddings;
+    # - cold_start_s: an assumption, typical local-NVMe load times (the design brief:
+    #   a 70B model takes 30-60 s), not measured here;
+    # - prefill_tps / decode_tps: an assumption, A100-class vLLM magnitudes for the
+    #   simulator and the sim model server, not measured here (tests that assert SLA
+    #   outcomes pin their own profile).
     return [
+        # meta-llama/Llama-3.1-8B: bf16 safetensors, model.safetensors.index.json
+        # total_size 16,060,522,496 bytes = 15,317 MiB (15,320 kept); config.json: 32
+        # layers, 8 KV heads, 4096 / 32 = 128 head dim -> 131,072 B/token;
+        # max_position_embeddings 131,072.
         ModelSpec(
             name="llama-3.1-8b",
             params_b=8,
             weights_mib=15_320,
             kv_bytes_per_token=131_072,
-            max_context=32_768,
+            max_context=131_072,
             cold_start_s=15,
             latency=profile_for("h200", "llama-3.1-8b"),
         ),
+        # meta-llama/Llama-2-13b-hf: fp16 safetensors, 13.0 B x 2 bytes = 26.03 GB =
+        # 24,830 MiB; config.json: 40 layers, 40 KV heads (no GQA), 5120 / 40 = 128 head
+        # dim -> 819,200 B/token; max_position_embeddings 4,096.
         ModelSpec(
             name="llama-2-13b",
             params_b=13,
@@ -274,12 +290,18 @@ def _default_models() -> list[ModelSpec]:
             latency=profile_for("h200", "llama-2-13b"),
             fallbacks=("llama-3.1-8b",),
         ),
+        # hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4 (4-bit AWQ, group size 128):
+        # its 9 safetensors shards are 4.97 + 6 x 4.89 + 3.36 + 2.10 = 39.77 GB = 37,928
+        # MiB (fp16 would be 70.6 B x 2 bytes = 131 GiB: no single 80 GiB card holds it;
+        # this one leaves 0.9 x 81,920 - 37,928 = 35,800 MiB of KV cache on one).
+        # config.json (of meta-llama/Llama-3.1-70B): 80 layers, 8 KV heads, 8192 / 64 =
+        # 128 head dim -> 327,680 B/token; max_position_embeddings 131,072.
         ModelSpec(
-            name="llama-3.1-70b",
+            name="llama-3.1-70b-awq",
             params_b=70,
-            weights_mib=39_500,
+            weights_mib=37_928,
             kv_bytes_per_token=327_680,
-            max_context=32_768,
+            max_context=131_072,
             cold_start_s=45,
             latency=profile_for("h200", "llama-3.1-70b"),
             fallbacks=("llama-3.1-8b",),

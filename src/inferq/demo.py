@@ -5,7 +5,7 @@ What runs (one process tree; everything is stopped on exit, Ctrl-C included):
 - an embedded Redis (:mod:`inferq.embedded`);
 - one dispatcher and one scaler (local platform) as subprocesses; the scaler's
   minimum pools start the initial mixed fleet of simulated workers (8B models on
-  24 GiB cards, a 70B model on an 80 GiB card) and adds or drains workers as
+  24 GiB cards, a 4-bit 70B model on an 80 GiB card) and adds or drains workers as
   the backlog moves;
 - this process replays the workload at ``speedup`` x real time and samples the
   queues and the fleet twice a second.
@@ -13,7 +13,7 @@ What runs (one process tree; everything is stopped on exit, Ctrl-C included):
 Workload (the simulator's, :func:`inferq.sim.workload.build_requests`): the
 conversation trace -> ``realtime`` on ``llama-3.1-8b``; the code trace ->
 ``standard`` on ``>=8b`` (served by the smallest adequate model that has room);
-a synthetic bulk ``batch`` job -> ``llama-3.1-70b``, drawn from the code trace's
+a synthetic bulk ``batch`` job -> ``llama-3.1-70b-awq``, drawn from the code trace's
 token counts (``defaults.SIM_BATCH_SHARE`` of the requests, arriving
 ``defaults.SIM_BATCH_AT_FRACTION`` into the window, marked ``synthetic``).
 Tenants follow the documented Zipf skew (:func:`inferq.traces.assign_tenants`).
@@ -57,13 +57,13 @@ from inferq.traces import load_trace, synthetic_batch, window
 
 #: Default fleet: ``model:count@vram_mib`` (24 GiB L4/A10-class cards for 8B, an 80 GiB
 #: H100 for 70B) and how far the scaler may grow each model.
-DEMO_FLEET = "llama-3.1-8b:3@24576,llama-3.1-70b:1@81920"
+DEMO_FLEET = "llama-3.1-8b:3@24576,llama-3.1-70b-awq:1@81920"
 DEMO_MAX_EXTRA = 3
 #: Concurrent requests per worker: vLLM serves dozens of sequences per card; 16 keeps
 #: a 24 GiB card's KV cache (~54k tokens for Llama-3.1-8B) enough for the traces' prompts.
 DEMO_SLOTS = 16
 #: Routes of the demo's classes (see the module docstring).
-DEMO_ROUTES = {"realtime": "llama-3.1-8b", "standard": ">=8b", "batch": "llama-3.1-70b"}
+DEMO_ROUTES = {"realtime": "llama-3.1-8b", "standard": ">=8b", "batch": "llama-3.1-70b-awq"}
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class FleetEntry:
 
 def parse_fleet_cards(text: str, settings: Settings) -> list[FleetEntry]:
     """Parse the demo's ``--workers``: ``model:count@vram_mib,...``, each worker with its card,
-    e.g. ``"llama-3.1-8b:3@24576,llama-3.1-70b:1@81920"`` (the simulator's ``--fleet`` is
+    e.g. ``"llama-3.1-8b:3@24576,llama-3.1-70b-awq:1@81920"`` (the simulator's ``--fleet`` is
     plain ``model:count``, :func:`inferq.sim.fleet.parse_fleet`).
 
     Raises:

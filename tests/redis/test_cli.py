@@ -99,7 +99,7 @@ def test_refusals_are_one_line_with_a_nonzero_exit(run) -> None:  # type: ignore
     out = run("submit", "hi", "--max-tokens", "0")
     assert out.exit_code == 1
     assert out.output.strip() == (
-        "error: max_tokens: 0 is outside 1..32768 (max context of llama-3.1-8b)"
+        "error: max_tokens: 0 is outside 1..131072 (max context of llama-3.1-8b)"
     )
     out = run("submit", "hi", "--priority", "urgent")
     assert "unknown class 'urgent'" in out.output and "Traceback" not in out.output

@@ -103,14 +103,14 @@ def test_ids_are_never_truncated_on_80_columns(
     namespace: str, store: Store, settings: Settings
 ) -> None:
     long_worker = "gpu-node-a100-80gb-rack12-slot3-" + "x" * 20
-    store.heartbeat(worker_info(long_worker, model="llama-3.1-70b"), ttl_s=30)
+    store.heartbeat(worker_info(long_worker, model="llama-3.1-70b-awq"), ttl_s=30)
     ready_worker(store, "w1")
     rid = dead_letter(store, settings)
     listed = inferq(namespace, "dead-letter", "list")
     assert rid in listed.stdout, listed.stdout
     for command in ("workers", "report"):
         out = inferq(namespace, command).stdout
-        assert long_worker in out and "llama-3.1-70b" in out, out
+        assert long_worker in out and "llama-3.1-70b-awq" in out, out
         assert max(len(line) for line in out.splitlines()) <= 80 or long_worker in out
 
 

@@ -60,7 +60,7 @@ def test_batch_job_refuses_any_other_function(store: Store) -> None:
 
 
 def test_routes_to_the_smallest_adequate_model(store: Store, client: Client) -> None:
-    ready_worker(store, "big", model="llama-3.1-70b", params_b=70, slots=8)
+    ready_worker(store, "big", model="llama-3.1-70b-awq", params_b=70, slots=8)
     ready_worker(store, "mid", model="llama-2-13b", params_b=13, slots=8)
     h = client.submit("hi", model=">=13b", max_tokens=8, priority="realtime")
     Dispatcher(store).step()

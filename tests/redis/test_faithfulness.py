@@ -142,7 +142,7 @@ def test_same_kind_of_worker_for_every_request(settings: Settings) -> None:
     # Exact and size routes; a route both kinds could serve (">=8b") would go to
     # whichever has a free slot first, which real and virtual clocks need not agree on.
     rows = trace(("llama-3.1-8b", ">=13b"))
-    fleet = {"llama-3.1-8b": 1, "llama-3.1-70b": 1}
+    fleet = {"llama-3.1-8b": 1, "llama-3.1-70b-awq": 1}
     real, sim = run_real(settings, rows, fleet), run_sim(settings, rows, fleet)
     assert sorted(real) == sorted(sim)
-    assert {m for i, m in real if rows[i].model == ">=13b"} == {"llama-3.1-70b"}
+    assert {m for i, m in real if rows[i].model == ">=13b"} == {"llama-3.1-70b-awq"}

@@ -109,7 +109,7 @@ BAD: dict[str, st.SearchStrategy[Any]] = {
         st.sampled_from([">=١٣b", "llama\u00e9", ">=1e3b", "../../etc", "q:*"]),
         with_text(surrogate),
         odd_text.filter(
-            lambda t: t.strip() not in ("llama-3.1-8b", "llama-2-13b", "llama-3.1-70b")
+            lambda t: t.strip() not in ("llama-3.1-8b", "llama-2-13b", "llama-3.1-70b-awq")
         ),
     ),
     "priority": st.one_of(

@@ -289,7 +289,7 @@ def test_act_mode_needs_a_backend_and_known_models(store: Store) -> None:
 def test_settings_scaling_table_becomes_the_policy_config(namespace: str) -> None:
     scaling = ScalingSettings(
         pools={
-            "llama-3.1-70b": ScalingPool(min_workers=0, max_workers=2, gpus_per_worker=4),
+            "llama-3.1-70b-awq": ScalingPool(min_workers=0, max_workers=2, gpus_per_worker=4),
             MODEL: ScalingPool(),
         },
         gpu_budget=8,
@@ -297,8 +297,8 @@ def test_settings_scaling_table_becomes_the_policy_config(namespace: str) -> Non
     )
     settings = Settings.load(redis_url=REDIS_URL, namespace=namespace, scaling=scaling)
     cfg = ScalingConfig.from_settings(settings.scaling)
-    assert cfg.model_priority == ("llama-3.1-70b", MODEL)
-    assert cfg.limits_for("llama-3.1-70b") == ModelLimits(0, 2, 4)
+    assert cfg.model_priority == ("llama-3.1-70b-awq", MODEL)
+    assert cfg.limits_for("llama-3.1-70b-awq") == ModelLimits(0, 2, 4)
     assert (cfg.gpu_budget, cfg.idle_s) == (8, 30)
     with pytest.raises(ValueError, match=r"scaling\.pools\['gpt-9'\]"):
         Settings.load(scaling={"pools": {"gpt-9": {}}})

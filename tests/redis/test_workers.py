@@ -194,7 +194,7 @@ def test_bad_worker_options_exit_with_one_line(fast_settings: Settings) -> None:
             "inferq",
             "worker",
             "--model",
-            "llama-3.1-70b",
+            "llama-3.1-70b-awq",
             "--vram-mib",
             "16000",
         ],
@@ -204,7 +204,7 @@ def test_bad_worker_options_exit_with_one_line(fast_settings: Settings) -> None:
         timeout=30,
     )
     assert out.returncode == 1
-    assert "needs 39500 MiB of weights" in out.stderr and "Traceback" not in out.stderr
+    assert "needs 37928 MiB of weights" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_bad_worker_id_is_refused_with_one_line(fast_settings: Settings) -> None:

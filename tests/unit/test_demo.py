@@ -17,7 +17,7 @@ def test_workload_maps_traces_to_classes_routes_and_a_synthetic_batch() -> None:
     assert all(by_class.values())
     assert {r.route for r in by_class["realtime"]} == {"llama-3.1-8b"}
     assert {r.route for r in by_class["standard"]} == {">=8b"}
-    assert {r.route for r in by_class["batch"]} == {"llama-3.1-70b"}
+    assert {r.route for r in by_class["batch"]} == {"llama-3.1-70b-awq"}
     assert {r.source for r in by_class["batch"]} == {"synthetic"}
     assert [r.arrival_s for r in work] == sorted(r.arrival_s for r in work)
 
@@ -40,7 +40,7 @@ def test_fleet_option_is_checked() -> None:
     assert parse_fleet_cards("llama-3.1-8b:2@24576", settings)[0].count == 2
     with pytest.raises(ConfigError, match="unknown model 'gpt'"):
         parse_fleet_cards("gpt:1", settings)
-    with pytest.raises(ConfigError, match="needs 39500 MiB of weights"):
-        parse_fleet_cards("llama-3.1-70b:1@24576", settings)
+    with pytest.raises(ConfigError, match="needs 37928 MiB of weights"):
+        parse_fleet_cards("llama-3.1-70b-awq:1@24576", settings)
     with pytest.raises(ConfigError, match="is not model:count@vram_mib"):
         parse_fleet_cards("llama-3.1-8b:x", settings)

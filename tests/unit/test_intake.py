@@ -55,7 +55,7 @@ def test_prompt_and_messages_are_exclusive() -> None:
 
 def test_max_tokens_bounds_name_the_context() -> None:
     assert str(refuse(max_tokens=0)) == (
-        "max_tokens: 0 is outside 1..32768 (max context of llama-3.1-8b)"
+        "max_tokens: 0 is outside 1..131072 (max context of llama-3.1-8b)"
     )
     err = refuse(model="llama-2-13b", max_tokens=5000)
     assert "outside 1..4096 (max context of llama-2-13b)" in str(err)
@@ -141,7 +141,7 @@ def test_every_outcome_is_a_valid_request_or_a_named_refusal(
         assert exc.field in {"max_tokens", "timeout", "tenant", "priority"}
         assert exc.reason
         return
-    assert 1 <= req.max_tokens <= 32768
+    assert 1 <= req.max_tokens <= 131072
     assert req.timeout_s > 0 and math.isfinite(req.timeout_s)
     assert req.deadline > req.submitted_at
 

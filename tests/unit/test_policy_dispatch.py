@@ -36,8 +36,8 @@ from ..builders import snapshot as build_snapshot
 SETTINGS = Settings()
 MODELS = tuple(SETTINGS.models)
 NOW = 10_000.0
-ROUTES = ["llama-3.1-8b", "llama-2-13b", "llama-3.1-70b", ">=13b", ">=8b", "no-such-model"]
-WORKER_MODELS = ["llama-3.1-8b", "llama-2-13b", "llama-3.1-70b", "unregistered-1b"]
+ROUTES = ["llama-3.1-8b", "llama-2-13b", "llama-3.1-70b-awq", ">=13b", ">=8b", "no-such-model"]
+WORKER_MODELS = ["llama-3.1-8b", "llama-2-13b", "llama-3.1-70b-awq", "unregistered-1b"]
 TENANTS = ["t0", "t1", "t2", "t3"]
 PROPS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -489,7 +489,7 @@ def test_refuse_late_uses_the_learned_output_estimate() -> None:
 
 def test_unschedulable_is_reported_and_others_still_dispatch() -> None:
     huge = request("huge", max_tokens=30_000, prompt=2000)  # 32000 tok x 0.125 MiB = 3.9 GiB
-    none = request("none", "standard", route="llama-3.1-70b")  # standard may not degrade
+    none = request("none", "standard", route="llama-3.1-70b-awq")  # standard may not degrade
     ok = request("ok")
     snap = Snapshot(
         now=NOW, queued={"realtime": [huge, ok], "standard": [none]}, workers=[worker("w", kv=2048)]
@@ -497,11 +497,12 @@ def test_unschedulable_is_reported_and_others_still_dispatch() -> None:
     decision = decide(snap, policy())
     assert dict(decision.unschedulable) == {
         "huge": "needs 3.9 GiB KV cache, largest llama-3.1-8b worker has 2.0 GiB",
-        "none": "no live worker or scaler pool serves model llama-3.1-70b",
+        "none": "no live worker or scaler pool serves model llama-3.1-70b-awq",
     }
     assert assigned(decision) == {"ok": "w"}
     # With a scaler pool of the 70b model, "none" waits for its cold start instead.
-    pooled = decide(dataclasses.replace(snap, scaler_pools=frozenset({"llama-3.1-70b"})), policy())
+    pools = frozenset({"llama-3.1-70b-awq"})
+    pooled = decide(dataclasses.replace(snap, scaler_pools=pools), policy())
     assert [rid for rid, _ in pooled.unschedulable] == ["huge"] and assigned(pooled) == {"ok": "w"}
 
 

@@ -56,7 +56,7 @@ def test_eligible_needs_ready_slot_vram_and_route() -> None:
 def test_size_route_is_served_by_any_adequate_model() -> None:
     r = req(route=">=13b", prompt=100, max_tokens=100)
     assert eligible(wk(model="llama-2-13b", kv=4096), r, POLICY, NOW)
-    assert eligible(wk(model="llama-3.1-70b"), r, POLICY, NOW)
+    assert eligible(wk(model="llama-3.1-70b-awq"), r, POLICY, NOW)
     assert not eligible(wk(model="llama-3.1-8b"), r, POLICY, NOW)
 
 
@@ -71,19 +71,19 @@ def test_fallback_only_when_class_degrades_and_waited_enough() -> None:
     fallback = wk(model="llama-3.1-8b")
     # realtime allows degrading after 1 s; standard never does
     assert not eligible(
-        fallback, req(route="llama-3.1-70b", priority="realtime", waited=0.5), POLICY, NOW
+        fallback, req(route="llama-3.1-70b-awq", priority="realtime", waited=0.5), POLICY, NOW
     )
     assert eligible(
-        fallback, req(route="llama-3.1-70b", priority="realtime", waited=1.0), POLICY, NOW
+        fallback, req(route="llama-3.1-70b-awq", priority="realtime", waited=1.0), POLICY, NOW
     )
     assert not eligible(
-        fallback, req(route="llama-3.1-70b", priority="standard", waited=99), POLICY, NOW
+        fallback, req(route="llama-3.1-70b-awq", priority="standard", waited=99), POLICY, NOW
     )
 
 
 def test_choose_prefers_smallest_adequate_model_then_utilisation_then_id() -> None:
     workers = [
-        wk("big", "llama-3.1-70b"),
+        wk("big", "llama-3.1-70b-awq"),
         wk("mid-busy", "llama-2-13b", kv=4096, used_slots=3),
         wk("mid-b", "llama-2-13b", kv=4096, used_slots=1),
         wk("mid-a", "llama-2-13b", kv=4096, used_slots=1),
@@ -91,14 +91,14 @@ def test_choose_prefers_smallest_adequate_model_then_utilisation_then_id() -> No
     r = req(route=">=13b", prompt=100, max_tokens=100)
     chosen = choose_worker(r, workers, POLICY, NOW)
     assert chosen is not None and chosen.id == "mid-a"
-    full = [w for w in workers if w.model == "llama-3.1-70b"]
+    full = [w for w in workers if w.model == "llama-3.1-70b-awq"]
     chosen = choose_worker(r, full, POLICY, NOW)
     assert chosen is not None and chosen.id == "big"
 
 
 def test_choose_prefers_the_exact_model_over_its_fallback() -> None:
-    workers = [wk("small", "llama-3.1-8b"), wk("big", "llama-3.1-70b")]
-    r = req(route="llama-3.1-70b", priority="realtime", waited=5)
+    workers = [wk("small", "llama-3.1-8b"), wk("big", "llama-3.1-70b-awq")]
+    r = req(route="llama-3.1-70b-awq", priority="realtime", waited=5)
     chosen = choose_worker(r, workers, POLICY, NOW)
     assert chosen is not None and chosen.id == "big"
 
@@ -126,19 +126,19 @@ def test_unschedulable_counts_busy_and_starting_workers_as_able() -> None:
 
 
 def test_unschedulable_when_no_live_worker_serves_the_route() -> None:
-    r = req(route="llama-3.1-70b")
-    reason = "no live worker or scaler pool serves model llama-3.1-70b"
+    r = req(route="llama-3.1-70b-awq")
+    reason = "no live worker or scaler pool serves model llama-3.1-70b-awq"
     assert unschedulable_reason(r, [wk()], POLICY) == reason
     assert unschedulable_reason(r, [], POLICY) == reason
     assert unschedulable_reason(req(route=">=60b"), [wk()], POLICY) == (
         "no live worker or scaler pool serves a >=60b model"
     )
     # A running scaler's pool serves it: it waits for the pool's cold start (issue 12, 4).
-    assert unschedulable_reason(r, [wk()], POLICY, frozenset({"llama-3.1-70b"})) is None
+    assert unschedulable_reason(r, [wk()], POLICY, frozenset({"llama-3.1-70b-awq"})) is None
     assert unschedulable_reason(r, [], POLICY, frozenset({"llama-3.1-8b"})) == reason
     # realtime may degrade to the 8b fallback: it is schedulable later
     assert (
-        unschedulable_reason(req(route="llama-3.1-70b", priority="realtime"), [wk()], POLICY)
+        unschedulable_reason(req(route="llama-3.1-70b-awq", priority="realtime"), [wk()], POLICY)
         is None
     )
 
@@ -155,7 +155,7 @@ def test_unschedulable_other_reasons() -> None:
         "at most 64) nor a size requirement like '>=13b'"
     )
     sized = req(route=">=13b", prompt=3000, max_tokens=1000)  # 3125 MiB on 13b, 1250 MiB on 70b
-    fleet = [wk("m", "llama-2-13b", kv=3000), wk("b", "llama-3.1-70b", kv=1000)]
+    fleet = [wk("m", "llama-2-13b", kv=3000), wk("b", "llama-3.1-70b-awq", kv=1000)]
     assert unschedulable_reason(sized, fleet, POLICY) == (
         "needs 3.1 GiB KV cache, largest llama-2-13b worker has 2.9 GiB"
     )

@@ -41,8 +41,8 @@ def registry() -> list[ModelSpec]:
 
 def test_backlog_is_charged_to_the_first_managed_candidate() -> None:
     reg = registry()
-    managed = [MODEL, "llama-3.1-70b"]
-    assert route_model(">=13b", reg, managed) == "llama-3.1-70b"  # 13b is not managed
+    managed = [MODEL, "llama-3.1-70b-awq"]
+    assert route_model(">=13b", reg, managed) == "llama-3.1-70b-awq"  # 13b is not managed
     assert route_model(">=1b", reg, managed) == MODEL
     assert route_model("llama-2-13b", reg, managed) is None
     assert route_model("not a route!", reg, managed) is None
@@ -54,7 +54,7 @@ def test_backlog_is_charged_to_the_first_managed_candidate() -> None:
     ]
     out = backlog(depths, reg, managed)
     assert out[MODEL] == ({"realtime": 5}, {"realtime": 4.0})
-    assert out["llama-3.1-70b"] == ({"batch": 5}, {"batch": 9.0})
+    assert out["llama-3.1-70b-awq"] == ({"batch": 5}, {"batch": 9.0})
 
 
 def test_rates_and_service_times_come_from_the_events() -> None:
@@ -95,9 +95,9 @@ def test_rates_and_service_times_come_from_the_events() -> None:
             fields={"worker": "gone", "e2e_ms": "10", "queue_ms": "1"},
         ),
     ]
-    assert arrival_rates(events, 4.0, reg, [MODEL, "llama-3.1-70b"]) == {
+    assert arrival_rates(events, 4.0, reg, [MODEL, "llama-3.1-70b-awq"]) == {
         MODEL: 0.5,
-        "llama-3.1-70b": 0.25,
+        "llama-3.1-70b-awq": 0.25,
     }
     [stats] = service_times(events, {"w1": MODEL}).values()
     assert (stats.service_s, stats.prompt_tokens, stats.output_tokens) == pytest.approx(

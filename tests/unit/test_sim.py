@@ -281,7 +281,7 @@ def test_sustainable_rate_is_slots_over_mean_service_time() -> None:
     reqs = build_requests([("realtime", TraceRequest(0.0, 1200, 240))], SETTINGS)
     per = 8 / service_time(SPEC_8B, 1200, 240, 8).total_s
     assert sustainable_rate(reqs, SETTINGS, {"llama-3.1-8b": 3}, 8) == pytest.approx(3 * per)
-    assert sustainable_rate(reqs, SETTINGS, {"llama-3.1-70b": 3}, 8) == 0.0
+    assert sustainable_rate(reqs, SETTINGS, {"llama-3.1-70b-awq": 3}, 8) == 0.0
 
 
 def test_peak_fleet_covers_the_busiest_window() -> None:
@@ -303,12 +303,12 @@ def test_trace_rows_become_routed_requests_never_clamped() -> None:
     ctx = SPEC_8B.max_context
     rows_ = [
         TraceRequest(0.0, ctx - 100, 100),
-        TraceRequest(1.0, 100, 50, model="llama-3.1-70b"),
+        TraceRequest(1.0, 100, 50, model="llama-3.1-70b-awq"),
         TraceRequest(2.0, ctx - 100, 101),
     ]
     a, b, c = build_requests([("standard", r) for r in rows_], SETTINGS)
     assert (a.route, a.max_tokens, a.output_tokens, a.refused) == ("llama-3.1-8b", 100, 100, None)
-    assert (b.route, b.max_tokens, b.output_tokens) == ("llama-3.1-70b", 50, 50)
+    assert (b.route, b.max_tokens, b.output_tokens) == ("llama-3.1-70b-awq", 50, 50)
     # One token over the context: refused as a client would be, not clamped (issue 12, fault 4).
     assert (c.max_tokens, c.output_tokens) == (101, 101)
     assert c.refused == (
@@ -365,13 +365,13 @@ def test_trace_option_and_fleet_parsing() -> None:
     assert TraceSource.parse("/x/y.csv") == TraceSource("/x/y.csv", None)
     with pytest.raises(ConfigError):
         TraceSource.parse("conv=")
-    fleet = parse_fleet("llama-3.1-8b:4, llama-3.1-70b", SETTINGS.model_by_name, 81_920)
-    assert fleet == {"llama-3.1-8b": 4, "llama-3.1-70b": 1}
+    fleet = parse_fleet("llama-3.1-8b:4, llama-3.1-70b-awq", SETTINGS.model_by_name, 81_920)
+    assert fleet == {"llama-3.1-8b": 4, "llama-3.1-70b-awq": 1}
     for bad in ("gpt-9:1", "llama-3.1-8b:x", "llama-3.1-8b:-1", ""):
         with pytest.raises(ConfigError, match="fleet"):
             parse_fleet(bad, SETTINGS.model_by_name, 81_920)
     with pytest.raises(ConfigError, match="vram_mib"):
-        parse_fleet("llama-3.1-70b:1", SETTINGS.model_by_name, 24_576)
+        parse_fleet("llama-3.1-70b-awq:1", SETTINGS.model_by_name, 24_576)
 
 
 # --- the command ------------------------------------------------------------------------

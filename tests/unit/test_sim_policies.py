@@ -146,7 +146,7 @@ def test_fifo_skips_full_starting_and_wrong_model_workers() -> None:
     workers = [
         worker("w1", used=4),
         worker("w2", ready=False),
-        worker("w3", "llama-3.1-70b"),
+        worker("w3", "llama-3.1-70b-awq"),
         worker("w4"),
     ]
     assert placed(fifo()(snap([req("a")], workers))) == [("a", "w4")]
@@ -162,7 +162,7 @@ def test_fifo_blocks_behind_a_head_that_does_not_fit_now() -> None:
 
 
 def test_fifo_reports_and_skips_what_no_worker_could_ever_hold() -> None:
-    never = req("never", "standard", at=NOW - 3, route="llama-3.1-70b")  # may not degrade
+    never = req("never", "standard", at=NOW - 3, route="llama-3.1-70b-awq")  # may not degrade
     late = req("late", at=NOW - 200, timeout=100)
     ok = req("ok", at=NOW - 1)
     decision = fifo()(snap([never, late, ok], [worker("w1")]))

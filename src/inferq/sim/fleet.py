@@ -220,7 +220,7 @@ class Fleet:
 
 
 def parse_fleet(text: str, models: Mapping[str, ModelSpec], vram_mib: int) -> dict[str, int]:
-    """Parse ``"llama-3.1-8b:4,llama-3.1-70b:1"`` (a missing count means 1).
+    """Parse ``"llama-3.1-8b:4,llama-3.1-70b-awq:1"`` (a missing count means 1).
 
     Args:
         text: comma-separated ``model[:count]``.
