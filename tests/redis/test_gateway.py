@@ -156,7 +156,7 @@ def test_refusals_use_the_openai_error_body(fleet: Fleet, gateway: GatewayServer
         )
     assert denied.value.body["param"] == "priority"  # type: ignore[index]
     with pytest.raises(openai.InternalServerError) as unavailable:  # 503: no worker, no pool
-        client.chat.completions.create(model="llama-3.1-70b", messages=messages)
+        client.chat.completions.create(model="llama-3.1-70b-awq", messages=messages)
     assert unavailable.value.status_code == 503
     assert unavailable.value.body["code"] == "model_unavailable"  # type: ignore[index]
     batch = sdk(gateway, "sk-batch")  # 2 requests per minute
