@@ -96,16 +96,6 @@ def test_new_tenant_gets_one_of_the_first_two_slots(
         assert first_ms - last_bulk_ms > 5000
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "open (found by attack x12): the snapshot reads the sub-queues of only the first "
-        "SNAPSHOT_MIN_TENANTS (32) tenants of the tenant index, ordered by their heads' "
-        "submit time, so a tenant arriving behind 40 backlogged tenants is invisible until "
-        "9 of them have drained; reading the lowest-virtual-time tenants (fair:live) too "
-        "would restore the VTC property at twice the tenant reads"
-    ),
-)
 def test_new_tenant_behind_more_tenants_than_the_snapshot_reads(
     flood_fleet: Fleet, flood_settings: Settings, redis_client
 ) -> None:  # type: ignore[no-untyped-def]

@@ -121,8 +121,18 @@ def read_dispatch_view(
     for (cls, route), qk in zip(names, queue_keys, strict=True):
         pipe.zrange(qk, 0, head - 1)
         pipe.zrange(k.tenant_index(cls, route), 0, head - 1)
+    # The least-served backlogged tenants of each class (virtual time order): a tenant
+    # that just became active is lifted to the minimum, so it is among them even when
+    # more tenants than are read have older requests (the tenant index's order).
+    live_classes = sorted({cls for cls, _ in names})
+    for cls in live_classes:
+        pipe.zrange(k.fair_live(cls), 0, head - 1)
     replies = pipe.execute()
-    fleet, queue_replies = replies[: 2 * len(workers)], replies[2 * len(workers) :]
+    fleet = replies[: 2 * len(workers)]
+    queue_replies = replies[2 * len(workers) : 2 * len(workers) + 2 * len(names)]
+    least_served = dict(
+        zip(live_classes, replies[2 * len(workers) + 2 * len(names) :], strict=True)
+    )
     heads, indexes = queue_replies[0::2], queue_replies[1::2]
 
     corrupt: list[Corrupt] = []
@@ -151,7 +161,11 @@ def read_dispatch_view(
     tenants_of = {c: set[str]() for c in classes}
     jobs: list[tuple[str, str]] = []  # (queue key, sub-queue key) per tenant read
     for (cls, route), qk, tenants in zip(names, queue_keys, indexes, strict=True):
-        for tenant in tenants[:ntenants]:
+        # The oldest heads (aging) and the least served (VTC), each bounded: the cost
+        # does not grow with the backlog. A least-served tenant with nothing on this
+        # route reads an empty sub-queue.
+        picked = dict.fromkeys([*tenants[:ntenants], *least_served[cls][:ntenants]])
+        for tenant in picked:
             tenants_of[cls].add(tenant)
             jobs.append((qk, k.tenant_queue(cls, route, tenant)))
     counted = [c for c in classes if tenants_of[c]]
