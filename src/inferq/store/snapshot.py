@@ -21,6 +21,9 @@ from inferq.store.keys import Keys
 
 #: Requests per queue whose fields a snapshot reads at least, when any slot is free.
 SNAPSHOT_MIN_WINDOW = 32
+#: Tenants with the newest heads a snapshot reads besides the oldest and least served
+#: (a tenant that just became active is among them).
+SNAPSHOT_NEW_TENANTS = 8
 
 #: Fields of a request hash the dispatch policy needs (never the payload).
 POLICY_FIELDS = (
@@ -161,10 +164,12 @@ def read_dispatch_view(
     tenants_of = {c: set[str]() for c in classes}
     jobs: list[tuple[str, str]] = []  # (queue key, sub-queue key) per tenant read
     for (cls, route), qk, tenants in zip(names, queue_keys, indexes, strict=True):
-        # The oldest heads (aging) and the least served (VTC), each bounded: the cost
-        # does not grow with the backlog. A least-served tenant with nothing on this
-        # route reads an empty sub-queue.
-        picked = dict.fromkeys([*tenants[:ntenants], *least_served[cls][:ntenants]])
+        # The oldest heads (aging), the least served (VTC) and the newest heads (a tenant
+        # that just became active: VTC lifts it to the minimum, where ties with many
+        # tenants sort by name), each bounded: the cost does not grow with the backlog.
+        # A least-served tenant with nothing on this route reads an empty sub-queue.
+        newest = tenants[ntenants:][-SNAPSHOT_NEW_TENANTS:]
+        picked = dict.fromkeys([*tenants[:ntenants], *least_served[cls][:ntenants], *newest])
         for tenant in picked:
             tenants_of[cls].add(tenant)
             jobs.append((qk, k.tenant_queue(cls, route, tenant)))
