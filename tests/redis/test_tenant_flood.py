@@ -48,6 +48,10 @@ def dispatch_times(store: Store, ids: list[str]) -> dict[str, int]:
     return {rid: int(ms) for rid, ms in zip(ids, pipe.execute(), strict=True) if ms}
 
 
+#: Backlogged tenants ahead of the new one: more than a snapshot reads from each end.
+CROWD_TENANTS = 40
+
+
 @pytest.mark.parametrize(
     "delay_s",
     [
@@ -65,7 +69,7 @@ def test_new_tenant_gets_one_of_the_first_two_slots(
     bulk = [
         h.id
         for h in client.submit_many(
-            {"prompt": f"b{i}", "priority": "standard", "tenant": "bulk", "max_tokens": 64}
+            {"prompt": f"b{i}", "priority": "standard", "tenant": "bulk", "max_tokens": 640}
             for i in range(300)
         )
     ]
@@ -113,7 +117,7 @@ def test_new_tenant_behind_more_tenants_than_the_snapshot_reads(
                 "tenant": f"crowd:{t}",
                 "max_tokens": 64,
             }
-            for t in range(40)
+            for t in range(CROWD_TENANTS)
             for i in range(4)
         )
     ]
@@ -123,6 +127,10 @@ def test_new_tenant_behind_more_tenants_than_the_snapshot_reads(
     wait_for(lambda: quiet in dispatch_times(store, [quiet]), timeout=120, what="quiet served")
     first_ms = dispatch_times(store, [quiet])[quiet]
     before = [ms for ms in dispatch_times(store, crowd).values() if arrived_ms < ms < first_ms]
-    # VTC lifts quiet to the least counter of the backlogged tenants: it ties with at
-    # most the crowd's least-served tenants, so two rounds of the 4 slots are a loose bound
-    assert len(before) <= 8, f"quiet waited for {len(before)} crowd dispatches after it arrived"
+    # VTC lifts quiet to the least counter of the backlogged tenants, where it ties with
+    # the crowd's tenants not yet served this round (ties go to the oldest request): it
+    # waits at most one dispatch per crowd tenant (40) plus a batch in flight (4), never
+    # for their backlog (160; before the snapshot read the least-served tenants it waited
+    # for 101, measured 18-19 with it on a loaded machine).
+    bound = CROWD_TENANTS + 4
+    assert len(before) <= bound, f"quiet waited for {len(before)} crowd dispatches after it arrived"
