@@ -66,6 +66,8 @@ def classes_st(draw: st.DrawFn) -> tuple[PriorityClass, ...]:
                     "allow_degrade": draw(st.booleans()),
                     "degrade_after_s": draw(st.sampled_from([0.0, 2.0, 20.0])),
                     "refuse_late": draw(st.booleans()),
+                    "preemptible": draw(st.booleans()),
+                    "may_preempt_after_s": draw(st.none() | st.floats(0, c.sla_s)),
                 }
             )
         )
@@ -150,7 +152,12 @@ def placeable_at_end(
     batches = {b.worker_id: b for b in decision.batches}
     reqs = requests_of(snapshot)
     tokens = req.prompt_tokens + req.max_tokens
+    rank = {c.name: i for i, c in enumerate(pol.classes)}
+    # A worker reserved for a waiting request of a higher class takes none of this one's.
+    held = {r.worker_id for r in decision.reservations if r.rank < rank[req.priority]}
     for w in snapshot.workers:
+        if w.id in held:
+            continue
         batch = batches.get(w.id)
         items = batch.items if batch else ()
         if any(reqs[a.request_id].alone for a in items):
@@ -261,7 +268,8 @@ def test_aged_request_never_left_while_lower_class_served(
 @given(case_st())
 def test_aged_requests_are_placed_before_any_other(case: tuple[Snapshot, DispatchPolicy]) -> None:
     """With one tenant per class, the aged requests get the same workers as if nothing
-    else were queued (with several tenants VTC chooses among them: the tests below)."""
+    else were queued but the classes with a request overdue for preemption (served even
+    before aged work); with several tenants VTC chooses among them: the tests below."""
     snapshot, pol = case
     snapshot = dataclasses.replace(
         snapshot,
@@ -269,15 +277,23 @@ def test_aged_requests_are_placed_before_any_other(case: tuple[Snapshot, Dispatc
             c: [dataclasses.replace(r, tenant="t0") for r in q] for c, q in snapshot.queued.items()
         },
     )
+    reqs = requests_of(snapshot)
     aged = {
         rid
-        for rid, r in requests_of(snapshot).items()
+        for rid, r in reqs.items()
         if (a := pol.class_by_name[r.priority].aging_s) is not None
         and snapshot.now - r.submitted_at >= a
     }
+    urgent = {
+        r.priority
+        for r in reqs.values()
+        if (b := pol.class_by_name[r.priority].may_preempt_after_s) is not None
+        and snapshot.now - r.submitted_at >= b
+    }
+    keep = aged | {rid for rid, r in reqs.items() if r.priority in urgent}
     full = {rid: w for rid, w in assigned(decide(snapshot, pol)).items() if rid in aged}
-    alone = assigned(decide(restricted(snapshot, aged), pol))
-    assert full == alone
+    alone = {rid: w for rid, w in assigned(decide(restricted(snapshot, keep), pol)).items()}
+    assert full == {rid: w for rid, w in alone.items() if rid in aged}
 
 
 @PROPS

@@ -16,7 +16,11 @@ restarted at any time. Each step:
    unschedulable request why (an expiry then gives that reason);
 4. per batch: one Lua call claims it (ZREM is the compare-and-set, so two
    dispatchers never assign the same request), one pipeline enqueues its RQ job;
-5. write the fairness state forward (and fold idle tenants: ``fairness.lua``).
+5. preemption: when the decision left a reservation waiting (an overdue request
+   that fits no worker), read what the reserved workers hold and abort the fewest
+   lower-class requests that make room (:mod:`inferq.policy.preemption`,
+   ``abort.lua``; the worker requeues them without spending an attempt);
+6. write the fairness state forward (and fold idle tenants: ``fairness.lua``).
 
 It wakes on a submission or a freed slot (BLPOP on the wake list) or every tick.
 A step that fails on something other than a connection error (a key of the wrong
@@ -37,8 +41,9 @@ from inferq.config import Settings
 from inferq.delivery import BatchSender
 from inferq.ids import new_id
 from inferq.policy.dispatch import decide
-from inferq.policy.snapshot import Batch, DispatchPolicy
-from inferq.store import CONNECTION_ERRORS, REDIS_ERRORS, DispatchView, Store
+from inferq.policy.preemption import choose_victims
+from inferq.policy.snapshot import Batch, Decision, DispatchPolicy
+from inferq.store import CONNECTION_ERRORS, REDIS_ERRORS, Abort, DispatchView, Store
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +75,7 @@ class StepReport:
     dispatched: int = 0
     unschedulable: int = 0
     quarantined: int = 0
+    preempted: int = 0
     decide_s: float = 0.0
     step_s: float = 0.0
     batch_sizes: list[int] = field(default_factory=list)
@@ -195,6 +201,8 @@ class Dispatcher:
         report.unschedulable = len(self.store.mark_unschedulable(decision.unschedulable))
         for batch in decision.batches:
             self._dispatch(batch, view, report)
+        if decision.reservations:
+            self._preempt(view, decision, report)
         self.store.write_fairness(decision, self.classes, self.policy.tenant_weight)
         report.step_s = time.perf_counter() - t0
         if report.dispatched or report.expired or report.requeued:
@@ -224,6 +232,26 @@ class Dispatcher:
         report.batches += 1
         report.dispatched += len(claimed)
         report.batch_sizes.append(len(claimed))
+
+    def _preempt(self, view: DispatchView, decision: Decision, report: StepReport) -> None:
+        """Abort the fewest lower-class requests that make room for waiting reservations."""
+        running = self.store.running_on(sorted({r.worker_id for r in decision.reservations}))
+        victims = choose_victims(
+            decision.reservations, running, view.snapshot, self.policy, decision.batches
+        )
+        if not victims:
+            return
+        aborts = [
+            Abort(v.request_id, v.attempt, v.worker_id, "requeue", v.reason, v.charged)
+            for v in victims
+        ]
+        verdicts = self.store.abort(aborts, output_weight=self.policy.vtc_output_weight)
+        report.preempted += sum(1 for v in verdicts if v in ("done", "sent"))
+        for victim, verdict in zip(victims, verdicts, strict=True):
+            if verdict in ("done", "sent"):
+                log.info(
+                    "preempting %s on %s: %s", victim.request_id, victim.worker_id, victim.reason
+                )
 
     def _may_reap(self, stalled_s: float) -> bool:
         """False for one heartbeat TTL (at least ``OUTAGE_GRACE_MIN_S``) after Redis was

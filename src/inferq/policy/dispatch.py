@@ -26,6 +26,12 @@ dispatcher and the simulator both call it and carry out the
    class's batching delay holds back is skipped.
    A request, tenant or class found with nothing dispatchable is skipped for
    the rest of the decision: capacity only shrinks while deciding.
+Against priority inversion (:mod:`~inferq.policy.preemption`), inside step 3: a
+class with a request overdue by its ``may_preempt_after_s`` is served before any
+lower class a pick would choose (its tenants in counter order) until those requests
+are placed or fit nowhere; one that fits nowhere reserves a worker, where no lower
+class is placed; the reservations still waiting go out in ``Decision.reservations``
+for the preemption step.
 
 The caller applies the result: claims the batches, expires and reports, stores
 ``class_credit`` and ``active_tenants``, sets ``tenant_counter_floor`` then adds
@@ -50,6 +56,7 @@ from inferq.policy.fairness import (
     swrr_winner,
     vtc_cost,
 )
+from inferq.policy.preemption import Urgency
 from inferq.policy.routing import (
     FleetCapacity,
     WorkerIndex,
@@ -127,6 +134,8 @@ class _Run:
         for name in sorted(set(snapshot.queued) - set(policy.class_by_name)):
             reason = f"priority class {name!r} is not configured"
             self.unschedulable.extend((r.id, reason) for r in snapshot.queued[name])
+        skip = {rid for rid, _ in self.expired} | {rid for rid, _ in self.unschedulable}
+        self.urgency = Urgency(snapshot, policy, skip)
 
     # --- loading -----------------------------------------------------------
 
@@ -231,15 +240,26 @@ class _Run:
             tenant_counter_delta={c: d for c, d in self.delta.items() if d},
             tenant_counter_floor=self.floor,
             active_tenants=self.active,
+            reservations=self.urgency.unplaced(),
         )
 
     def _place(self, item: _Item) -> OpenBatch | None:
+        blocked = None
+        if self.urgency.active:
+            name = item.cls.name
+            blocked = lambda batch: self.urgency.blocks(batch, name)  # noqa: E731
         return self.index.place(
-            item.models, item.tokens, item.req.excluded_worker, alone=item.req.alone
+            item.models,
+            item.tokens,
+            item.req.excluded_worker,
+            alone=item.req.alone,
+            blocked=blocked,
+            group=item.cls.name if blocked is not None else None,
         )
 
     def _drop(self, item: _Item) -> None:
         item.pending = False
+        self.urgency.dropped(item.req.id)
         self.pending[item.cls.name] -= 1
         fillable = self.fillable[item.cls.name]
         for model in item.models:
@@ -259,6 +279,9 @@ class _Run:
         The oldest overdue request is served only when VTC finds nothing to place.
         """
         for cls in list(self.aging):
+            urgent = self._urgent_before(cls.name)
+            if urgent is not None:
+                return urgent
             found = self._oldest_aged(cls)
             if found is not None:
                 return self._tenant_pick(cls.name) or found
@@ -294,6 +317,9 @@ class _Run:
         while round_:
             winner = swrr_winner(self.credit, self.weights, round_)
             assert winner is not None
+            urgent = self._urgent_before(winner)
+            if urgent is not None:
+                return urgent
             found = self._tenant_pick(winner)
             if found is not None:
                 swrr_charge(self.credit, self.weights, round_, winner)
@@ -303,10 +329,27 @@ class _Run:
         for name in classes:
             if self.weights[name] > 0:
                 continue
+            urgent = self._urgent_before(name)
+            if urgent is not None:
+                return urgent
             found = self._tenant_pick(name)
             if found is not None:
                 return found
             self.exhausted.add(name)
+        return None
+
+    def _urgent_before(self, name: str) -> tuple[_Item, OpenBatch] | None:
+        """A pick of a class above ``name`` with an overdue request still waiting, if any
+        (:mod:`~inferq.policy.preemption`, rule 2): it goes first, its tenants in counter
+        order. Charges no round-robin credit (as aging does not)."""
+        rank = self.urgency.rank[name]
+        for urgent in self.urgency.classes_first():
+            if self.urgency.rank[urgent] >= rank:
+                break
+            found = self._tenant_pick(urgent)
+            if found is not None:
+                return found
+            self.urgency.exhausted(urgent)
         return None
 
     def _tenant_pick(self, name: str) -> tuple[_Item, OpenBatch] | None:
@@ -356,6 +399,7 @@ class _Run:
         if not batch.items:
             self.order.append(batch)
         self.index.add(batch, assignment, item.tokens, alone=item.req.alone)
+        self.urgency.placed(req.id)
         self.vtc[item.cls.name].charge(req.tenant, cost)
         delta = self.delta[item.cls.name]
         delta[req.tenant] = delta.get(req.tenant, 0.0) + cost

@@ -28,7 +28,7 @@ sorted by utilisation, so a pick scans a few workers instead of the fleet.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
 
 from inferq.config import ModelSpec, PriorityClass
@@ -173,7 +173,7 @@ class WorkerIndex:
             if not batch.closed(self._max_batch):
                 self._buckets.setdefault(w.model, []).append(batch)
         self._open = sum(len(b) for b in self._buckets.values())
-        self._refused: dict[tuple[str, ...], int] = {}
+        self._refused: dict[tuple[object, ...], int] = {}
 
     @property
     def open_count(self) -> int:
@@ -187,6 +187,8 @@ class WorkerIndex:
         excluded: str | None = None,
         *,
         alone: bool = False,
+        blocked: Callable[[OpenBatch], bool] | None = None,
+        group: object = None,
     ) -> OpenBatch | None:
         """The preferred open batch for a request, or None when none has room.
 
@@ -196,8 +198,12 @@ class WorkerIndex:
             excluded: a worker id to take only when no other has room.
             alone: a suspect: only an empty batch of a worker with nothing reserved
                 (a refusal for that reason says nothing of other requests' room).
+            blocked: batches this request may not join (the preemption rule's
+                reservations and headroom); they count as having no room.
+            group: what ``blocked`` depends on (the request's class): refusals are
+                remembered per (models, group).
         """
-        key = tuple(models)
+        key: tuple[object, ...] = (*models, group)
         if tokens >= self._refused.get(key, tokens + 1):
             return None
         fallback: OpenBatch | None = None
@@ -208,6 +214,8 @@ class WorkerIndex:
             need = kv_mib(tokens, bucket[0].spec)
             for batch in bucket:
                 if batch.has_room(tokens, need, self._max_batch, self._budget, alone=alone):
+                    if blocked is not None and blocked(batch):
+                        continue
                     if batch.worker.id != excluded:
                         return batch
                     fallback = batch

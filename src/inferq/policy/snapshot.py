@@ -114,6 +114,69 @@ class Snapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class RunningRequest:
+    """A request a worker holds (assigned or running), as the preemption rule sees it.
+
+    Attributes:
+        started_at: when it started (or was assigned, if not started), epoch seconds.
+        need_mib: the KV-cache MiB reserved for it on the worker.
+        aborting: an abort of this attempt was already sent (its room is on its way).
+    """
+
+    id: str
+    worker_id: str
+    priority: str
+    tenant: str
+    task_type: str | None
+    attempt: int
+    started_at: float
+    need_mib: float
+    prompt_tokens: int
+    max_tokens: int
+    aborting: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A worker held for an overdue request that fits nowhere yet (no lower class admitted).
+
+    Attributes:
+        rank: the request's class position (0 = highest).
+        need_mib: its KV-cache need on the reserved worker's model, MiB.
+        missing_mib / missing_slots: what the worker lacked for it at the snapshot.
+        waited_s: how long it had waited, seconds.
+    """
+
+    worker_id: str
+    request_id: str
+    priority: str
+    rank: int
+    need_mib: float
+    missing_mib: float
+    missing_slots: int
+    waited_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """A running request to abort and requeue for a reservation.
+
+    Attributes:
+        charged: tokens its dispatch charged its tenant's counter (the part it did
+            not use is given back).
+        reason: why, naming the request it makes room for.
+    """
+
+    request_id: str
+    worker_id: str
+    attempt: int
+    priority: str
+    tenant: str
+    charged: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Assignment:
     """One request placed in a batch.
 
@@ -154,6 +217,9 @@ class Decision:
         tenant_counter_floor: class -> tenant -> counter a newly active tenant is
             lifted to (set, before adding the delta).
         active_tenants: class -> tenants backlogged now (replace the stored sets).
+        reservations: workers held for overdue requests still waiting after this
+            decision (:mod:`~inferq.policy.preemption`): the caller reads what runs
+            there and calls :func:`~inferq.policy.preemption.choose_victims`.
     """
 
     batches: tuple[Batch, ...] = ()
@@ -163,6 +229,7 @@ class Decision:
     tenant_counter_delta: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     tenant_counter_floor: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     active_tenants: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    reservations: tuple[Reservation, ...] = ()
 
 
 @dataclass(frozen=True)

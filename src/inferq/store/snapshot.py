@@ -15,7 +15,13 @@ from typing import Any
 
 from inferq import defaults
 from inferq.models import WorkerState, from_ms
-from inferq.policy.snapshot import FairnessState, QueuedRequest, Snapshot, WorkerView
+from inferq.policy.snapshot import (
+    FairnessState,
+    QueuedRequest,
+    RunningRequest,
+    Snapshot,
+    WorkerView,
+)
 from inferq.store.calls import parse_estimates, redis_time
 from inferq.store.keys import Keys
 
@@ -299,3 +305,67 @@ def queued_request(rid: str, values: list[str | None]) -> QueuedRequest:
         excluded_worker=f["excluded_worker"] or None,
         alone=f["suspect"] == "1",
     )
+
+
+#: Fields of a held request the preemption rule needs (read only for reserved workers).
+RUNNING_FIELDS = (
+    "state",
+    "worker",
+    "priority",
+    "tenant",
+    "task_type",
+    "attempts",
+    "dispatched_ms",
+    "started_ms",
+    "need_mib",
+    "prompt_tokens",
+    "max_tokens",
+    "abort_attempt",
+)
+
+
+def read_running(
+    client: Any, keys: Keys, worker_ids: Sequence[str]
+) -> dict[str, list[RunningRequest]]:
+    """What each worker holds (assigned or running), for the preemption rule: two round
+    trips (the ``inflight:<w>`` sets, then the fields of their requests).
+
+    Records that are gone, no longer this worker's, or do not parse are left out (the
+    preemption rule then simply does not choose them).
+    """
+    pipe = client.pipeline(transaction=False)
+    for wid in worker_ids:
+        pipe.smembers(keys.inflight(wid))
+    held = [sorted(ids) for ids in pipe.execute()]
+    pipe = client.pipeline(transaction=False)
+    for ids in held:
+        for rid in ids:
+            pipe.hmget(keys.req(rid), RUNNING_FIELDS)
+    rows = iter(pipe.execute())
+    out: dict[str, list[RunningRequest]] = {}
+    for wid, ids in zip(worker_ids, held, strict=True):
+        mine = out.setdefault(wid, [])
+        for rid in ids:
+            f = dict(zip(RUNNING_FIELDS, next(rows), strict=True))
+            if f["state"] not in ("assigned", "running") or f["worker"] != wid:
+                continue
+            try:
+                attempt = int(str(f["attempts"]))
+                mine.append(
+                    RunningRequest(
+                        id=rid,
+                        worker_id=wid,
+                        priority=str(f["priority"]),
+                        tenant=str(f["tenant"]),
+                        task_type=f["task_type"] or None,
+                        attempt=attempt,
+                        started_at=from_ms(int(f["started_ms"] or f["dispatched_ms"] or 0)),
+                        need_mib=float(f["need_mib"] or 0.0),
+                        prompt_tokens=int(str(f["prompt_tokens"])),
+                        max_tokens=int(str(f["max_tokens"])),
+                        aborting=f["abort_attempt"] == str(attempt),
+                    )
+                )
+            except (TypeError, ValueError):
+                continue
+    return out

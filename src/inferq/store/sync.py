@@ -18,12 +18,12 @@ from inferq.config import Settings
 from inferq.errors import CorruptRecord, IdempotencyConflict, QueueFull, RequestNotFound
 from inferq.models import InferenceRequest, RequestRecord, StreamChunk, WorkerInfo
 from inferq.policy.estimate import update_moving_mean
-from inferq.policy.snapshot import Decision
+from inferq.policy.snapshot import Decision, RunningRequest
 from inferq.store import calls, repair
 from inferq.store.admin import AdminCalls
 from inferq.store.calls import Abort, Chunk, Completion, Submitted
 from inferq.store.connection import MIN_BLOCK_S, REPLY_ERRORS, connect
-from inferq.store.snapshot import DispatchView, read_dispatch_view
+from inferq.store.snapshot import DispatchView, read_dispatch_view, read_running
 
 log = logging.getLogger("inferq.store")
 
@@ -228,6 +228,10 @@ class Store(AdminCalls):
             tenant_weight=tenant_weight,
             models=models,
         )
+
+    def running_on(self, worker_ids: Sequence[str]) -> dict[str, list[RunningRequest]]:
+        """What the workers hold (assigned or running), for the preemption rule."""
+        return read_running(self.redis, self.keys, worker_ids)
 
     def write_fairness(
         self,

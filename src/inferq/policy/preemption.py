@@ -1,0 +1,315 @@
+"""Against priority inversion: room held by lower classes never keeps a higher class past its SLA.
+
+Issue 12's fault 1: a realtime request waited 11.9 s (SLA 2 s) behind four long batch
+requests that held every slot, and a large request can wait forever while a stream of
+small lower-class requests keeps taking the KV-cache room it needs. Any resource held
+by lower-class work (slots, KV cache) is covered by three rules, each per class:
+
+1. **Urgency.** A request is *overdue* once it has waited its class's
+   ``may_preempt_after_s`` (realtime 0.5 s, standard 5 s; ``None``: never).
+2. **Overdue classes first** (headroom, decided per pick): whenever a decision would
+   serve a class (by aging or by round-robin), a higher class with an overdue request
+   still waiting is served instead, its tenants still in virtual-token-counter order,
+   until its overdue requests are placed or fit nowhere. Higher classes keep their
+   precedence over it. Lower-class work then only takes room
+   the overdue requests could not use. (The aging bound does the same at a longer
+   bound for every class; this rule keeps tenant fairness inside the class.)
+3. **Reservation with backfilling** (EASY backfilling, Lifka 1995 / Mu'alem & Feitelson
+   2001): an overdue request that fits no worker reserves one, the worker of its route
+   whose capacity could hold it and that is closest to fitting it (least missing KV
+   room, then a free slot, then route preference and id). No request of a lower class
+   is admitted onto a reserved worker until the reserved request has been placed. EASY
+   backfills jobs that finish before the reservation starts; inferq has no finish time
+   it could promise (``max_tokens`` is a bound, the output estimate a mean), so on a
+   reserved worker it backfills nothing of a lower class: the other workers take it.
+   One reservation per worker, the highest class and the oldest request first.
+4. **Preemption** (vLLM's recompute preemption): on a reserved worker that still lacks
+   room, running requests of lower, ``preemptible`` classes are aborted and requeued at
+   their original position (no attempt spent; :mod:`inferq.store`'s ``abort.lua``):
+   the lowest class first, then the least progress (the latest start), and never more
+   than the room the reserved request needs. Requests already being aborted count as
+   freed room, so a slow abort is never answered with a second victim. When even every
+   preemptible request would not make room, none is preempted (a pointless abort only
+   costs the victim).
+
+Everything here is pure: a snapshot (and, for preemption, what runs on the reserved
+workers) in, decisions out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from inferq.config import PriorityClass
+from inferq.errors import InvalidRequest
+from inferq.policy.batching import OpenBatch
+from inferq.policy.estimate import estimate_output_tokens
+from inferq.policy.fairness import vtc_cost
+from inferq.policy.routing import need_mib, serving_models
+from inferq.policy.snapshot import (
+    Batch,
+    DispatchPolicy,
+    Preemption,
+    QueuedRequest,
+    Reservation,
+    RunningRequest,
+    Snapshot,
+    WorkerView,
+)
+
+#: Overdue requests per class a decision considers at most (oldest first): they block
+#: lower classes and reserve workers; a longer overdue backlog only means every worker
+#: already serves or is reserved by that class.
+MAX_URGENT_PER_CLASS = 64
+
+
+def overdue(cls: PriorityClass, waited_s: float) -> bool:
+    """True when a request of ``cls`` that waited ``waited_s`` seconds may preempt."""
+    bound = cls.may_preempt_after_s
+    return bound is not None and waited_s >= bound
+
+
+@dataclass(slots=True)
+class _Urgent:
+    req: QueuedRequest
+    rank: int
+    tokens: int
+    models: tuple[str, ...]
+    pending: bool = True  # not placed yet
+    placeable: bool = True  # not found to fit nowhere in this decision
+
+
+class Urgency:
+    """The overdue requests of one decision, the reservations, and which placements they block.
+
+    Args:
+        snapshot: the decision's snapshot.
+        policy: the dispatch policy.
+        skip: ids of queued requests the decision does not dispatch (expired,
+            unschedulable); they neither block nor reserve.
+    """
+
+    def __init__(self, snapshot: Snapshot, policy: DispatchPolicy, skip: set[str]) -> None:
+        self.policy = policy
+        self.rank = {c.name: i for i, c in enumerate(policy.classes)}
+        self._by_model: dict[str, list[_Urgent]] = {}
+        self._by_id: dict[str, _Urgent] = {}
+        now = snapshot.now
+        for cls in policy.classes:
+            if cls.may_preempt_after_s is None:
+                continue
+            found = 0
+            for req in sorted(snapshot.queued.get(cls.name, ()), key=_age_order):
+                if found >= MAX_URGENT_PER_CLASS or not overdue(cls, now - req.submitted_at):
+                    break
+                if req.id in skip:
+                    continue
+                try:
+                    models = serving_models(req, policy, now)
+                except InvalidRequest:
+                    continue
+                entry = _Urgent(
+                    req, self.rank[cls.name], req.prompt_tokens + req.max_tokens, models
+                )
+                self._by_id[req.id] = entry
+                for m in models:
+                    self._by_model.setdefault(m, []).append(entry)
+                found += 1
+        self.reservations = reserve(
+            [e.req for e in self._by_id.values()], snapshot.workers, policy, now
+        )
+        self._reserved_by = {r.worker_id: r for r in self.reservations}
+
+    @property
+    def active(self) -> bool:
+        """True when some worker is reserved (a placement may be blocked)."""
+        return bool(self._reserved_by)
+
+    def placed(self, request_id: str) -> None:
+        """An overdue request was placed: it reserves no more."""
+        entry = self._by_id.get(request_id)
+        if entry is not None:
+            entry.pending = False
+
+    def dropped(self, request_id: str) -> None:
+        """An overdue request fits nowhere for the rest of the decision (it keeps its
+        reservation)."""
+        entry = self._by_id.get(request_id)
+        if entry is not None:
+            entry.placeable = False
+
+    def classes_first(self) -> list[str]:
+        """Classes with an overdue request that may still be placed, highest first (rule 2)."""
+        ranked = sorted(
+            {(e.rank, e.req.priority) for e in self._by_id.values() if e.pending and e.placeable}
+        )
+        return [name for _, name in ranked]
+
+    def exhausted(self, priority: str) -> None:
+        """Class ``priority`` has nothing placeable left in this decision."""
+        for e in self._by_id.values():
+            if e.req.priority == priority:
+                e.placeable = False
+
+    def blocks(self, batch: OpenBatch, priority: str) -> bool:
+        """True when a request of class ``priority`` must not go into ``batch``: the
+        worker is reserved for an unplaced overdue request of a higher class (rule 3)."""
+        held = self._reserved_by.get(batch.worker.id)
+        if held is None or held.rank >= self.rank.get(priority, len(self.rank)):
+            return False
+        return self._by_id[held.request_id].pending
+
+    def unplaced(self) -> tuple[Reservation, ...]:
+        """Reservations whose request is still waiting (the preemption step's input)."""
+        return tuple(r for r in self.reservations if self._by_id[r.request_id].pending)
+
+
+def _age_order(req: QueuedRequest) -> tuple[float, str]:
+    return (req.submitted_at, req.id)
+
+
+def reserve(
+    urgent: Iterable[QueuedRequest],
+    workers: Sequence[WorkerView],
+    policy: DispatchPolicy,
+    now: float,
+) -> tuple[Reservation, ...]:
+    """One reserved worker per overdue request, highest class and oldest first (rule 3).
+
+    A request reserves the ready worker of its route whose capacity could ever hold it
+    and that lacks the least for it now: missing KV-cache MiB, then a missing slot,
+    then the route's model preference, the utilisation and the id. A worker is
+    reserved at most once; a request with no worker left reserves none.
+
+    Args:
+        urgent: overdue requests (any order).
+        workers: the snapshot's workers.
+        policy: the dispatch policy (classes in priority order, registry).
+        now: the decision's time, seconds.
+
+    Returns:
+        The reservations, in the order they were made.
+    """
+    rank = {c.name: i for i, c in enumerate(policy.classes)}
+    ordered = sorted(urgent, key=lambda r: (rank.get(r.priority, len(rank)), *_age_order(r)))
+    taken: set[str] = set()
+    out: list[Reservation] = []
+    for req in ordered:
+        try:
+            models = serving_models(req, policy, now)
+        except InvalidRequest:
+            continue
+        order = {m: i for i, m in enumerate(models)}
+        best: tuple[tuple[float, int, int, float, str], WorkerView, float] | None = None
+        for w in workers:
+            if not w.ready or w.id in taken or w.model not in order or w.slots < 1:
+                continue
+            spec = policy.model_by_name[w.model]
+            need = need_mib(req, spec)
+            if need > w.kv_cache_mib:
+                continue
+            missing_mib = max(0.0, need - w.free_mib)
+            key = (missing_mib, 0 if w.free_slots >= 1 else 1, order[w.model], w.utilisation, w.id)
+            if best is None or key < best[0]:
+                best = (key, w, need)
+        if best is None:
+            continue
+        (missing_mib, missing_slot, *_), w, need = best
+        taken.add(w.id)
+        out.append(
+            Reservation(
+                worker_id=w.id,
+                request_id=req.id,
+                priority=req.priority,
+                rank=rank.get(req.priority, len(rank)),
+                need_mib=need,
+                missing_mib=missing_mib,
+                missing_slots=missing_slot,
+                waited_s=now - req.submitted_at,
+            )
+        )
+    return tuple(out)
+
+
+def choose_victims(
+    reservations: Sequence[Reservation],
+    running: Mapping[str, Sequence[RunningRequest]],
+    snapshot: Snapshot,
+    policy: DispatchPolicy,
+    batches: Sequence[Batch] = (),
+) -> tuple[Preemption, ...]:
+    """Running requests to preempt so each unplaced reservation fits on its worker (rule 4).
+
+    Args:
+        reservations: reservations still waiting after the decision
+            (:attr:`~inferq.policy.snapshot.Decision.reservations`).
+        running: worker id -> requests it holds (assigned or running), from Redis.
+        snapshot: the decision's snapshot (workers' capacity and reservations).
+        policy: the dispatch policy (classes: ``preemptible``; the counter's weights).
+        batches: the decision's batches (room they took on a reserved worker counts as used).
+
+    Returns:
+        The preemptions, per reservation the lowest class first, then the latest start;
+        none for a reservation that preempting every eligible request would not satisfy.
+    """
+    workers = {w.id: w for w in snapshot.workers}
+    took: dict[str, tuple[int, float]] = {}
+    for b in batches:
+        slots, mib = took.get(b.worker_id, (0, 0.0))
+        took[b.worker_id] = (slots + len(b.items), mib + sum(a.need_mib for a in b.items))
+    rank = {c.name: i for i, c in enumerate(policy.classes)}
+    out: list[Preemption] = []
+    for res in reservations:
+        w = workers.get(res.worker_id)
+        if w is None:
+            continue
+        used_slots, used_mib = took.get(w.id, (0, 0.0))
+        held = running.get(w.id, ())
+        freeing = [r for r in held if r.aborting]
+        free_slots = w.free_slots - used_slots + len(freeing)
+        free_mib = w.free_mib - used_mib + sum(r.need_mib for r in freeing)
+        short_slots = max(0, 1 - free_slots)
+        short_mib = max(0.0, res.need_mib - free_mib)
+        if short_slots == 0 and short_mib <= 0:
+            continue  # room is on its way (or there): nothing to preempt
+        eligible = [
+            r
+            for r in held
+            if not r.aborting
+            and rank.get(r.priority, -1) > res.rank
+            and policy.class_by_name[r.priority].preemptible
+        ]
+        eligible.sort(key=lambda r: (-rank[r.priority], -r.started_at, r.id))
+        chosen: list[RunningRequest] = []
+        for r in eligible:
+            if short_slots <= 0 and short_mib <= 0:
+                break
+            chosen.append(r)
+            short_slots -= 1
+            short_mib -= r.need_mib
+        if short_slots > 0 or short_mib > 0:
+            continue  # even all of them would not make room: preempt nobody
+        reason = (
+            f"preempted for {res.priority} request {res.request_id} "
+            f"(waited {res.waited_s:.2f} s, needs {res.need_mib:.0f} MiB on {w.id})"
+        )
+        out.extend(
+            Preemption(
+                request_id=r.id,
+                worker_id=w.id,
+                attempt=r.attempt,
+                priority=r.priority,
+                tenant=r.tenant,
+                charged=_charged(r, w, snapshot, policy),
+                reason=reason,
+            )
+            for r in chosen
+        )
+    return tuple(out)
+
+
+def _charged(r: RunningRequest, w: WorkerView, snapshot: Snapshot, policy: DispatchPolicy) -> float:
+    """What the request's dispatch charged its tenant's counter (the same formula)."""
+    output = estimate_output_tokens(r.max_tokens, snapshot.output_estimates, w.model, r.task_type)
+    return vtc_cost(r.prompt_tokens, output, policy.vtc_output_weight)

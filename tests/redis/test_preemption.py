@@ -1,0 +1,156 @@
+"""Issue 12, fault 1 on the real stack: lower-class work holding slots or KV-cache room
+never keeps a realtime request past its SLA (dispatcher + sim worker processes, real Redis).
+
+The latency profile is pinned here (a TOML config every process reads), so a change of
+the default registry cannot move these outcomes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from inferq.client import Client
+from inferq.config import Settings
+from inferq.dispatcher.daemon import Dispatcher
+from inferq.models import RequestState, WorkerState
+from inferq.store import Store
+
+from ..conftest import REDIS_URL
+from ..helpers import wait_for
+
+#: The pinned profile: Llama 3.1 8B at 12,000 prompt tokens/s and 80 output tokens/s.
+PROFILE = """
+[[models]]
+name = "llama-3.1-8b"
+params_b = 8
+weights_mib = 15320
+kv_bytes_per_token = 131072
+max_context = 32768
+cold_start_s = 15
+prefill_tps = 12000
+decode_tps = 80
+batch_efficiency = 0.85
+"""
+
+
+class Stack:
+    """One dispatcher thread and sim worker processes on the pinned profile."""
+
+    def __init__(self, config: Path, namespace: str, redis_client) -> None:  # type: ignore[no-untyped-def]
+        self.config = config
+        self.settings = Settings.load(
+            config,
+            redis_url=REDIS_URL,
+            namespace=namespace,
+            heartbeat_interval_s=0.2,
+            lease_s=2.0,
+        )
+        self.store = Store(redis_client, self.settings)
+        self.client = Client(settings=self.settings, connection=redis_client)
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.dispatcher = Dispatcher(Store(redis_client, self.settings), tick_s=0.05)
+        self._thread = threading.Thread(target=self.dispatcher.run, daemon=True)
+        self._thread.start()
+
+    def worker(self, wid: str, *, vram_mib: int, slots: int, time_scale: float) -> None:
+        env = {
+            **os.environ,
+            "INFERQ_REDIS_URL": REDIS_URL,
+            "INFERQ_NAMESPACE": self.settings.namespace,
+            "INFERQ_CONFIG": str(self.config),
+        }
+        cmd = [
+            sys.executable, "-m", "inferq", "worker", "--model", "llama-3.1-8b",
+            "--vram-mib", str(vram_mib), "--slots", str(slots), "--id", wid,
+            "--heartbeat-interval", "0.2", "-o", f"time_scale={time_scale}",
+        ]  # fmt: skip
+        self.procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL))
+        key = self.store.keys.worker(wid)
+        wait_for(
+            lambda: self.store.redis.hget(key, "state") == WorkerState.READY.value,
+            what=f"{wid} ready",
+        )
+
+    def close(self) -> None:
+        self.dispatcher.stop()
+        self._thread.join(timeout=5)
+        for proc in self.procs:
+            proc.kill()
+            proc.wait(timeout=10)
+
+    def penalised_attempts(self, rid: str) -> int:
+        fields = self.store.redis.hmget(self.store.keys.req(rid), "attempts", "attempt_base")
+        return int(fields[0] or 0) - int(fields[1] or 0)
+
+
+@pytest.fixture
+def stack(tmp_path: Path, namespace: str, redis_client) -> Iterator[Stack]:  # type: ignore[no-untyped-def]
+    config = tmp_path / "inferq.toml"
+    config.write_text(PROFILE)
+    s = Stack(config, namespace, redis_client)
+    yield s
+    s.close()
+
+
+def test_realtime_meets_its_sla_behind_four_long_batch_requests(stack: Stack) -> None:
+    """The issue's example: one worker, 4 slots, 4 batch requests of 1,100 tokens running;
+    a realtime request 2 s later starts within its 2 s SLA (it waited 11.9 s before)."""
+    stack.worker("w1", vram_mib=24576, slots=4, time_scale=0.5)
+    client = stack.client
+    batch = [client.submit("x", priority="batch", max_tokens=1100) for _ in range(4)]
+    wait_for(
+        lambda: all(client.status(h.id).state is RequestState.RUNNING for h in batch),
+        what="the 4 batch requests running",
+    )
+    time.sleep(2.0)
+    rt = client.submit("hello", priority="realtime", max_tokens=16)
+    result = rt.result(timeout=30)
+    assert result.status == "succeeded"
+    ttft = result.timings.ttft_s
+    assert ttft is not None and ttft <= stack.settings.class_by_name["realtime"].sla_s, ttft
+    assert stack.store.stats().get("preempted", 0) >= 1
+    for h in batch:  # the lower class paid in time only: every request still succeeds
+        assert h.result(timeout=120).status == "succeeded"
+        assert stack.penalised_attempts(h.id) == 1  # a preemption spent no attempt
+    assert any(e.type == "preempt" for e in stack.store.events(count=10_000))
+
+
+def test_a_large_realtime_request_gets_the_kv_room_small_batch_requests_keep_taking(
+    stack: Stack,
+) -> None:
+    """The KV hog: 880 MiB of KV cache, small batch requests (126 MiB each) arriving all
+    the time; a realtime request needing 755 MiB still starts within its SLA."""
+    stack.worker("w1", vram_mib=18000, slots=16, time_scale=0.25)
+    client = stack.client
+    stop = threading.Event()
+    batch: list[str] = []
+
+    def stream() -> None:  # one small batch request every 0.2 s
+        while not stop.is_set():
+            batch.append(client.submit("y", priority="batch", max_tokens=1000).id)
+            stop.wait(0.2)
+
+    feeder = threading.Thread(target=stream, daemon=True)
+    feeder.start()
+    try:
+        wait_for(lambda: len(batch) >= 10, what="the stream started")
+        prompt = "word " * 1600  # ~2,000 prompt tokens by the intake's estimate
+        rt = client.submit(prompt, priority="realtime", max_tokens=4000)
+        result = rt.result(timeout=60)
+    finally:
+        stop.set()
+        feeder.join(timeout=5)
+    assert result.status == "succeeded"
+    ttft = result.timings.ttft_s
+    assert ttft is not None and ttft <= stack.settings.class_by_name["realtime"].sla_s, ttft
+    assert stack.store.stats().get("preempted", 0) >= 1
+    for rid in batch:
+        assert client.result(rid, timeout=180).status == "succeeded"
