@@ -158,12 +158,14 @@ def test_strict_priority_serves_no_batch_request_while_realtime_waits() -> None:
     assert batch_dispatches  # batch does run, in the gaps
     for a in batch_dispatches:
         assert by_decision[a.decision].queued_after[realtime] == 0
-    # The check can fail: weighted classes without aging (8:1) let batch through while
+    # The check can fail: weighted classes without aging or preemption (8:1) let batch through while
     # realtime waits. (With aging on, every realtime request here is past its 1 s bound,
     # and aging serves the most overdue first, which is realtime.)
     no_aging = dataclasses.replace(
         static("inferq"),
-        classes=lambda cs: tuple(c.model_copy(update={"aging_s": None}) for c in cs),
+        classes=lambda cs: tuple(
+            c.model_copy(update={"aging_s": None, "may_preempt_after_s": None}) for c in cs
+        ),
     )
     fair = replay(trace, no_aging, config)
     fair_by_decision = {d.index: d for d in fair.decisions}

@@ -41,13 +41,21 @@ from inferq.policy.scaling import (
 
 
 def strict_priority_classes(classes: Sequence[PriorityClass]) -> tuple[PriorityClass, ...]:
-    """The classes turned into strict priority: weights (1, 0, 0, ...), aging off.
+    """The classes turned into strict priority: weights (1, 0, 0, ...), aging and
+    preemption off.
 
     The first class takes every slot it can use; each lower class only what no
-    class above it can use.
+    class above it can use. Running work is never preempted (the textbook
+    non-preemptive priority queue).
     """
     return tuple(
-        c.model_copy(update={"weight": 1.0 if i == 0 else 0.0, "aging_s": None})
+        c.model_copy(
+            update={
+                "weight": 1.0 if i == 0 else 0.0,
+                "aging_s": None,
+                "may_preempt_after_s": None,
+            }
+        )
         for i, c in enumerate(classes)
     )
 
@@ -59,6 +67,7 @@ def seed_ratio_classes(
 
     Weights become (ratio, 1, 0, ...); the aging bounds are kept, so classes
     below the second progress when idle capacity or their aging bound lets them.
+    The seed had no preemption or reservations: ``may_preempt_after_s`` is cleared.
 
     Raises:
         ValueError: ``ratio`` is not positive.
@@ -67,7 +76,12 @@ def seed_ratio_classes(
         raise ValueError(f"ratio must be > 0, got {ratio}")
     weights = [float(ratio), 1.0]
     return tuple(
-        c.model_copy(update={"weight": weights[i] if i < len(weights) else 0.0})
+        c.model_copy(
+            update={
+                "weight": weights[i] if i < len(weights) else 0.0,
+                "may_preempt_after_s": None,
+            }
+        )
         for i, c in enumerate(classes)
     )
 
