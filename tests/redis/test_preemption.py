@@ -26,7 +26,10 @@ from inferq.store import Store
 from ..conftest import REDIS_URL
 from ..helpers import wait_for
 
-#: The pinned profile: Llama 3.1 8B at 12,000 prompt tokens/s and 80 output tokens/s.
+#: The pinned profile, in the roofline form (inferq.latency): Llama 3.1 8B at 12,000
+#: prompt tokens/s (2 x 8e9 x 12,000 = 192 TFLOP/s) and 80 output tokens/s for one stream
+#: (12.5 ms a step: 10 ms + 2.5 ms per sequence; the weights' read ~0.2 ms at 100 TB/s),
+#: so 4 streams decode at 50 tokens/s each.
 PROFILE = """
 [[models]]
 name = "llama-3.1-8b"
@@ -35,9 +38,14 @@ weights_mib = 15320
 kv_bytes_per_token = 131072
 max_context = 32768
 cold_start_s = 15
-prefill_tps = 12000
-decode_tps = 80
-batch_efficiency = 0.85
+
+[models.latency]
+gpu = "pinned"
+mem_bw_gbs = 100000
+prefill_tflops = 192
+step_overhead_ms = 10.0
+seq_step_ms = 2.5
+attn_width = 0
 """
 
 
