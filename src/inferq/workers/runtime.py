@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -177,8 +178,11 @@ class Engine:
 
     # --- lifecycle ---------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, stop: threading.Event | None = None) -> bool:
         """Start the loop and heartbeat, load the model (state ``starting``), then ``ready``.
+
+        Returns False, without becoming ``ready``, when ``stop`` (the process's stop
+        signal) is set while the model server loads; True once ready.
 
         Raises:
             ServerError: the model server could not load the model.
@@ -202,7 +206,12 @@ class Engine:
         )
         self._beat_thread.start()
         self._control.start()
-        self._call(self.server.load())
+        if not self._load_until(stop):
+            log.warning(
+                "worker %s: stop signal while the model server was loading; leaving",
+                self.config.worker_id,
+            )
+            return False
         self.state = WorkerState.READY
         self.beat()
         log.info(
@@ -212,6 +221,7 @@ class Engine:
             self.config.slots,
             self.kv_cache_mib,
         )
+        return True
 
     def _set_health_state(self, state: WorkerState) -> None:
         """The health monitor's transition (ready <-> unhealthy), published at once."""
@@ -819,6 +829,21 @@ class Engine:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
         await self.server.close()
+
+    def _load_until(self, stop: threading.Event | None) -> bool:
+        """Load the model server; False (the load cancelled) when ``stop`` is set first.
+
+        A model server that is not up yet is polled for up to its load timeout (600 s
+        for ``openai``): a stop signal meanwhile must not wait that long.
+        """
+        future: Future[Any] = asyncio.run_coroutine_threadsafe(self.server.load(), self._loop)
+        while not future.done():
+            if stop is not None and stop.is_set():
+                future.cancel()
+                return False
+            wait_futures([future], timeout=0.2)
+        future.result()
+        return True
 
     def _call(self, coro: Any) -> Any:
         future: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self._loop)

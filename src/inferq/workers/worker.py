@@ -120,8 +120,8 @@ def run_worker(
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: early.set())
     try:
-        engine.start()
-        if on_ready is not None:
+        loaded = engine.start(stop=early)
+        if loaded and on_ready is not None:
             on_ready(engine.worker_id)
         if not early.is_set():
             consumer.serve()
