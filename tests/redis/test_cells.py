@@ -114,9 +114,12 @@ def test_requests_reach_their_route_s_cell_and_ids_name_it(cells: TwoCells) -> N
 
 
 def test_one_cell_down_leaves_the_other_serving_and_the_cli_shows_both(cells: TwoCells) -> None:
-    shown = json.loads(cells.cli("cells", "--json").stdout)
-    assert {row["cell"]: row["reachable"] for row in shown} == {"a": True, "b": True}
-    assert all(row["workers"] == {"ready": 1} for row in shown)
+    def both_ready() -> bool:
+        shown = json.loads(cells.cli("cells", "--json").stdout)
+        assert {row["cell"]: row["reachable"] for row in shown} == {"a": True, "b": True}
+        return all(row["workers"] == {"ready": 1} for row in shown)
+
+    wait_for(both_ready, timeout=30, what="both cells' workers listed ready")
 
     cells.servers["b"].close()  # cell b's Redis is gone
     with Client(settings=cells.settings()) as client:
