@@ -56,7 +56,7 @@ def run_scale_down(
     workers: int = 6,
     slots: int = 4,
     at_once: int = 2,
-    time_scale: float = 0.25,
+    time_scale: float = 0.7,  # ~the old profile's request lengths on issue 16's faster model
     seed: int = 3,
 ) -> DrainFigures:
     """Drain ``drains`` workers (``at_once`` at a time, busy ones first) under a steady load,
