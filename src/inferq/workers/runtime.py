@@ -226,14 +226,14 @@ class Engine:
     def _set_health_state(self, state: WorkerState) -> None:
         """The health monitor's transition (ready <-> unhealthy), published at once."""
         self.state = state
-        self._safe_beat()
+        self._publish_state()
 
     def begin_drain(self) -> None:
         """Take no new batches (the dispatcher sees ``draining`` on the next beat)."""
         if self.state is not WorkerState.DRAINING:
             log.info("worker %s draining (%d in flight)", self.config.worker_id, self.in_flight)
             self.state = WorkerState.DRAINING
-            self._safe_beat()
+            self._publish_state()
 
     def wait_idle(self, timeout_s: float | None = None) -> bool:
         """Block until nothing runs; True if idle (False on timeout)."""
@@ -370,6 +370,20 @@ class Engine:
             self.beat()
         except CONNECTION_ERRORS as exc:
             log.warning("heartbeat failed: %s", exc)
+
+    def _publish_state(self) -> None:
+        """A state change (unhealthy, ready again, draining), published at once.
+
+        Beats from here, and hands the heartbeat process the new line with a beat at once:
+        otherwise its next beat writes the line it held, with the old state, back over
+        this one (a worker seen ``ready`` again while still ``unhealthy`` was given work).
+        """
+        self._safe_beat()
+        if self._pulse is not None:
+            try:
+                self._pulse.send(self.info().to_fields(), self.held(), now=True)
+            except CONNECTION_ERRORS as exc:
+                log.warning("heartbeat failed: %s", exc)
 
     def _pulse_or_beat(self) -> None:
         """Hand the heartbeat to the heartbeat process, or beat here without one."""
