@@ -40,7 +40,7 @@ class Fleet:
         self.procs: list[subprocess.Popen[bytes]] = []
         # A file, not a pipe: nobody reads until the end, and a full pipe (64 KiB of
         # request logs) would block the worker's logging.
-        self.log = tempfile.TemporaryFile()
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (closed by the fixture)
         self.dispatcher = Dispatcher(Store(store.redis, settings), tick_s=0.05)
         self._thread = threading.Thread(target=self.dispatcher.run, daemon=True)
         self._thread.start()
@@ -94,6 +94,7 @@ def fleet(fast_settings: Settings, redis_client) -> Iterator[Fleet]:  # type: ig
     f = Fleet(fast_settings, Store(redis_client, fast_settings))
     yield f
     f.close()
+    f.log.close()
 
 
 @pytest.fixture
