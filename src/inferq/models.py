@@ -65,6 +65,24 @@ class WorkerState(StrEnum):
     DRAINING = "draining"
 
 
+class FailureKind(StrEnum):
+    """What failed, which decides how a request is retried (see :mod:`inferq.workers.failures`).
+
+    ``infrastructure``: the model server could not be reached or was overloaded
+    (connection refused or reset, 502/503/504, 429, a timeout before the first byte):
+    retried without spending an attempt, bounded by the deadline. ``server``: the server
+    failed on the request (500, other 5xx, 408, a malformed answer): retried up to
+    ``max_attempts``. ``request``: the server rejected the request itself (other 4xx):
+    fails at once. ``truncated``: the answer ended without a finish reason (a stream cut
+    off before ``[DONE]``, a 200 with an empty body): retried up to ``max_attempts``.
+    """
+
+    INFRASTRUCTURE = "infrastructure"
+    SERVER = "server"
+    REQUEST = "request"
+    TRUNCATED = "truncated"
+
+
 class ChatMessage(BaseModel):
     """One chat message (OpenAI chat format)."""
 

@@ -100,6 +100,36 @@ def test_event_observer_counts_errors_retries_preemptions_and_refusals(
     assert 'inferq_rate_limit_refusals_total{tenant="acme"} 1.0' in text
 
 
+def test_failed_attempts_are_counted_by_the_workers_failure_kind(
+    store: Store, settings: Settings
+) -> None:
+    """The scripts' events carry the worker's failure kind (issue 15: the metrics use
+    :mod:`inferq.workers.failures`' kinds): a retried outage, a request failed at once
+    (a 4xx, which was not counted at all), and a lapsed lease (no worker kind)."""
+    ready_worker(store, "w1")
+    r = inference_request(settings, priority="realtime")
+    store.submit(r)
+    queue = store.keys.queue("realtime", r.route)
+    [(rid, attempt)] = store.assign("w1", "b1", [(r.id, queue, 1)])
+    error = f"openai: request {rid}: HTTP 503 from http://127.0.0.1:1"
+    store.requeue([(rid, attempt, "w1", error)], infra=True, kind="infrastructure")
+    [(rid, attempt)] = store.assign("w1", "b2", [(r.id, queue, 1)])
+    store.complete(
+        "w1", [Completion(rid, attempt, "failed", error=f"openai: request {rid}: HTTP 400")]
+    )
+    registry, observer = build_registry(store)
+    for event in store.events():
+        observer.observe(event.type, event.fields)
+    observer.observe("retry", {"id": "x", "error": "lease expired on worker w1"})
+    text = generate_latest(registry).decode()
+    assert 'inferq_failed_attempts_total{failure="infrastructure"} 1.0' in text
+    assert 'inferq_failed_attempts_total{failure="request"} 1.0' in text
+    assert 'inferq_failed_attempts_total{failure="other"} 1.0' in text
+    assert 'inferq_failed_attempts_total{failure="server"} 0.0' in text
+    assert 'inferq_backend_errors_total{kind="http_5xx"} 1.0' in text
+    assert 'inferq_backend_errors_total{kind="http_4xx"} 1.0' in text
+
+
 def test_only_the_metrics_lease_holder_exports_deployment_series(
     store: Store, settings: Settings
 ) -> None:

@@ -8,7 +8,8 @@ accounts every event it knows (the fields are the Lua scripts', see
 ``finish`` / ``fail`` / ``expire``            queue wait, TTFT, TPOT, end-to-end latency,
                                               SLA met or missed, prompt/completion tokens,
                                               requests per tenant (top N, then ``other``)
-``retry`` / ``dead_letter``                   failed attempts by error kind, retries
+``retry`` / ``dead_letter`` / ``fail``        failed attempts by error kind and by failure
+                                              kind (the retry rule applied), retries
 ``preempt``                                   preemptions per class (a running request
                                               paused for a more urgent one)
 ``rate_limited``                              submits refused by a tenant rate limit
@@ -30,7 +31,8 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from inferq.metrics.labels import ERROR_KINDS, OTHER, StickyLabels, error_kind
+from inferq.metrics.labels import ERROR_KINDS, FAILURES, OTHER, StickyLabels, error_kind
+from inferq.models import FailureKind
 from inferq.store import REDIS_ERRORS, Store
 
 log = logging.getLogger(__name__)
@@ -135,6 +137,13 @@ class EventObserver:
             ["kind"],
             registry=registry,
         )
+        self.failures = Counter(
+            "inferq_failed_attempts",
+            "Failed attempts by failure kind: infrastructure (no attempt spent), server, "
+            "truncated, request (failed at once), other (lapsed lease, hand-back)",
+            ["failure"],
+            registry=registry,
+        )
         self.retries = Counter(
             "inferq_retries", "Requests queued again after a failed attempt", registry=registry
         )
@@ -153,6 +162,8 @@ class EventObserver:
         # Exported at zero from the start, so rates and alerts have a series to read.
         for kind in ERROR_KINDS:
             self.errors.labels(kind)
+        for failure in FAILURES:
+            self.failures.labels(failure)
         for cls in sla_s:
             self.preemptions.labels(cls)
         self.rate_limited.labels(OTHER)
@@ -193,7 +204,7 @@ class EventObserver:
             self._models[fields.get("worker", "")] = fields.get("model", "unknown")
         elif etype in ("retry", "dead_letter"):
             if "error" in fields:  # a failed attempt (a requeue from the dead letter has none)
-                self.errors.labels(error_kind(fields["error"])).inc()
+                self._failed_attempt(fields["error"], fields.get("kind", ""))
             if etype == "retry":
                 self.retries.inc()
         elif etype == "preempt":
@@ -201,7 +212,15 @@ class EventObserver:
         elif etype == "rate_limited":
             self.rate_limited.labels(self.tenant_label(fields.get("tenant", "default"))).inc()
         elif etype in ("finish", "fail", "expire") and fields.get("class"):
+            if etype == "fail" and fields.get("error"):  # failed at once: the request's own
+                self._failed_attempt(fields["error"], FailureKind.REQUEST.value)
             self._final(etype, fields)
+
+    def _failed_attempt(self, error: str, kind: str) -> None:
+        """One failed attempt: by its message's kind, and by the worker's failure kind
+        (:mod:`inferq.workers.failures`; empty for the scripts' own requeues)."""
+        self.errors.labels(error_kind(error)).inc()
+        self.failures.labels(kind if kind in FAILURES else OTHER).inc()
 
     def _final(self, etype: str, fields: dict[str, str]) -> None:
         cls = fields["class"]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from inferq.models import FailureKind
+
 #: The label value every tenant outside the top N shares.
 OTHER = "other"
 
@@ -38,6 +40,11 @@ _ERROR_KINDS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
 
 #: A URL inside an error message (the model server's); its words are not the error's.
 _URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.I)
+
+#: The ``failure`` label's domain: the workers' failure kinds (the retry rule each
+#: follows, :class:`~inferq.models.FailureKind`), and ``other`` for requeues the
+#: scripts make themselves (a lapsed lease, a hand-back).
+FAILURES: tuple[str, ...] = (*(k.value for k in FailureKind), OTHER)
 
 #: Every value :func:`error_kind` returns (the label's whole domain).
 ERROR_KINDS: tuple[str, ...] = (*(kind for _, kind in _ERROR_KINDS), "other", "unknown")

@@ -1,7 +1,7 @@
 """How a failed request is retried: the failure's kind, whether it spends an attempt, the backoff.
 
 Every :class:`~inferq.workers.servers.ServerError` is classified (:func:`classify`) into a
-:class:`~inferq.workers.servers.FailureKind`:
+:class:`~inferq.models.FailureKind`:
 
 =====================  =====================================================  ==============
 kind                   examples                                               attempts
@@ -34,7 +34,8 @@ import random
 from dataclasses import dataclass
 
 from inferq import defaults
-from inferq.workers.servers.base import FailureKind, ServerError
+from inferq.models import FailureKind
+from inferq.workers.servers.base import ServerError
 
 #: HTTP statuses that mean the server (or a proxy before it) is down or overloaded, not
 #: that it failed on this request: 429 Too Many Requests, 502 Bad Gateway, 503 Service

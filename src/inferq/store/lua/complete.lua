@@ -32,10 +32,12 @@ for i = 5, #ARGV, 9 do
     if status == 'failed' then etype = 'fail' elseif status == 'expired' then etype = 'expire'
     elseif status == 'cancelled' then etype = 'cancel' end
     local submitted = tonumber(r[6])
+    local why = {}
+    if status == 'failed' then why = {'error', ARGV[i + 7]} end
     emit(p, maxlen, etype, 'id', id, 'worker', w, 'attempt', attempt, 'class', r[5],
       'tenant', r[8], 'queue_ms', tonumber(r[7]) - submitted, 'e2e_ms', now - submitted,
       'ttft_ms', (tonumber(ARGV[i + 6]) or now) - submitted, 'tokens', ARGV[i + 5],
-      'ptokens', ARGV[i + 4])
+      'ptokens', ARGV[i + 4], unpack(why))
     out[#out + 1] = 'ok'
   end
 end

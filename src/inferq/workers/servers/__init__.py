@@ -6,10 +6,10 @@ points, a name kept for plugins); see :mod:`inferq.workers.servers.base` for the
 interface.
 """
 
+from inferq.models import FailureKind
 from inferq.workers.servers.base import (
     ENTRY_POINT_GROUP,
     ChunkSink,
-    FailureKind,
     ModelServer,
     ServerError,
     ServerFactory,

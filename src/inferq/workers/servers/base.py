@@ -17,14 +17,13 @@ import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 from importlib.metadata import entry_points
 from types import TracebackType
 from typing import Any, ClassVar, Self
 
 from inferq.config import ModelSpec
 from inferq.errors import ConfigError, InferqError
-from inferq.models import Payload
+from inferq.models import FailureKind, Payload
 
 #: Entry-point group scanned for third-party model servers.
 ENTRY_POINT_GROUP = "inferq.backends"
@@ -81,24 +80,6 @@ class ServerResult:
     completion_tokens: int
     ttft_s: float | None = None
     finish_reason: str | None = None
-
-
-class FailureKind(StrEnum):
-    """What failed, which decides how a request is retried (see :mod:`inferq.workers.failures`).
-
-    ``infrastructure``: the model server could not be reached or was overloaded
-    (connection refused or reset, 502/503/504, 429, a timeout before the first byte):
-    retried without spending an attempt, bounded by the deadline. ``server``: the server
-    failed on the request (500, other 5xx, 408, a malformed answer): retried up to
-    ``max_attempts``. ``request``: the server rejected the request itself (other 4xx):
-    fails at once. ``truncated``: the answer ended without a finish reason (a stream cut
-    off before ``[DONE]``, a 200 with an empty body): retried up to ``max_attempts``.
-    """
-
-    INFRASTRUCTURE = "infrastructure"
-    SERVER = "server"
-    REQUEST = "request"
-    TRUNCATED = "truncated"
 
 
 class ServerError(InferqError):

@@ -50,8 +50,8 @@ import httpx
 from inferq import defaults
 from inferq.config import ModelSpec
 from inferq.errors import redact_url
+from inferq.models import FailureKind
 from inferq.workers.servers.base import (
-    FailureKind,
     ModelServer,
     ServerError,
     ServerRequest,

@@ -51,7 +51,7 @@ local function requeue_one(p, id, attempt, worker, err, penalize, max_attempts, 
       {'error', 'failed after ' .. attempts .. ' attempts: ' .. err})
     redis.call('ZADD', p .. 'dead', now, id)
     record_persist(p, id)
-    emit(p, maxlen, 'dead_letter', 'id', id, 'error', err)
+    emit(p, maxlen, 'dead_letter', 'id', id, 'error', err, 'kind', kind or '')
     return 'dead'
   end
   redis.call('HSET', key, 'last_error', err, 'excluded_worker', r[3] or '')
