@@ -26,9 +26,16 @@ def free_port() -> int:
 class GatewayServer:
     """The gateway app served by uvicorn in a thread; ``url`` is its ``/v1`` base."""
 
-    def __init__(self, settings: Settings, keys: Path | None, *, rate_limits: bool = True) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        keys: Path | None,
+        *,
+        rate_limits: bool = True,
+        redis_keys: bool = False,
+    ) -> None:
         keyring = KeyRing.load(keys, [c.name for c in settings.classes])
-        self.app = create_app(settings, keyring, rate_limits=rate_limits)
+        self.app = create_app(settings, keyring, rate_limits=rate_limits, redis_keys=redis_keys)
         self.port = free_port()
         config = uvicorn.Config(
             self.app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False

@@ -75,3 +75,50 @@ def test_openai_bodies_map_onto_submissions() -> None:
     with pytest.raises(InvalidRequest) as header:
         api.timeout_header("soon")
     assert header.value.field == api.TIMEOUT_HEADER
+
+
+def test_stored_key_ids_resolve_to_one_digest() -> None:
+    from inferq.gateway.tenants import resolve_key_id
+
+    stored = [digest("iq-one"), digest("iq-two")]
+    assert resolve_key_id("iq-two", stored) == stored[1]  # the key itself
+    assert resolve_key_id(f"sha256:{stored[0].upper()}", stored) == stored[0]
+    assert resolve_key_id(stored[0][:12], stored) == stored[0]  # its id, as listed
+    with pytest.raises(ConfigError, match="no stored API key matches"):
+        resolve_key_id("iq-three", stored)
+    with pytest.raises(ConfigError, match="no stored API key matches"):
+        resolve_key_id("00000000", stored)  # neither digest starts with 8 zeros
+    twins = ["abcdef01" + "0" * 56, "abcdef01" + "1" * 56]
+    with pytest.raises(ConfigError, match="matches 2 keys"):
+        resolve_key_id("abcdef01", twins)
+
+
+def test_stored_keys_are_cached_briefly_and_corrupt_entries_refused() -> None:
+    import asyncio
+
+    from inferq.gateway.tenants import KEY_CACHE_S, ApiKey, StoredKey, StoredKeys
+
+    entry = StoredKey(key=ApiKey(tenant="acme", classes=("batch",)), created_s=1.0)
+    table: dict[str, str] = {digest("iq-good"): entry.model_dump_json(), digest("iq-bad"): "{"}
+    fetched: list[str] = []
+
+    async def fetch(key_digest: str) -> str | None:
+        fetched.append(key_digest)
+        return table.get(key_digest)
+
+    now = [100.0]
+    keys = StoredKeys(fetch, clock=lambda: now[0])
+
+    async def scenario() -> None:
+        found = await keys.lookup("iq-good")
+        assert found is not None and found.tenant == "acme" and found.classes == ("batch",)
+        assert await keys.lookup("iq-bad") is None  # invalid JSON: refused, no crash
+        assert await keys.lookup("iq-unknown") is None
+        del table[digest("iq-good")]  # revoked
+        assert await keys.lookup("iq-good") is not None  # still cached
+        assert len(fetched) == 3
+        now[0] += KEY_CACHE_S
+        assert await keys.lookup("iq-good") is None  # refused once the cache entry is old
+        assert len(fetched) == 4
+
+    asyncio.run(scenario())

@@ -48,6 +48,10 @@ LAZY_COMMANDS = {
         "inferq.cli.scaler:scaler",
         "Run a scaler replica: launch workers on backlog, drain idle ones.",
     ),
+    "keys": (
+        "inferq.cli.keys:keys",
+        "The gateway's API keys stored in Redis: add, list, revoke.",
+    ),
     "simulate": (
         "inferq.cli.simulate:simulate",
         "Replay traces through the five policies in virtual time and compare them.",
@@ -510,6 +514,12 @@ def dashboard(obj: Context, host: str, port: int) -> None:
     help="API keys file (TOML or JSON): key -> tenant, classes, limits. "
     "Without one the gateway is open (every caller is the default tenant).",
 )
+@click.option(
+    "--redis-keys",
+    is_flag=True,
+    envvar="INFERQ_GATEWAY_REDIS_KEYS",
+    help="Also accept the API keys stored in Redis (inferq keys add/list/revoke).",
+)
 @click.option("--no-rate-limits", is_flag=True, help="Ignore the keys' per-minute limits.")
 @pass_ctx
 @handle_errors
@@ -518,6 +528,7 @@ def gateway(
     host: str,
     port: int,
     keys_path: Path | None,
+    redis_keys: bool,
     no_rate_limits: bool,
 ) -> None:
     """Serve the OpenAI HTTP API (chat and completions, streaming) in front of the queue.
@@ -529,10 +540,17 @@ def gateway(
     from inferq.gateway.tenants import KeyRing
 
     keyring = KeyRing.load(keys_path, [c.name for c in obj.settings.classes])
-    if keyring.open:
-        click.echo("warning: no --keys file: every caller is the default tenant", err=True)
-    app = create_app(obj.settings, keyring, rate_limits=not no_rate_limits)
-    click.echo(f"inferq gateway on http://{host}:{port}/v1 ({len(keyring)} API keys)", err=True)
+    if keyring.open and not redis_keys:
+        click.echo(
+            "warning: no --keys file and no --redis-keys: every caller is the default tenant",
+            err=True,
+        )
+    app = create_app(obj.settings, keyring, rate_limits=not no_rate_limits, redis_keys=redis_keys)
+    stored = ", and the keys stored in Redis" if redis_keys else ""
+    click.echo(
+        f"inferq gateway on http://{host}:{port}/v1 ({len(keyring)} API keys in the file{stored})",
+        err=True,
+    )
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
 
 

@@ -42,7 +42,7 @@ from inferq.config import Settings
 from inferq.errors import InferqError, InvalidRequest, QueueFull, RedisUnavailable
 from inferq.gateway import openai_api as api
 from inferq.gateway.ratelimit import RateLimits
-from inferq.gateway.tenants import ApiKey, KeyRing
+from inferq.gateway.tenants import OPEN, ApiKey, KeyRing, StoredKeys
 from inferq.intake import build_request
 from inferq.models import InferenceRequest, Result, StreamChunk
 from inferq.routes import candidates, parse_route
@@ -99,13 +99,24 @@ class Gateway:
 
     Args:
         settings: the deployment (Redis URL, namespace, classes, models, scaling pools).
-        keyring: the API keys (an open ring = no authentication).
+        keyring: the API keys of the keys file (an open ring: no file).
         rate_limits: enforce the keys' rate limits (on Redis).
+        redis_keys: also accept the API keys stored in Redis (``inferq keys add``). With
+            no keys file and no Redis keys the gateway is open (no authentication).
     """
 
-    def __init__(self, settings: Settings, keyring: KeyRing, *, rate_limits: bool = True) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        keyring: KeyRing,
+        *,
+        rate_limits: bool = True,
+        redis_keys: bool = False,
+    ) -> None:
         self.settings = settings
         self.keyring = keyring
+        self.redis_keys = redis_keys
+        self.stored_keys: StoredKeys | None = None
         self.metrics = GatewayMetrics()
         self.use_rate_limits = rate_limits
         self.client: AsyncClient | None = None
@@ -117,6 +128,8 @@ class Gateway:
     async def start(self) -> None:
         self.client = AsyncClient(settings=self.settings)
         await self.client.store.check()
+        if self.redis_keys:
+            self.stored_keys = StoredKeys(self.client.store.api_key)
         if self.use_rate_limits:
             self.limits = RateLimits(self.settings.redis_url, self.client.store.keys)
 
@@ -138,7 +151,7 @@ class Gateway:
         return await self._complete(request, "completions")
 
     async def models(self, request: Request) -> Response:
-        if self._key(request) is None:
+        if await self._key(request) is None:
             return self._unauthorized("models")
         live = await self._live_models()
         data = [
@@ -161,7 +174,7 @@ class Gateway:
 
     async def _complete(self, request: Request, endpoint: api.Endpoint) -> Response:
         received = time.perf_counter()
-        key = self._key(request)
+        key = await self._key(request)
         if key is None:
             return self._unauthorized(endpoint)
         try:
@@ -418,11 +431,26 @@ class Gateway:
 
     # --- answers --------------------------------------------------------------------------
 
-    def _key(self, request: Request) -> ApiKey | None:
+    async def _key(self, request: Request) -> ApiKey | None:
+        """The caller's key: the keys file's entry, else the stored one (``--redis-keys``);
+        :data:`~inferq.gateway.tenants.OPEN` on an open gateway; None when unknown."""
+        if self.keyring.open and self.stored_keys is None:
+            return OPEN
         auth = request.headers.get("authorization", "")
         scheme, _, token = auth.partition(" ")
         bearer = token.strip() if scheme.lower() == "bearer" else None
-        return self.keyring.lookup(bearer)
+        if not bearer:
+            return None
+        if not self.keyring.open:
+            found = self.keyring.lookup(bearer)
+            if found is not None:
+                return found
+        if self.stored_keys is not None:
+            try:
+                return await self.stored_keys.lookup(bearer)
+            except CONNECTION_ERRORS as exc:
+                log.warning("stored API keys unreadable: %s", exc)
+        return None
 
     def _unauthorized(self, endpoint: str) -> Response:
         return self._error(
@@ -465,15 +493,22 @@ class Gateway:
         )
 
 
-def create_app(settings: Settings, keyring: KeyRing, *, rate_limits: bool = True) -> Starlette:
+def create_app(
+    settings: Settings,
+    keyring: KeyRing,
+    *,
+    rate_limits: bool = True,
+    redis_keys: bool = False,
+) -> Starlette:
     """The gateway as an ASGI application (run it with uvicorn: ``inferq gateway``).
 
     Args:
         settings: the deployment.
-        keyring: the API keys (:meth:`KeyRing.load`).
+        keyring: the API keys of the keys file (:meth:`KeyRing.load`).
         rate_limits: enforce the keys' per-minute limits.
+        redis_keys: also accept the API keys stored in Redis (``inferq keys``).
     """
-    gateway = Gateway(settings, keyring, rate_limits=rate_limits)
+    gateway = Gateway(settings, keyring, rate_limits=rate_limits, redis_keys=redis_keys)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -80,6 +80,25 @@ class AdminCalls(StoreBase):
         """Quarantined keys and why."""
         return dict(self.redis.hgetall(self.keys.quarantine))
 
+    # --- the gateway's API keys (values are the gateway's JSON; see inferq.gateway.tenants)
+
+    def api_keys(self) -> dict[str, str]:
+        """Every stored API key: SHA-256 hex digest -> JSON entry."""
+        return dict(self.redis.hgetall(self.keys.api_keys))
+
+    def put_api_key(self, key_digest: str, entry_json: str) -> bool:
+        """Store an API key's entry under its digest; False when that digest was already
+        stored (the entry is left as it was)."""
+        return bool(self.redis.hsetnx(self.keys.api_keys, key_digest, entry_json))
+
+    def api_key_count(self) -> int:
+        """How many API keys are stored."""
+        return int(self.redis.hlen(self.keys.api_keys))
+
+    def delete_api_key(self, key_digest: str) -> bool:
+        """Revoke an API key; False when the digest was not stored."""
+        return bool(self.redis.hdel(self.keys.api_keys, key_digest))
+
     def dead_letters(self, limit: int = 100) -> list[str]:
         """Ids in the dead letter, oldest first."""
         return list(self.redis.zrange(self.keys.dead, 0, limit - 1))

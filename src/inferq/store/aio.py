@@ -124,6 +124,11 @@ class AsyncStore:
                 out[model] = out.get(model, 0) + 1
         return out
 
+    async def api_key(self, key_digest: str) -> str | None:
+        """The JSON entry of a stored API key by its SHA-256 hex digest; None when absent."""
+        value: str | None = await self.redis.hget(self.keys.api_keys, key_digest)
+        return value
+
     async def cancel_running(self, request_id: str, reason: str) -> str:
         """See :meth:`inferq.store.Store.cancel_running`."""
         row = await self.redis.hmget(self.keys.req(request_id), "state", "attempts", "worker")

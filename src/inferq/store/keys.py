@@ -45,6 +45,7 @@ P dead                          zset    dead-lettered ids, score = time ms
 P quarantine                    hash    corrupt key -> reason
 P quarantined:<key>             any     a corrupt record, renamed aside
 P ratelimit...                  string  the gateway's per-tenant rate-limit windows (``limits``)
+P apikeys                       hash    an API key's SHA-256 hex -> its JSON entry (gateway)
 P events                        stream  capped event log
 P wake                          list    dispatcher wake-up tokens
 P estimates                     hash    ``<model>|<task>`` -> moving output-token mean
@@ -191,6 +192,13 @@ class Keys:
         """Key prefix of the gateway's rate-limit counters (the ``limits`` library adds
         its own suffix: ``P ratelimit:<limit>/<tenant>``)."""
         return f"{self.prefix}ratelimit"
+
+    @property
+    def api_keys(self) -> str:
+        """The gateway's API keys stored in Redis: field = the key's SHA-256 hex digest (the
+        key itself is never stored), value = its JSON entry (tenant, classes, default class,
+        limits, when it was added)."""
+        return f"{self.prefix}apikeys"
 
     @property
     def events(self) -> str:

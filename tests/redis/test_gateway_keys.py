@@ -1,0 +1,206 @@
+"""API keys in Redis (``inferq keys``), and the per-tenant rate limits, on the real Redis.
+
+The gateway runs with the official OpenAI SDK as its client, a dispatcher and a
+simulated worker, as in ``test_gateway.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from click.testing import CliRunner
+
+from inferq.cli.main import cli
+from inferq.config import Settings
+from inferq.gateway.tenants import KEY_CACHE_S, digest
+from inferq.store import Store
+
+from ..conftest import REDIS_URL
+from ..helpers import wait_for
+from .gateway_server import GatewayServer
+from .test_gateway import MODEL, sdk
+from .test_workers import Fleet
+
+FILE_KEYS = """
+[keys."sk-file"]
+tenant = "filed"
+"""
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture
+def fast_settings(settings: Settings) -> Settings:
+    return settings.model_copy(update={"heartbeat_interval_s": 0.2, "lease_s": 1.0})
+
+
+@pytest.fixture
+def fleet(fast_settings: Settings, redis_client: Any) -> Iterator[Fleet]:
+    f = Fleet(fast_settings, Store(redis_client, fast_settings))
+    yield f
+    f.close()
+
+
+@pytest.fixture
+def keys_cli(namespace: str):  # type: ignore[no-untyped-def]
+    runner = CliRunner()
+
+    def invoke(*args: str) -> Any:
+        return runner.invoke(
+            cli, ["--redis-url", REDIS_URL, "--namespace", namespace, "keys", *args]
+        )
+
+    return invoke
+
+
+@pytest.fixture
+def stored_gateway(fast_settings: Settings, tmp_path: Path) -> Iterator[GatewayServer]:
+    path = tmp_path / "keys.toml"
+    path.write_text(FILE_KEYS)
+    with GatewayServer(fast_settings, path, redis_keys=True) as g:
+        yield g
+
+
+def test_keys_are_added_listed_and_revoked_by_digest_only(keys_cli, store: Store) -> None:  # type: ignore[no-untyped-def]
+    added = keys_cli(
+        "add", "--tenant", "acme", "--class", "realtime", "--class", "standard",
+        "--default-class", "standard", "--tokens-per-minute", "5000", "--note", "web app",
+        "--json",
+    )  # fmt: skip
+    assert added.exit_code == 0, added.output
+    made = json.loads(added.stdout)
+    key = made["key"]
+    assert key.startswith("iq-") and len(key) == 46
+    stored = store.api_keys()
+    assert list(stored) == [digest(key)]  # the digest, never the key
+    assert key not in json.dumps(stored)
+    listed = json.loads(keys_cli("list", "--json").stdout)
+    assert listed == [
+        {
+            "id": made["id"],
+            "digest": digest(key),
+            "tenant": "acme",
+            "classes": ["realtime", "standard"],
+            "default_class": "standard",
+            "requests_per_minute": None,
+            "tokens_per_minute": 5000,
+            "created_s": listed[0]["created_s"],
+            "note": "web app",
+        }
+    ]
+    table = keys_cli("list").stdout
+    assert made["id"] in table and "acme" in table and key not in table
+    refused = keys_cli("add", "--tenant", "acme", "--class", "urgent")
+    assert refused.exit_code == 1 and "unknown class 'urgent'" in refused.output
+    refused = keys_cli("add", "--tenant", "acme", "--class", "batch", "--default-class", "realtime")
+    assert refused.exit_code == 1 and "default_class 'realtime' is not in classes" in refused.output
+    refused = keys_cli("add", "--tenant", "no spaces")
+    assert refused.exit_code == 1 and "tenant" in refused.output
+    assert keys_cli("revoke", "00000000").exit_code == 1  # no such id
+    revoked = keys_cli("revoke", made["id"])
+    assert revoked.exit_code == 0 and f"revoked {made['id']}" in revoked.stdout
+    assert store.api_keys() == {}
+    assert "no API keys stored" in keys_cli("list").stdout
+
+
+def test_the_gateway_serves_stored_keys_until_revoked(  # type: ignore[no-untyped-def]
+    keys_cli,
+    fleet: Fleet,
+    stored_gateway: GatewayServer,
+    store: Store,
+) -> None:
+    fleet.worker("w1", time_scale=0.0)
+    made = keys_cli(
+        "add", "--tenant", "nightly", "--class", "batch", "--default-class", "batch", "--json"
+    )
+    key = json.loads(made.stdout)["key"]
+    client = sdk(stored_gateway, key)
+    chat = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=2, extra_body={"sim_output_tokens": 2}
+    )
+    record = store.record(chat.id.removeprefix("chatcmpl-"))
+    assert record.request.tenant == "nightly" and record.request.priority == "batch"
+    with pytest.raises(openai.PermissionDeniedError) as denied:  # a class it may not use
+        client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, extra_headers={"X-Inferq-Priority": "realtime"}
+        )
+    assert denied.value.body["param"] == "priority"  # type: ignore[index]
+    # The keys file still counts beside the stored keys.
+    filed = sdk(stored_gateway, "sk-file").chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=1, extra_body={"sim_output_tokens": 1}
+    )
+    assert store.record(filed.id.removeprefix("chatcmpl-")).request.tenant == "filed"
+    # A corrupt stored entry refuses its key (401) and the gateway keeps serving.
+    store.redis.hset(store.keys.api_keys, digest("iq-broken"), "{not json")
+    with pytest.raises(openai.AuthenticationError):
+        sdk(stored_gateway, "iq-broken").models.list()
+    [broken] = [k for k in json.loads(keys_cli("list", "--json").stdout) if "error" in k]
+    assert broken["digest"] == digest("iq-broken") and "invalid entry" in broken["error"]
+    assert keys_cli("revoke", key).exit_code == 0  # by the key itself
+
+    def refused() -> bool:
+        answer = httpx.get(
+            f"{stored_gateway.url}/models", headers={"Authorization": f"Bearer {key}"}
+        )
+        return answer.status_code == 401
+
+    wait_for(refused, timeout=KEY_CACHE_S + 10, what="the revoked key refused")
+    body = httpx.get(f"{stored_gateway.url}/models", headers={"Authorization": f"Bearer {key}"})
+    assert body.json()["error"]["code"] == "invalid_api_key"
+
+
+RATE_KEYS = """
+[keys."sk-tokens"]
+tenant = "tok"
+tokens_per_minute = 100
+
+[keys."sk-requests"]
+tenant = "req"
+requests_per_minute = 3
+"""
+
+
+def test_tokens_and_requests_per_minute_are_shared_by_replicas(  # type: ignore[no-untyped-def]
+    fleet: Fleet,
+    fast_settings: Settings,
+    tmp_path: Path,
+    store: Store,
+) -> None:
+    fleet.worker("w1", time_scale=0.0)
+    path = tmp_path / "keys.toml"
+    path.write_text(RATE_KEYS)
+    with GatewayServer(fast_settings, path) as one, GatewayServer(fast_settings, path) as two:
+        # Tokens: prompt estimate + max_tokens reserved at admission. "hi" is a few
+        # tokens, so 60 + prompt fits 100 once; the second request, on the other
+        # replica, finds the window holding the first one's reservation.
+        first = sdk(one, "sk-tokens").chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=60, extra_body={"sim_output_tokens": 1}
+        )
+        assert first.usage is not None and first.usage.completion_tokens == 1
+        with pytest.raises(openai.RateLimitError) as limited:
+            sdk(two, "sk-tokens").chat.completions.create(
+                model=MODEL, messages=MESSAGES, max_tokens=60
+            )
+        error = limited.value.body
+        assert error["code"] == "rate_limit_exceeded"  # type: ignore[index]
+        assert "tenant 'tok' may use 100 tokens per minute" in error["message"]  # type: ignore[index]
+        assert 1 <= int(limited.value.response.headers["retry-after"]) <= 60
+        # Requests: 3 per minute across both replicas.
+        for gateway in (one, two, one):
+            sdk(gateway, "sk-requests").chat.completions.create(
+                model=MODEL, messages=MESSAGES, max_tokens=1, extra_body={"sim_output_tokens": 1}
+            )
+        with pytest.raises(openai.RateLimitError) as limited:
+            sdk(two, "sk-requests").chat.completions.create(
+                model=MODEL, messages=MESSAGES, max_tokens=1
+            )
+        error = limited.value.body
+        assert "tenant 'req' may use 3 requests per minute" in error["message"]  # type: ignore[index]
+    # The windows live in Redis, under the deployment's prefix.
+    windows = list(store.redis.scan_iter(match=f"{store.keys.rate_limits}*"))
+    assert any("tok" in w for w in windows) and any("req" in w for w in windows)
