@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from inferq.policy.dispatch import decide
-from inferq.policy.preemption import choose_victims
+from inferq.policy.fairness import vtc_cost
+from inferq.policy.preemption import choose_victims, preemption_refund, refunded_counter
 from inferq.policy.routing import eligible, need_mib
 from inferq.policy.snapshot import (
     Decision,
@@ -142,6 +143,30 @@ def test_an_overdue_class_goes_before_lower_classes_within_tenant_order() -> Non
     fair = FairnessState(class_credit={"realtime": 0.0, "standard": -100.0, "batch": 100.0})
     decision = decide(snapshot([std, old_batch], [w], now=NOW, fairness=fair), pol)
     assert assigned(decision) == {"std": "w1"}
+
+
+def test_a_preempted_tenant_is_charged_only_for_the_tokens_used() -> None:
+    """Charged 10 + 2 x 1,100 at dispatch; 300 tokens generated: 600 used, the rest back."""
+    charged = vtc_cost(10, 1100, 2.0)
+    assert preemption_refund(charged, 10, 300, 2.0) == charged - (10 + 2.0 * 300)
+    assert preemption_refund(charged, 10, 0, 2.0, started=False) == charged  # never started
+    assert preemption_refund(5.0, 10, 300, 2.0) == 0.0  # never more than was charged
+    assert refunded_counter(100.0, 250.0) == 0.0 and refunded_counter(100.0, 0.0) == 100.0
+
+
+@given(
+    st.floats(0, 1e6),
+    st.integers(0, 10_000),
+    st.integers(0, 10_000),
+    st.sampled_from([0.0, 1.0, 2.0, 4.0]),
+)
+def test_a_refund_leaves_the_counter_charged_with_what_was_used(
+    charged: float, prompt: int, generated: int, weight: float
+) -> None:
+    refund = preemption_refund(charged, prompt, generated, weight)
+    used = vtc_cost(prompt, generated, weight)
+    assert 0.0 <= refund <= charged
+    assert abs((charged - refund) - min(charged, used)) <= 1e-6 * max(1.0, charged)
 
 
 # --- properties ----------------------------------------------------------------------------

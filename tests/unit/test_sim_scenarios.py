@@ -15,7 +15,9 @@ from inferq.sim.catalog import build_scenario, scenario_names
 from inferq.sim.deployment import SimConfig
 from inferq.sim.engine import simulate
 from inferq.sim.policies import POLICIES
+from inferq.sim.result import SimResult
 from inferq.sim.scenarios import ScenarioContext
+from inferq.sim.workload import SimRequest
 
 
 @pytest.fixture
@@ -24,9 +26,13 @@ def context() -> ScenarioContext:
 
 
 def test_registry_lists_the_adversarial_scenarios() -> None:
-    assert {"priority-inversion", "tenant-flood", "tenant-flood-aged", "tenant-crowd"} <= set(
-        scenario_names()
-    )
+    assert {
+        "priority-inversion",
+        "kv-hog",
+        "tenant-flood",
+        "tenant-flood-aged",
+        "tenant-crowd",
+    } <= set(scenario_names())
 
 
 def test_priority_inversion_is_the_issue_example(context: ScenarioContext) -> None:
@@ -123,3 +129,110 @@ def test_tenant_crowd_serves_every_newcomer_before_the_flood_again(
     # VTC: between the crowd's arrival and its last newcomer served, the flood gets at
     # most a handful of slots (ties with newcomers are broken by tenant name)
     assert order[: crowd_served[-1]].count("bulk") <= 2
+
+
+# --- priority inversion in the simulator (issue 12, fault 1) ----------------------------
+
+
+def _run(context: ScenarioContext, name: str, policy: str) -> tuple[list[SimRequest], SimResult]:
+    _, w = build_scenario(name, context)
+    config = SimConfig(
+        settings=context.settings,
+        fleet=dict(w.fleet or {}),
+        slots=w.slots or 4,
+        vram_mib=w.vram_mib or 24_576,
+        max_workers=w.max_workers or 1,
+        check=True,
+    )
+    return list(w.requests), simulate(list(w.requests), POLICIES[policy], config)
+
+
+def _ttft(result: SimResult, tenant: str) -> float:
+    [o] = [o for o in result.outcomes if o.request.tenant == tenant]
+    assert o.status == "succeeded" and o.ttft_s is not None, o
+    return o.ttft_s
+
+
+def test_realtime_meets_its_sla_under_a_slot_hog_by_preempting_one_batch_request(
+    context: ScenarioContext,
+) -> None:
+    """priority-inversion: inferq preempts one batch request (the dispatcher's rule, via
+    choose_victims); it is requeued and finishes, its deadline and attempt kept."""
+    sla = context.settings.class_by_name["realtime"].sla_s
+    _, result = _run(context, "priority-inversion", "inferq")
+    assert _ttft(result, "interactive") <= sla
+    assert result.stats.preemptions == 1
+    [victim] = [o for o in result.outcomes if o.preemptions]
+    assert victim.request.priority == "batch" and victim.runs == 2
+    assert victim.status == "succeeded" and victim.wasted_tokens > victim.request.prompt_tokens
+    assert (
+        victim.deadline
+        == victim.request.arrival_s + context.settings.class_by_name["batch"].timeout_s
+    )
+
+
+@pytest.mark.parametrize("policy", ["strict-priority", "seed"])
+def test_without_preemption_the_slot_hog_inverts_priorities(
+    context: ScenarioContext, policy: str
+) -> None:
+    """The baselines keep preemption off (as documented): realtime waits for a batch
+    request to finish, past its SLA (this is what inferq's test above guards against)."""
+    sla = context.settings.class_by_name["realtime"].sla_s
+    _, result = _run(context, "priority-inversion", policy)
+    assert _ttft(result, "interactive") > sla
+    assert result.stats.preemptions == 0
+
+
+def test_large_requests_meet_their_slas_under_a_kv_hog(context: ScenarioContext) -> None:
+    """kv-hog: the stream of small batch requests keeps the KV cache full; inferq reserves
+    the worker for each large request and preempts the fewest batch requests that make
+    room, so both start within their class's SLA."""
+    classes = context.settings.class_by_name
+    _, result = _run(context, "kv-hog", "inferq")
+    assert _ttft(result, "interactive") <= classes["realtime"].sla_s
+    assert _ttft(result, "analyst") <= classes["standard"].sla_s
+    assert 0 < result.stats.preemptions <= 20  # room for 1 GiB + 3 GiB: 4 + 12 x 250 MiB
+    lost = [o for o in result.outcomes if o.status != "succeeded"]
+    assert lost == []  # every preempted batch request was requeued and served
+
+
+def test_strict_priority_never_fits_the_kv_hogs_large_requests_in_time(
+    context: ScenarioContext,
+) -> None:
+    classes = context.settings.class_by_name
+    _, result = _run(context, "kv-hog", "strict-priority")
+    assert _ttft(result, "interactive") > 10 * classes["realtime"].sla_s
+    assert _ttft(result, "analyst") > 2 * classes["standard"].sla_s
+
+
+def test_a_preempted_request_goes_back_to_its_original_position(
+    context: ScenarioContext,
+) -> None:
+    """4 batch requests hold the slots, 3 younger ones queue; the preempted one (the
+    latest started) runs again before the younger ones: its queue position was kept."""
+    route = context.settings.default_model
+
+    def req(i: int, at: float, priority: str, output: int) -> SimRequest:
+        return SimRequest(
+            id=f"r{i:07d}",
+            arrival_s=at,
+            priority=priority,
+            tenant="bulk" if priority == "batch" else "interactive",
+            route=route,
+            prompt_tokens=200,
+            output_tokens=output,
+            max_tokens=output,
+        )
+
+    reqs = [req(i, i * 0.01, "batch", 1_100) for i in range(7)] + [req(7, 2.0, "realtime", 16)]
+    config = SimConfig(
+        settings=context.settings, fleet={route: 1}, slots=4, vram_mib=24_576, max_workers=1
+    )
+    result = simulate(reqs, POLICIES["inferq"], config)
+    [victim] = [o for o in result.outcomes if o.preemptions]
+    order = [a.request_id for a in result.assignments]
+    assert order[:4] == [r.id for r in reqs[:4]]
+    assert order[4] == "r0000007"  # the realtime request took the freed slot
+    after = order[5:]
+    assert after[0] == victim.request.id, order  # before r0000004..6, which queued later
+    assert sorted(after) == sorted([victim.request.id, "r0000004", "r0000005", "r0000006"])

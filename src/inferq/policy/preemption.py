@@ -313,3 +313,37 @@ def _charged(r: RunningRequest, w: WorkerView, snapshot: Snapshot, policy: Dispa
     """What the request's dispatch charged its tenant's counter (the same formula)."""
     output = estimate_output_tokens(r.max_tokens, snapshot.output_estimates, w.model, r.task_type)
     return vtc_cost(r.prompt_tokens, output, policy.vtc_output_weight)
+
+
+def preemption_refund(
+    charged: float,
+    prompt_tokens: int,
+    generated: int,
+    output_weight: float,
+    *,
+    started: bool = True,
+) -> float:
+    """Tokens given back to a preempted request's tenant counter (never negative).
+
+    A preempted request is charged only for what it used: once started, its prompt
+    plus ``output_weight`` x the tokens it generated before the abort (the counter's
+    own :func:`~inferq.policy.fairness.vtc_cost`); the rest of its dispatch charge
+    ``charged`` is given back. One aborted before it started (assigned, not running)
+    used nothing: the whole charge is given back. ``requeue_preempted.lua`` and
+    ``abort.lua`` apply the same formula in Redis; the simulator calls this.
+
+    Args:
+        charged: what the dispatch charged (:attr:`Preemption.charged`), tokens.
+        prompt_tokens: the request's prompt, tokens.
+        generated: completion tokens generated before the abort.
+        output_weight: the counter's weight of an output token.
+        started: whether the model server had started it.
+    """
+    if not started:
+        return max(0.0, charged)
+    return max(0.0, charged - vtc_cost(prompt_tokens, generated, output_weight))
+
+
+def refunded_counter(counter: float, refund: float) -> float:
+    """A tenant counter after a preemption's refund: ``max(0, counter - refund)``."""
+    return max(0.0, counter - refund) if refund > 0 else counter

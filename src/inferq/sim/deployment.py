@@ -88,6 +88,9 @@ class SimConfig:
         queue_head: requests per ``(class, route)`` queue in a snapshot.
         tick_s: dispatcher tick while requests wait beside free slots, seconds.
         latency: service time of a request; default the latency model.
+        abort_delay_s: a preemption's abort to the freed room, seconds (the real
+            worker reads its control channel every ``defaults.CONTROL_BLOCK_S`` at
+            most; 0 models it as instant, like dispatch and hand-off).
         check: verify slots and VRAM limits after every decision (AssertionError).
     """
 
@@ -101,6 +104,7 @@ class SimConfig:
     queue_head: int = defaults.QUEUE_HEAD
     tick_s: float = defaults.DISPATCH_TICK_S
     latency: LatencyFn = service_time
+    abort_delay_s: float = 0.0
     check: bool = False
 
     def scaling_config(self) -> ScalingConfig:

@@ -14,7 +14,8 @@ What happens at one instant ``t`` (all events due at ``t`` are taken together):
    whose cold start has passed becomes ready;
 2. queued requests whose deadline has come expire (the dispatcher's
    ``expire_due``); the outcome's end time is the deadline itself;
-3. if anything changed and some ready worker has a free slot, one dispatch
+3. if anything changed and some ready worker has a free slot (or a queued request
+   is past its class's ``may_preempt_after_s``: a wake-up is due then), one dispatch
    decision: a :class:`~inferq.policy.snapshot.Snapshot` is built (per
    ``(class, route)`` queue the ``queue_head`` oldest requests and the heads of its
    tenants' sub-queues, as
@@ -23,7 +24,15 @@ What happens at one instant ``t`` (all events due at ``t`` are taken together):
    handed to the policy (``decide`` or FIFO). The decision is applied as the
    dispatcher and ``Store.write_fairness`` apply it: batches start at once,
    expiries and unschedulable reports are recorded, class credits and active
-   sets replaced, tenant floors set, then tenant charges added;
+   sets replaced, tenant floors set, then tenant charges added. When the decision
+   leaves reservations waiting (:mod:`inferq.policy.preemption`: an overdue request
+   that fits nowhere), what the reserved workers hold goes to ``choose_victims``
+   exactly as the dispatcher's preemption step does; each victim is aborted
+   ``abort_delay_s`` later (``requeue_preempted.lua``'s rule): its room is freed, it
+   goes back to its queue at its original position with its deadline (or expires
+   if that passed), its run does not count as a failed attempt, and its tenant's
+   counter keeps only the tokens it used (``preemption_refund``). Its end event is
+   dropped; what it had processed is counted as wasted tokens;
 4. every ``scaling.interval_s`` the scaler gets one
    :class:`~inferq.policy.scaling.ModelLoad` per managed model, built as the
    scaler daemon builds it (:mod:`inferq.sim.loads`), and its state back;
@@ -42,9 +51,12 @@ Approximations (documented in ``docs/evaluation.md``):
   does not change when others start or finish later;
 - a request still running at its deadline ends then as ``expired`` (the worker
   times it out); its slot is held until then;
-- decisions are skipped while no ready worker has a free slot: such a
-  decision could dispatch nothing; it would only refresh the active-tenant
-  sets, which the next decision with room does against the same counters.
+- decisions are skipped while no ready worker has a free slot and no queued
+  request is overdue: such a decision could dispatch nothing; it would only
+  refresh the active-tenant sets, which the next decision with room does
+  against the same counters;
+- a preempted run's output tokens are taken as evenly spread over its decode
+  time (the latency model's shape) when counting what it generated.
 
 The initial fleet is warm (``ready`` at time 0); scale-ups pay the cold start.
 """
@@ -62,9 +74,23 @@ from inferq import defaults
 from inferq.errors import ConfigError, InvalidRequest
 from inferq.models import WorkerState
 from inferq.policy.estimate import estimate_key, update_moving_mean
+from inferq.policy.preemption import (
+    choose_victims,
+    overdue,
+    preemption_refund,
+    refunded_counter,
+)
 from inferq.policy.routing import FleetCapacity, route_models
 from inferq.policy.scaling import ScalerState
-from inferq.policy.snapshot import Decision, DispatchPolicy, FairnessState, QueuedRequest, Snapshot
+from inferq.policy.snapshot import (
+    Decision,
+    DispatchPolicy,
+    FairnessState,
+    Preemption,
+    QueuedRequest,
+    RunningRequest,
+    Snapshot,
+)
 from inferq.sim.deployment import (
     LatencyFn,
     SimConfig,
@@ -107,7 +133,7 @@ __all__ = [
     "simulate",
 ]
 
-_COMPLETE, _TIMEOUT, _READY, _WAKE, _SCALE = 0, 1, 2, 3, 4
+_COMPLETE, _TIMEOUT, _READY, _WAKE, _SCALE, _ABORTED, _OVERDUE = 0, 1, 2, 3, 4, 5, 6
 
 
 def simulate(requests: Sequence[SimRequest], policy: SimPolicy, config: SimConfig) -> SimResult:
@@ -179,12 +205,23 @@ class _Sim:
         self.settings = settings
         self.routing = DispatchPolicy.from_settings(settings)
         self.dispatch = policy.dispatcher(settings)
+        # the policy's classes (baselines clear may_preempt_after_s: no preemption)
+        self.dispatch_policy = policy.dispatch_policy(settings)
+        self.preempt_after = {c.name: c.may_preempt_after_s for c in self.dispatch_policy.classes}
         self.scaling = config.scaling_config()
         self.classes = tuple(c.name for c in settings.classes)
         self.timeout = {c.name: c.timeout_s for c in settings.classes}
         self.requests = list(requests)
         self.outcomes = [RequestOutcome(r) for r in self.requests]
         self.by_id = {o.request.id: o for o in self.outcomes}
+        self.index_of = {r.id: i for i, r in enumerate(self.requests)}
+        # preemption: each request's queue entry (a requeue puts it back as it was), the
+        # sequence number of a running request's end event (an abort makes it stale),
+        # its run's (start, ttft, total) seconds, and the aborts on their way
+        self.entries: dict[str, QueuedRequest] = {}
+        self.end_event: dict[str, int] = {}
+        self.run_times: dict[str, tuple[float, float, float]] = {}
+        self.aborting: dict[str, Preemption] = {}
         self.now = 0.0
         self.last_activity = 0.0
         self.stats = RunStats()
@@ -264,10 +301,16 @@ class _Sim:
                 changed = True
             scale_due = False
             while self.events and self.events[0][0] <= t:
-                _, _, kind, a, b = heapq.heappop(self.events)
+                _, seq, kind, a, b = heapq.heappop(self.events)
                 self.stats.events += 1
                 if kind in (_COMPLETE, _TIMEOUT):
-                    self._complete(a, b, timed_out=kind == _TIMEOUT)
+                    if self.end_event.get(b) == seq:  # else the run was preempted
+                        self._complete(a, b, timed_out=kind == _TIMEOUT)
+                        changed = True
+                elif kind == _ABORTED:
+                    self._aborted(a, b)
+                    changed = True
+                elif kind == _OVERDUE:
                     changed = True
                 elif kind == _READY:
                     changed |= self.fleet.make_ready(a, t)
@@ -277,7 +320,7 @@ class _Sim:
                 else:
                     scale_due = True
             changed |= self._expire_due()
-            if changed and self.queued and self.fleet.has_room():
+            if changed and self.queued and (self.fleet.has_room() or self._overdue_waiting()):
                 self._decide()
             if scale_due:
                 self._scale_tick(work_left=i < n)
@@ -285,9 +328,10 @@ class _Sim:
                 self.wake_pending = True
                 self._push(t + self.config.tick_s, _WAKE)
 
-    def _push(self, at: float, kind: int, a: str = "", b: str = "") -> None:
+    def _push(self, at: float, kind: int, a: str = "", b: str = "") -> int:
         self.seq += 1
         heapq.heappush(self.events, (at, self.seq, kind, a, b))
+        return self.seq
 
     # --- queues --------------------------------------------------------------------
 
@@ -297,7 +341,7 @@ class _Sim:
             o.status, o.reason = "refused", r.refused
             return
         o.deadline = r.arrival_s + self.timeout[r.priority]
-        q = QueuedRequest(
+        self.entries[r.id] = q = QueuedRequest(
             id=r.id,
             priority=r.priority,
             route=r.route,
@@ -308,21 +352,50 @@ class _Sim:
             prompt_tokens=r.prompt_tokens,
             max_tokens=r.max_tokens,
         )
-        key = (r.priority, r.route)
+        self._enqueue(q, index)
+        self.tracker.arrived(self.now, r.route)
+        bound = self.preempt_after.get(r.priority)
+        if bound is not None:  # a decision when it becomes overdue, room or not
+            self._push(r.arrival_s + bound, _OVERDUE)
+        self.last_activity = self.now
+
+    def _enqueue(self, q: QueuedRequest, index: int) -> None:
+        """Queue ``q`` at its position by submit time (``(submitted_at, id)``: the store's
+        score and member order), in its queue and its tenant's sub-queue."""
+        key = (q.priority, q.route)
         queue = self.queues.get(key)
         if queue is None:
             queue = self.queues[key] = {}
-            self.class_keys[r.priority] = sorted([*self.class_keys[r.priority], key])
-        queue[r.id] = q
-        self.tenant_queues.setdefault(key, {}).setdefault(r.tenant, {})[r.id] = q
+            self.class_keys[q.priority] = sorted([*self.class_keys[q.priority], key])
+        part = self.tenant_queues.setdefault(key, {}).setdefault(q.tenant, {})
+        for held in (queue, part):
+            last = next(reversed(held.values()), None)
+            held[q.id] = q
+            if last is not None and (last.submitted_at, last.id) > (q.submitted_at, q.id):
+                ordered = sorted(held.values(), key=_age_order)  # a requeue: back in place
+                held.clear()
+                held.update((r.id, r) for r in ordered)
         self.queued += 1
-        counts = self.tenant_counts[r.priority]
-        counts[r.tenant] = counts.get(r.tenant, 0) + 1
-        if counts[r.tenant] == 1:
-            self.backlog_dirty.add(r.priority)
-        self.tracker.arrived(self.now, r.route)
-        heapq.heappush(self.deadlines, (o.deadline, index))
-        self.last_activity = self.now
+        counts = self.tenant_counts[q.priority]
+        counts[q.tenant] = counts.get(q.tenant, 0) + 1
+        if counts[q.tenant] == 1:
+            self.backlog_dirty.add(q.priority)
+        heapq.heappush(self.deadlines, (q.deadline, index))
+
+    def _overdue_waiting(self) -> bool:
+        """True when some class's oldest queued request is past its preemption bound
+        (a decision may reserve a worker and preempt although no slot is free)."""
+        for cls, keys in self.class_keys.items():
+            bound = self.preempt_after.get(cls)
+            if bound is None:
+                continue
+            for key in keys:
+                oldest = next(iter(self.queues[key].values()), None)
+                if oldest is not None and overdue(
+                    self.dispatch_policy.class_by_name[cls], self.now - oldest.submitted_at
+                ):
+                    return True
+        return False
 
     def _dequeue(self, o: RequestOutcome) -> None:
         r = o.request
@@ -425,6 +498,83 @@ class _Sim:
         self.stats.decide_s += time.perf_counter() - t0
         self.stats.decisions += 1
         self._apply(decision)
+        if decision.reservations:
+            self._preempt(snapshot, decision)
+
+    def _preempt(self, snapshot: Snapshot, decision: Decision) -> None:
+        """The dispatcher's preemption step: read what the reserved workers hold (after
+        this decision's batches, as ``Store.running_on`` does), let
+        :func:`~inferq.policy.preemption.choose_victims` pick, and abort them; each is
+        requeued ``abort_delay_s`` later (:meth:`_aborted`)."""
+        running: dict[str, list[RunningRequest]] = {}
+        for res in decision.reservations:
+            worker = self.fleet.live.get(res.worker_id)
+            if worker is None or worker.id in running:
+                continue
+            running[worker.id] = [
+                self._running(worker.id, rid, mib) for rid, mib in worker.running.items()
+            ]
+        victims = choose_victims(
+            decision.reservations, running, snapshot, self.dispatch_policy, decision.batches
+        )
+        for v in victims:
+            self.aborting[v.request_id] = v
+            self._push(self.now + self.config.abort_delay_s, _ABORTED, v.worker_id, v.request_id)
+
+    def _running(self, worker_id: str, request_id: str, need_mib: float) -> RunningRequest:
+        o = self.by_id[request_id]
+        r = o.request
+        return RunningRequest(
+            id=r.id,
+            worker_id=worker_id,
+            priority=r.priority,
+            tenant=r.tenant,
+            task_type=r.task_type,
+            attempt=o.runs,
+            started_at=o.dispatched_at if o.dispatched_at is not None else self.now,
+            need_mib=need_mib,
+            prompt_tokens=r.prompt_tokens,
+            max_tokens=r.max_tokens,
+            aborting=request_id in self.aborting,
+        )
+
+    def _aborted(self, worker_id: str, request_id: str) -> None:
+        """A preemption's abort took effect: as ``requeue_preempted.lua``, the request
+        frees its room, goes back to its queue at its original position with its
+        deadline (or expires if that passed), spends no attempt, and its tenant is
+        charged only for the tokens it used (:func:`preemption_refund`)."""
+        victim = self.aborting.pop(request_id, None)
+        o = self.by_id[request_id]
+        if victim is None or o.status != "running" or o.worker != worker_id:
+            return  # it ended before the abort reached it
+        if o.runs != victim.attempt:
+            return
+        now = self.now
+        r = o.request
+        worker = self.fleet.live[worker_id]
+        worker.release(request_id, now, served=False)
+        del self.end_event[request_id]
+        generated, processed = _progress(
+            r.prompt_tokens, r.output_tokens, self.run_times.pop(request_id), now
+        )
+        counters = self.counters.get(r.priority)
+        if counters is not None and r.tenant in counters:
+            refund = preemption_refund(
+                victim.charged, r.prompt_tokens, generated, self.dispatch_policy.vtc_output_weight
+            )
+            counters[r.tenant] = refunded_counter(counters[r.tenant], refund)
+        o.preemptions += 1
+        o.wasted_tokens += processed
+        self.stats.preemptions += 1
+        o.dispatched_at = o.first_token_at = None
+        o.worker = o.model = None
+        if o.deadline <= now:
+            self._end(o, "expired", now, f"deadline passed while preempted (run {o.runs})")
+        else:
+            o.status = "queued"
+            self._enqueue(self.entries[request_id], self.index_of[request_id])
+        if worker.state is WorkerState.DRAINING and not worker.running:
+            self.fleet.stop(worker_id, now)
 
     def _apply(self, decision: Decision) -> None:
         now = self.now
@@ -489,13 +639,15 @@ class _Sim:
         for o in started:
             r = o.request
             o.concurrency = concurrency
+            o.runs += 1
             took = latency(worker.spec, r.prompt_tokens, r.output_tokens, concurrency)
             end = now + took.total_s
+            self.run_times[r.id] = (now, took.ttft_s, took.total_s)
             if end > o.deadline:
-                self._push(o.deadline, _TIMEOUT, worker.id, r.id)
+                self.end_event[r.id] = self._push(o.deadline, _TIMEOUT, worker.id, r.id)
             else:
                 o.first_token_at = now + took.ttft_s
-                self._push(end, _COMPLETE, worker.id, r.id)
+                self.end_event[r.id] = self._push(end, _COMPLETE, worker.id, r.id)
         return len(started)
 
     def _complete(self, worker_id: str, request_id: str, *, timed_out: bool) -> None:
@@ -503,6 +655,8 @@ class _Sim:
         o = self.by_id[request_id]
         worker = self.fleet.live[worker_id]
         worker.release(request_id, now)
+        del self.end_event[request_id]
+        self.run_times.pop(request_id, None)
         if timed_out:
             self._end(o, "expired", now, "deadline passed while running")
         else:
@@ -643,6 +797,28 @@ class _Sim:
             end_s=end,
             stats=self.stats,
         )
+
+
+def _age_order(req: QueuedRequest) -> tuple[float, str]:
+    return (req.submitted_at, req.id)
+
+
+def _progress(
+    prompt_tokens: int, output_tokens: int, run: tuple[float, float, float], now: float
+) -> tuple[int, int]:
+    """(output tokens generated, prompt + output tokens processed) by a run aborted at
+    ``now``: the prefill takes the run's TTFT, then the output tokens come evenly over
+    the decode time (the latency model's shape)."""
+    start, ttft, total = run
+    elapsed = now - start
+    if elapsed < ttft:
+        return 0, int(prompt_tokens * elapsed / ttft) if ttft > 0 else prompt_tokens
+    decode = total - ttft
+    if output_tokens <= 1 or decode <= 0:
+        generated = output_tokens
+    else:
+        generated = min(output_tokens, 1 + int((elapsed - ttft) / decode * (output_tokens - 1)))
+    return generated, prompt_tokens + generated
 
 
 def _check_requests(requests: Sequence[SimRequest]) -> None:

@@ -120,14 +120,15 @@ class SimWorker:
         self.peak_slots = max(self.peak_slots, len(self.running))
         self.peak_mib = max(self.peak_mib, self.reserved_mib)
 
-    def release(self, request_id: str, now: float) -> None:
-        """A request ended: free its slot and MiB."""
+    def release(self, request_id: str, now: float, *, served: bool = True) -> None:
+        """A request ended (``served``) or was aborted: free its slot and MiB."""
         self.advance(now)
         self.reserved_mib -= self.running.pop(request_id)
         if not self.running:
             self.reserved_mib = 0.0  # no float residue once idle
             self.idle_since = now
-        self.served += 1
+        if served:
+            self.served += 1
 
     def over_limits(self) -> str | None:
         """Why the worker holds more than it has, or None when within its limits."""

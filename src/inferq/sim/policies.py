@@ -86,9 +86,14 @@ class SimPolicy:
     scaler: ScaleFn | None
     peak_fleet: bool = False
 
+    def dispatch_policy(self, settings: Settings) -> DispatchPolicy:
+        """The dispatch policy over ``settings``' registry and this policy's classes (the
+        preemption rule reads its classes' ``may_preempt_after_s`` and ``preemptible``)."""
+        return DispatchPolicy.from_settings(settings, classes=self.classes(settings.classes))
+
     def dispatcher(self, settings: Settings) -> DispatchFn:
         """A fresh dispatch function over ``settings``' classes and registry (stateful for FIFO)."""
-        policy = DispatchPolicy.from_settings(settings, classes=self.classes(settings.classes))
+        policy = self.dispatch_policy(settings)
         if self.ordering == "fifo":
             return FifoDispatch(policy)
 

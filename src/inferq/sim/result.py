@@ -30,6 +30,10 @@ class RequestOutcome:
         concurrency: the worker's running requests when it started (itself included).
         reason: why it expired, or why intake refused it.
         unschedulable: the first unschedulable report, if any.
+        runs: times it was started (1 + preemptions that restarted it).
+        preemptions: times it was preempted (aborted and requeued, no attempt spent).
+        wasted_tokens: prompt and output tokens its preempted runs had processed and
+            lost (a restart recomputes them: vLLM's recompute preemption).
     """
 
     request: SimRequest
@@ -43,6 +47,9 @@ class RequestOutcome:
     concurrency: int = 0
     reason: str | None = None
     unschedulable: str | None = None
+    runs: int = 0
+    preemptions: int = 0
+    wasted_tokens: int = 0
 
     @property
     def queue_wait_s(self) -> float | None:
@@ -120,13 +127,14 @@ class Sample:
 
 @dataclass(slots=True)
 class RunStats:
-    """Cost of the run itself (wall-clock seconds)."""
+    """Cost of the run itself (wall-clock seconds), and the preemptions it carried out."""
 
     decisions: int = 0
     decide_s: float = 0.0
     scale_calls: int = 0
     events: int = 0
     wall_s: float = 0.0
+    preemptions: int = 0
 
 
 @dataclass
