@@ -15,7 +15,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -33,6 +32,7 @@ from redis.retry import Retry
 
 from inferq.client import Client
 from inferq.config import Settings
+from inferq.embedded import free_port
 from inferq.models import Event, WorkerState
 from inferq.store import Store, connect
 
@@ -63,14 +63,6 @@ def wait_for(
         time.sleep(0.05)
     detail = f"\n{why()}" if why is not None else ""
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{detail}")
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now (the kernel's choice)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class RedisServer:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from inferq.embedded import free_port
 from inferq.models import WorkerState
 
 from ..helpers import wait_for
@@ -27,13 +27,6 @@ REDIS_SERVER = shutil.which("redis-server")
 OPENSSL = shutil.which("openssl")
 
 needs_redis_server = pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server not on PATH")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass

@@ -145,14 +145,6 @@ class StandIn:
         self.stop()
 
 
-def free_port() -> int:
-    """An ephemeral port that was free a moment ago (for a server started later)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     standin: StandIn

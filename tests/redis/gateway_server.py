@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from pathlib import Path
@@ -12,15 +11,9 @@ from typing import Self
 import uvicorn
 
 from inferq.config import Settings
+from inferq.embedded import free_port
 from inferq.gateway.app import create_app
 from inferq.gateway.tenants import KeyRing
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class GatewayServer:

@@ -33,6 +33,7 @@ import yaml
 
 from inferq.cli.main import cli
 from inferq.config import Settings
+from inferq.embedded import free_port
 from inferq.intake import build_request
 from inferq.models import WorkerState
 from inferq.scaler.platforms.base import LABEL_MANAGED_BY, LABEL_NAMESPACE, LABEL_WORKER, MANAGED_BY
@@ -40,7 +41,6 @@ from inferq.store import Store
 
 from .. import deploy_files as files
 from ..conftest import REDIS_URL
-from ..fakes.servers import free_port
 from ..fakes.standin_docker import DockerStandIn
 from ..fakes.standin_kubernetes import K8sStandIn
 from ..fakes.standin_openai import StandIn as OpenAIStandIn

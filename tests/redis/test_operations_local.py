@@ -14,7 +14,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,6 +22,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from inferq.embedded import free_port
 
 from ..conftest import REDIS_URL
 from ..helpers import wait_for
@@ -37,13 +38,6 @@ def doc_lines() -> list[str]:
     block = text.split(MARKER, 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
     lines = [re.sub(r"\s+#.*$", "", line).strip() for line in block.splitlines()]
     return [line for line in lines if line]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass

@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 
 from inferq.config import Settings
+from inferq.embedded import free_port
 from inferq.store import Store
 
 from ..builders import inference_request
 from ..conftest import REDIS_URL
-from ..fakes.servers import free_port
 from ..helpers import wait_for
 from ..tools import require_tool
 

@@ -22,6 +22,7 @@ import redis
 from inferq.client import AsyncClient, Client
 from inferq.config import Settings
 from inferq.dispatcher.daemon import Dispatcher
+from inferq.embedded import free_port
 from inferq.errors import RedisUnavailable
 from inferq.store import Store, connect, connection
 from inferq.store.connection import (
@@ -31,7 +32,6 @@ from inferq.store.connection import (
 from ..fakes.servers import (
     OPENSSL,
     Server,
-    free_port,
     make_tls,
     needs_redis_server,
     sim_worker,

@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 
 from inferq.config import ModelSpec
+from inferq.embedded import free_port
 from inferq.errors import ConfigError
 from inferq.models import ChatMessage, Payload
 from inferq.workers.failures import classify, plan
 from inferq.workers.servers import FailureKind, ServerError, ServerRequest, make_server
 from inferq.workers.servers.openai import OpenAIServer, error_message, retry_after_s, sse_data
-from tests.fakes.standin_openai import StandIn, free_port
+from tests.fakes.standin_openai import StandIn
 
 SPEC = ModelSpec(
     name="llama-3.1-8b",
