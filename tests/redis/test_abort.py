@@ -4,7 +4,6 @@ channel): the path preemption takes, and a cancel of a running request."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
@@ -15,7 +14,7 @@ from inferq.store import Abort, Store
 
 from ..builders import inference_request
 from ..helpers import queue_key, ready_worker, wait_for
-from .test_workers import Fleet
+from .fleet import Fleet
 
 
 def penalised_attempts(store: Store, rid: str) -> int:
@@ -78,27 +77,6 @@ def test_unreadable_control_commands_are_dropped(store: Store) -> None:
     store.redis.rpush(key, "not json", json.dumps({"id": "r1", "action": "explode"}), good)
     [command] = store.take_control("w1", 0.1)
     assert (command.request_id, command.attempt, command.action) == ("r1", 2, "cancel")
-
-
-@pytest.fixture
-def fast_settings(namespace: str) -> Settings:
-    from ..conftest import REDIS_URL
-
-    return Settings.load(
-        redis_url=REDIS_URL, namespace=namespace, heartbeat_interval_s=0.2, lease_s=1.0
-    )
-
-
-@pytest.fixture
-def fleet(fast_settings: Settings, redis_client) -> Iterator[Fleet]:  # type: ignore[no-untyped-def]
-    f = Fleet(fast_settings, Store(redis_client, fast_settings))
-    yield f
-    f.close()
-
-
-@pytest.fixture
-def client(fast_settings: Settings, redis_client) -> Client:  # type: ignore[no-untyped-def]
-    return Client(settings=fast_settings, connection=redis_client)
 
 
 def running_attempt(client: Client, rid: str) -> int | None:

@@ -21,8 +21,8 @@ from inferq.config import Settings
 from inferq.store import Store
 
 from ..helpers import wait_for
+from .fleet import Fleet
 from .gateway_server import GatewayServer
-from .test_workers import Fleet
 
 MODEL = "llama-3.1-8b"
 KEYS = """

@@ -23,9 +23,9 @@ from inferq.store import Store
 
 from ..conftest import REDIS_URL
 from ..helpers import wait_for
+from .fleet import Fleet
 from .gateway_server import GatewayServer
 from .test_gateway import MODEL, sdk
-from .test_workers import Fleet
 
 FILE_KEYS = """
 [keys."sk-file"]

@@ -29,14 +29,6 @@ wait_for_30 = functools.partial(wait_for, timeout=30)
 
 
 @pytest.fixture
-def fast_settings(namespace: str) -> Settings:
-    # Heartbeat every 0.2 s (TTL 0.6 s), 1 s leases, as in test_worker.
-    return Settings.load(
-        redis_url=REDIS_URL, namespace=namespace, heartbeat_interval_s=0.2, lease_s=1.0
-    )
-
-
-@pytest.fixture
 def fast_store(redis_client, fast_settings: Settings) -> Store:  # type: ignore[no-untyped-def]
     return Store(redis_client, fast_settings)
 

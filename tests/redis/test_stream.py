@@ -19,7 +19,7 @@ from inferq.config import Settings
 from inferq.models import Result, StreamChunk
 from inferq.store import Chunk, Completion, Store
 
-from .test_workers import Fleet
+from .fleet import Fleet
 
 
 @pytest.fixture

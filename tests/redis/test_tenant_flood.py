@@ -21,7 +21,7 @@ from inferq.store import Store
 
 from ..conftest import REDIS_URL
 from ..helpers import wait_for
-from .test_workers import Fleet
+from .fleet import Fleet
 
 MODEL = "llama-3.1-8b"
 

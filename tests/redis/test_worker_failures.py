@@ -10,104 +10,29 @@ lost or dead-lettered that a retry can save.
 from __future__ import annotations
 
 import itertools
-import os
-import subprocess
-import sys
-import tempfile
-import threading
 import time
-from collections.abc import Iterator
-
-import pytest
 
 from inferq.client import Client
-from inferq.config import Settings
-from inferq.dispatcher.daemon import Dispatcher
-from inferq.models import WorkerState
-from inferq.store import Store
 from tests.fakes.standin_openai import StandIn
 
-from ..conftest import REDIS_URL
 from ..helpers import wait_for
+from .fleet import Fleet
 
 
-class Fleet:
-    """openai workers on stand-in servers and a dispatcher thread; stopped at the end."""
-
-    def __init__(self, settings: Settings, store: Store) -> None:
-        self.settings = settings
-        self.store = store
-        self.procs: list[subprocess.Popen[bytes]] = []
-        # A file, not a pipe: nobody reads until the end, and a full pipe (64 KiB of
-        # request logs) would block the worker's logging.
-        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (closed by the fixture)
-        self.dispatcher = Dispatcher(Store(store.redis, settings), tick_s=0.05)
-        self._thread = threading.Thread(target=self.dispatcher.run, daemon=True)
-        self._thread.start()
-
-    def worker(self, wid: str, url: str, *options: str) -> None:
-        env = {
-            **os.environ,
-            "INFERQ_REDIS_URL": REDIS_URL,
-            "INFERQ_NAMESPACE": self.settings.namespace,
-        }
-        cmd = [sys.executable, "-m", "inferq", "--log-level", "INFO", "worker"]
-        cmd += ["--model", "llama-3.1-8b", "--backend", "openai", "-o", f"base_url={url}"]
-        cmd += ["--vram-mib", "24576", "--id", wid, "--slots", "4", "--heartbeat-interval", "0.2"]
-        for option in options:
-            cmd += ["-o", option]
-        proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        self.procs.append(proc)
-        wait_for(lambda: self.state(wid) == WorkerState.READY.value, what=f"{wid} ready")
-
-    def state(self, wid: str) -> str | None:
-        value: str | None = self.store.redis.hget(self.store.keys.worker(wid), "state")
-        return value
-
-    def output(self) -> str:
-        """Every worker's log (after :meth:`close`)."""
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")
-
-    def close(self) -> None:
-        self.dispatcher.stop()
-        self._thread.join(timeout=5)
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-@pytest.fixture
-def fast_settings(namespace: str) -> Settings:
-    return Settings.load(
-        redis_url=REDIS_URL, namespace=namespace, heartbeat_interval_s=0.2, lease_s=1.0
-    )
-
-
-@pytest.fixture
-def fleet(fast_settings: Settings, redis_client) -> Iterator[Fleet]:  # type: ignore[no-untyped-def]
-    f = Fleet(fast_settings, Store(redis_client, fast_settings))
-    yield f
-    f.close()
-    f.log.close()
-
-
-@pytest.fixture
-def client(fast_settings: Settings, redis_client) -> Client:  # type: ignore[no-untyped-def]
-    return Client(settings=fast_settings, connection=redis_client)
+def openai_worker(fleet: Fleet, wid: str, url: str, *options: str) -> None:
+    """A worker with the openai backend on ``url`` (4 slots), ``-o`` each option."""
+    extra = ["--backend", "openai", "-o", f"base_url={url}"]
+    for option in options:
+        extra += ["-o", option]
+    fleet.worker(wid, time_scale=None, extra=tuple(extra))
 
 
 def test_a_server_answering_500_beside_a_healthy_one_loses_nothing(
     fleet: Fleet, client: Client
 ) -> None:
     with StandIn(mode="error", error_status=500) as bad, StandIn() as good:
-        fleet.worker("bad", bad.url)
-        fleet.worker("good", good.url)
+        openai_worker(fleet, "bad", bad.url)
+        openai_worker(fleet, "good", good.url)
         handles = [
             client.submit(f"q{i}", priority="realtime", max_tokens=4, timeout=30) for i in range(30)
         ]
@@ -130,7 +55,7 @@ def test_429_with_retry_after_is_waited_out_and_spends_no_attempt(
     fleet: Fleet, client: Client
 ) -> None:
     with StandIn(mode="error", error_status=429, retry_after="1", fail_posts=8) as server:
-        fleet.worker("w", server.url)
+        openai_worker(fleet, "w", server.url)
         handles = [
             client.submit(f"p{i}", priority="realtime", max_tokens=4, timeout=60) for i in range(6)
         ]
@@ -158,7 +83,7 @@ def test_an_outage_makes_the_worker_unhealthy_and_loses_nothing(
     fleet: Fleet, client: Client
 ) -> None:
     server = StandIn().start()
-    fleet.worker("w", server.url)
+    openai_worker(fleet, "w", server.url)
     port = server.port
     server.stop()
     handles = [
@@ -191,7 +116,7 @@ def test_truncated_streams_are_retried_not_recorded_as_success(
     fleet: Fleet, client: Client
 ) -> None:
     with StandIn(mode="truncate", fail_posts=3) as server:
-        fleet.worker("w", server.url, "stream=true")
+        openai_worker(fleet, "w", server.url, "stream=true")
         handles = [
             client.submit(f"t{i}", priority="realtime", max_tokens=4, timeout=30) for i in range(3)
         ]
@@ -214,7 +139,7 @@ def test_a_chat_only_server_recovers_after_a_500(fleet: Fleet, client: Client) -
     with StandIn(
         mode="error", error_status=500, fail_posts=1, not_found_paths={"/v1/completions"}
     ) as server:
-        fleet.worker("w", server.url)
+        openai_worker(fleet, "w", server.url)
         messages = [{"role": "user", "content": "hi"}]
         handles = [
             client.submit(messages=messages, priority="standard", max_tokens=4, timeout=30)

@@ -6,98 +6,15 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
-
-import pytest
 
 from inferq.client import Client
 from inferq.config import Settings
-from inferq.dispatcher.daemon import Dispatcher
 from inferq.models import RequestState, WorkerState
-from inferq.store import Store
 
 from ..conftest import REDIS_URL
 from ..helpers import wait_for
-
-
-class Fleet:
-    """Starts worker subprocesses and a dispatcher thread; stops everything at the end."""
-
-    def __init__(self, settings: Settings, store: Store) -> None:
-        self.settings = settings
-        self.store = store
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.dispatcher = Dispatcher(Store(store.redis, settings), tick_s=0.05)
-        self._thread = threading.Thread(target=self.dispatcher.run, daemon=True)
-        self._thread.start()
-
-    def worker(
-        self, wid: str, *, time_scale: float = 1.0, slots: int = 4, extra: tuple[str, ...] = ()
-    ) -> subprocess.Popen[bytes]:
-        env = {
-            **os.environ,
-            "INFERQ_REDIS_URL": REDIS_URL,
-            "INFERQ_NAMESPACE": self.settings.namespace,
-        }
-        cmd = [
-            sys.executable,
-            "-m",
-            "inferq",
-            "--log-level",
-            "INFO",
-            "worker",
-            "--model",
-            "llama-3.1-8b",
-            "--vram-mib",
-            "24576",
-            "--id",
-            wid,
-            "--slots",
-            str(slots),
-            "--heartbeat-interval",
-            "0.2",
-            "-o",
-            f"time_scale={time_scale}",
-            *extra,
-        ]
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        self.procs[wid] = proc
-        wait_for(lambda: self.state(wid) == WorkerState.READY.value, what=f"{wid} ready")
-        return proc
-
-    def state(self, wid: str) -> str | None:
-        value: str | None = self.store.redis.hget(self.store.keys.worker(wid), "state")
-        return value
-
-    def close(self) -> None:
-        self.dispatcher.stop()
-        self._thread.join(timeout=5)
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=10)
-
-
-@pytest.fixture
-def fast_settings(namespace: str) -> Settings:
-    # Heartbeat every 0.2 s (TTL 0.6 s) and 1 s leases: crash recovery in about a second.
-    return Settings.load(
-        redis_url=REDIS_URL, namespace=namespace, heartbeat_interval_s=0.2, lease_s=1.0
-    )
-
-
-@pytest.fixture
-def fleet(fast_settings: Settings, redis_client) -> Iterator[Fleet]:  # type: ignore[no-untyped-def]
-    f = Fleet(fast_settings, Store(redis_client, fast_settings))
-    yield f
-    f.close()
-
-
-@pytest.fixture
-def client(fast_settings: Settings, redis_client) -> Client:  # type: ignore[no-untyped-def]
-    return Client(settings=fast_settings, connection=redis_client)
+from .fleet import Fleet
 
 
 def finals(client: Client, ids: list[str]) -> dict[str, int]:
@@ -119,7 +36,7 @@ def test_worker_joins_runs_batches_and_drains_on_sigterm(fleet: Fleet, client: C
     ids = [h.id for h in handles]
     wait_for(lambda: fleet.store.stats().get("succeeded", 0) >= 2, what="first results")
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 0, proc.stdout.read().decode() if proc.stdout else ""
+    assert proc.wait(timeout=30) == 0, fleet.output("w1")
     assert fleet.store.redis.exists(fleet.store.keys.worker("w1")) == 0  # deregistered
     states = finals(client, ids)
     # Nothing it held was lost: finished, or handed back to the queue for the next worker.
@@ -127,7 +44,7 @@ def test_worker_joins_runs_batches_and_drains_on_sigterm(fleet: Fleet, client: C
     fleet.worker("w2", time_scale=0.2)
     for rid in ids:
         assert client.result(rid, timeout=30).status == "succeeded"
-    log = proc.stdout.read().decode() if proc.stdout else ""
+    log = fleet.output("w1")
     assert "draining" in log and "hello" not in log  # prompts never logged
 
 
