@@ -28,3 +28,30 @@ def test_percentile_interpolates_like_numpy() -> None:
         _bench.percentile([], 50)
     with pytest.raises(ValueError, match=r"outside 0\.\.100"):
         _bench.percentile([1.0], 101)
+
+
+def test_eval_adversarial_reports_the_inversion_and_what_preemption_cost(tmp_path: Path) -> None:
+    """scripts/eval_adversarial.py on priority-inversion: inferq meets realtime's SLA by one
+    preemption and says what it cost batch against its own no-preemption run;
+    strict-priority inverts (no preemption row of its own: it never preempts)."""
+    import json
+    import subprocess
+
+    out = tmp_path / "adv.json"
+    args = ["--scenario", "priority-inversion", "--policy", "inferq", "--policy", "strict-priority"]
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS / "eval_adversarial.py"), *args, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {r["policy"]: r for r in json.loads(out.read_text())["rows"]}
+    assert list(rows) == ["inferq", "inferq (no preemption)", "strict-priority"]
+    ours, plain, strict = rows["inferq"], rows["inferq (no preemption)"], rows["strict-priority"]
+    assert ours["realtime"]["ttft_p99_s"] <= 2.0 < strict["realtime"]["ttft_p99_s"]
+    assert ours["realtime"]["sla_attainment"] == 1.0 and plain["realtime"]["sla_attainment"] == 0
+    assert ours["preemptions"] == 1 and ours["wasted_tokens"] > 0
+    assert ours["others"]["e2e_p99_delta_s"] > 0  # the requeued batch request finished later
+    assert plain["others"]["e2e_p99_delta_s"] == 0 and strict["preemptions"] == 0
+    assert "Adversarial workloads" in done.stdout

@@ -136,14 +136,7 @@ def test_tenant_crowd_serves_every_newcomer_before_the_flood_again(
 
 def _run(context: ScenarioContext, name: str, policy: str) -> tuple[list[SimRequest], SimResult]:
     _, w = build_scenario(name, context)
-    config = SimConfig(
-        settings=context.settings,
-        fleet=dict(w.fleet or {}),
-        slots=w.slots or 4,
-        vram_mib=w.vram_mib or 24_576,
-        max_workers=w.max_workers or 1,
-        check=True,
-    )
+    config = w.sim_config(context.settings, check=True)
     return list(w.requests), simulate(list(w.requests), POLICIES[policy], config)
 
 

@@ -14,6 +14,11 @@ def scenario_names() -> list[str]:
     return [f"{s.name}:{s.params}" if s.params else s.name for s in SCENARIOS.values()]
 
 
+def adversarial_names() -> list[str]:
+    """The hostile mixes (:mod:`inferq.sim.adversarial`), in registration order."""
+    return [s.name for s in SCENARIOS.values() if s.build.__module__ == adversarial.__name__]
+
+
 def build_scenario(text: str, context: ScenarioContext) -> tuple[Scenario, ScenarioWorkload]:
     """Parse ``NAME[:ARG...]`` and build its workload.
 

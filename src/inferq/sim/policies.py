@@ -24,7 +24,7 @@ inferq's scaler so that only the ordering differs from ``inferq``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from inferq.config import PriorityClass, Settings
@@ -152,6 +152,27 @@ POLICIES: Mapping[str, SimPolicy] = {
         ),
     )
 }
+
+
+def without_preemption(policy: SimPolicy) -> SimPolicy:
+    """``policy`` with the rule against priority inversion off: every class's
+    ``may_preempt_after_s`` cleared (no overdue class first, no reservation, no
+    preemption; :mod:`inferq.policy.preemption`). The baseline that measures what the
+    rule costs the lower classes; the same policy for those that never preempt."""
+    classes = policy.classes
+
+    def transform(cs: Sequence[PriorityClass]) -> tuple[PriorityClass, ...]:
+        return tuple(c.model_copy(update={"may_preempt_after_s": None}) for c in classes(cs))
+
+    return replace(policy, name=f"{policy.name} (no preemption)", classes=transform)
+
+
+def preempts(policy: SimPolicy, settings: Settings) -> bool:
+    """True when ``policy`` may preempt: it dispatches with ``decide`` and some class of
+    its has a ``may_preempt_after_s``."""
+    return policy.ordering == "decide" and any(
+        c.may_preempt_after_s is not None for c in policy.classes(settings.classes)
+    )
 
 
 class FifoDispatch:

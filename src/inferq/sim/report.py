@@ -13,6 +13,10 @@ Definitions (per class, and over all requests):
   reached that point (seconds).
 - expired: requests whose deadline passed, queued or running; starved: the
   expired ones that were never dispatched (no GPU time at all).
+- preemptions (per class: of its requests; under ``run``: all) and wasted tokens:
+  running requests aborted and requeued for a higher class's reservation
+  (:mod:`inferq.policy.preemption`), and the prompt and output tokens their
+  aborted runs had processed (recomputed when they run again).
 - refused: requests intake refused at arrival (prompt + ``max_tokens`` beyond
   every context of the route: :func:`inferq.routes.check_context`, the client's
   rule); they never enter a queue, so every other figure, SLA attainment
@@ -120,6 +124,7 @@ def summarize(
             "decide_s": result.stats.decide_s,
             "scale_calls": result.stats.scale_calls,
             "events": result.stats.events,
+            "preemptions": result.stats.preemptions,
         },
     }
 
@@ -132,6 +137,8 @@ def _extras(rows: Sequence[RequestOutcome], sla_s: float | None) -> dict[str, An
         out[f"{name}_p95_s"] = percentile(values, 95)
     out["starved"] = sum(1 for o in rows if o.status == "expired" and o.dispatched_at is None)
     out["unschedulable"] = sum(1 for o in rows if o.unschedulable is not None)
+    out["preemptions"] = sum(o.preemptions for o in rows)
+    out["wasted_tokens"] = sum(o.wasted_tokens for o in rows)
     return out
 
 

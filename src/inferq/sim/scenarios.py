@@ -18,8 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from inferq import defaults
 from inferq.config import Settings
 from inferq.errors import ConfigError
+from inferq.sim.deployment import SimConfig, default_fleet
 from inferq.sim.workload import SimRequest
 
 
@@ -61,6 +63,18 @@ class ScenarioWorkload:
     max_workers: int | None = None
     watch_tenants: tuple[str, ...] = ()
     note: str = ""
+
+    def sim_config(self, settings: Settings, *, check: bool = False) -> SimConfig:
+        """The deployment the scenario is meant for: its fleet, slots, card and scaler
+        bound, the simulator's defaults (``defaults.SIM_*``) where it names none."""
+        return SimConfig(
+            settings=settings,
+            fleet=dict(self.fleet) if self.fleet is not None else default_fleet(),
+            slots=self.slots or defaults.SIM_WORKER_SLOTS,
+            vram_mib=self.vram_mib or defaults.SIM_VRAM_MIB,
+            max_workers=self.max_workers or defaults.SCALE_MAX_WORKERS,
+            check=check,
+        )
 
 
 Builder = Callable[[ScenarioContext, Sequence[str]], ScenarioWorkload]
