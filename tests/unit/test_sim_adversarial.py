@@ -1,0 +1,131 @@
+"""Issue 12's rules as properties of whole simulated runs (many decisions, preemptions and
+requeues), on random hogs and floods: the single-decision properties are in
+test_policy_preemption.py and test_policy_dispatch.py.
+
+- Against priority inversion: whatever batch work holds the slots and the KV cache of a
+  worker, a realtime request that fits the worker once the batch work is gone starts
+  within its SLA under ``inferq`` (it waits its ``may_preempt_after_s``, reserves the
+  worker, the fewest batch requests are preempted), and every preempted request is
+  requeued and served in the end.
+- Tenant fairness under floods: while every tenant of a class is backlogged, the
+  numbers of equal-cost requests dispatched to any two of them since the last one
+  arrived differ by at most two (VTC keeps backlogged counters within one request's
+  cost; one more for the counters' spread when the window opens).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from inferq.config import Settings
+from inferq.policy.routing import kv_mib
+from inferq.sim import POLICIES, SimConfig, SimRequest, simulate
+
+SETTINGS = Settings()
+MODEL = "llama-3.1-8b"
+SPEC = SETTINGS.model_by_name[MODEL]
+CARD_MIB = 24_576
+KV_MIB = SPEC.kv_cache_mib(CARD_MIB)
+PROPS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _request(i: int, at: float, priority: str, tenant: str, prompt: int, output: int) -> SimRequest:
+    return SimRequest(
+        id=f"r{i:07d}",
+        arrival_s=at,
+        priority=priority,
+        tenant=tenant,
+        route=MODEL,
+        prompt_tokens=prompt,
+        output_tokens=output,
+        max_tokens=output,
+    )
+
+
+@st.composite
+def hog_case(draw: st.DrawFn) -> tuple[list[SimRequest], int]:
+    """Batch requests (any sizes that fit the worker, arriving over 0-4 s) and one realtime
+    request at 1-6 s whose KV need fits the worker alone and whose prefill leaves room in
+    its 2 s SLA (prompt <= 12,000 tokens: ~1 s at the 8B model's 12,000 tokens/s)."""
+    slots = draw(st.integers(1, 16))
+    rows = []
+    for _ in range(draw(st.integers(1, 40))):
+        tokens = draw(st.integers(100, 12_000))
+        prompt = draw(st.integers(50, tokens - 50))
+        rows.append((draw(st.floats(0, 4)), "batch", "bulk", prompt, tokens - prompt))
+    prompt = draw(st.integers(10, 12_000))
+    output = draw(st.integers(1, 256))
+    rows.append((draw(st.floats(1, 6)), "realtime", "interactive", prompt, output))
+    rows.sort(key=lambda r: r[0])
+    return [_request(i, *row) for i, row in enumerate(rows)], slots
+
+
+@PROPS
+@given(hog_case())
+def test_realtime_starts_within_its_sla_whatever_batch_work_holds_the_worker(
+    case: tuple[list[SimRequest], int],
+) -> None:
+    reqs, slots = case
+    [rt] = [r for r in reqs if r.priority == "realtime"]
+    assert kv_mib(rt.prompt_tokens + rt.max_tokens, SPEC) <= KV_MIB
+    config = SimConfig(
+        settings=SETTINGS,
+        fleet={MODEL: 1},
+        slots=slots,
+        vram_mib=CARD_MIB,
+        max_workers=1,
+        check=True,
+    )
+    result = simulate(reqs, POLICIES["inferq"], config)
+    by_id = {o.request.id: o for o in result.outcomes}
+    ttft = by_id[rt.id].ttft_s
+    sla = SETTINGS.class_by_name["realtime"].sla_s
+    assert ttft is not None and ttft <= sla, (ttft, by_id[rt.id])
+    # every preempted batch request came back and was served (none lost, none failed)
+    assert all(o.status == "succeeded" for o in result.outcomes)
+    assert all(o.runs == o.preemptions + 1 for o in result.outcomes)
+
+
+@st.composite
+def flood_case(draw: st.DrawFn) -> tuple[list[SimRequest], int]:
+    """2-4 tenants of one class, each with a backlog of equal-cost requests, arriving
+    one after another (the first floods from 0 s, the others join up to 3 s later)."""
+    slots = draw(st.integers(1, 8))
+    tenants = draw(st.integers(2, 4))
+    rows = []
+    for t in range(tenants):
+        start = 0.0 if t == 0 else draw(st.floats(0, 3))
+        n = draw(st.integers(5, 60))
+        rows += [(start + k * 1e-3, "standard", f"t{t}", 256, 256) for k in range(n)]
+    rows.sort(key=lambda r: r[0])
+    return [_request(i, *row) for i, row in enumerate(rows)], slots
+
+
+@PROPS
+@given(flood_case())
+def test_tenant_share_gap_stays_within_the_vtc_bound_over_a_flood(
+    case: tuple[list[SimRequest], int],
+) -> None:
+    reqs, slots = case
+    config = SimConfig(
+        settings=SETTINGS, fleet={MODEL: 1}, slots=slots, vram_mib=CARD_MIB, max_workers=1
+    )
+    result = simulate(reqs, POLICIES["inferq"], config)
+    tenant = {r.id: r.tenant for r in reqs}
+    total = Counter(r.tenant for r in reqs)
+    opened = max(min(r.arrival_s for r in reqs if r.tenant == t) for t in total)
+    served: Counter[str] = Counter()
+    done: Counter[str] = Counter()
+    for a in result.assignments:
+        t = tenant[a.request_id]
+        done[t] += 1
+        if a.at < opened:
+            continue
+        if any(done[u] - (u == t) >= total[u] for u in total):
+            break  # a tenant's backlog ran out (this dispatch included): the window closes
+        served[t] += 1
+        gap = max(served[u] for u in total) - min(served[u] for u in total)
+        assert gap <= 2, (a, dict(served), dict(done), dict(total))
