@@ -34,6 +34,7 @@ import math
 import platform
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +68,11 @@ def evaluate(
     workload: ScenarioWorkload,
     policy: SimPolicy,
     settings: Settings,
+    abort_delay_s: float = 0.0,
 ) -> list[dict[str, Any]]:
     """One scenario under one policy: its row and, when the policy preempts, the row of
     the same policy with preemption off (the baseline of the Δ columns)."""
-    config = workload.sim_config(settings, check=True)
+    config = replace(workload.sim_config(settings, check=True), abort_delay_s=abort_delay_s)
     requests = list(workload.requests)
     result = simulate(requests, policy, config)
     if not preempts(policy, settings):
@@ -220,6 +222,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="only these scenarios (repeatable; default: all)",
     )
     p.add_argument("--policy", action="append", choices=list(POLICIES), help="only these policies")
+    p.add_argument(
+        "--abort-delay",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="seconds from a preemption's abort to the freed room (the real worker reads "
+        "its control channel within defaults.CONTROL_BLOCK_S = 0.5 s)",
+    )
     p.add_argument("--json", metavar="PATH", type=Path, help="also write the figures here")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown too")
     args = p.parse_args(argv)
@@ -229,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in args.scenario or adversarial_names():
         _, workload = build_scenario(name, context)
         for policy in args.policy or list(POLICIES):
-            rows.extend(evaluate(name, workload, POLICIES[policy], settings))
+            rows.extend(evaluate(name, workload, POLICIES[policy], settings, args.abort_delay))
     console.print(table(rows))
     console.print(
         "others = requests not of a watched tenant (the lower-class hog, or the flood); "
@@ -244,6 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
             "python": platform.python_version(),
             "seed": args.seed,
+            "abort_delay_s": args.abort_delay,
             "rows": rows,
         }
         args.json.write_text(json.dumps(doc, indent=2, allow_nan=False, default=str) + "\n")

@@ -74,7 +74,10 @@ def test_simulate_runs_a_scenario_and_reports_the_watched_tenant(tmp_path: Path)
     assert data["workload"]["scenario"] == "priority-inversion"
     assert data["workload"]["fleet"] == {"llama-3.1-8b": 1}
     tenant = data["policies"][0]["tenants"]["interactive"]
-    assert tenant["requests"] == 1 and tenant["succeeded"] == 1
+    assert tenant["requests"] == 1 and tenant["succeeded"] == 1 and tenant["sla_met"] == 1
+    assert data["policies"][0]["run"]["preemptions"] == 1
+    assert data["policies"][0]["classes"]["batch"]["preemptions"] == 1
+    assert "preempted" in result.output
 
 
 def test_scenario_and_trace_are_exclusive() -> None:

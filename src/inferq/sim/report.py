@@ -305,6 +305,7 @@ FLEET_COLUMNS = (
     "busy",
     "scale up/down",
     "reversals",
+    "preempted",
     "Jain",
     "wall s",
 )
@@ -352,6 +353,7 @@ def fleet_rows(reports: Sequence[Report]) -> list[list[str]]:
                 _pct(f["gpu_busy_fraction"]),
                 f"{sc['scale_ups']}/{sc['scale_downs']}",
                 str(sc["reversals"]),
+                str(rep["run"].get("preemptions", 0)),
                 _num(rep["fairness"]["jain_tokens"], 3),
                 _num(rep["run"]["wall_s"], 1),
             ]
