@@ -82,8 +82,10 @@ def worker_view(
     used_slots: int = 0,
     used_mib: float = 0.0,
     params_b: float | None = None,
+    measured: float | None = None,
 ) -> WorkerView:
-    """A worker as the policy sees it (``params_b`` from the registry unless given)."""
+    """A worker as the policy sees it (``params_b`` from the registry unless given;
+    ``measured``: the KV room it measured, MiB)."""
     return WorkerView(
         id=wid,
         model=model,
@@ -93,6 +95,7 @@ def worker_view(
         kv_cache_mib=kv,
         reserved_slots=used_slots,
         reserved_mib=used_mib,
+        measured_free_mib=measured,
     )
 
 

@@ -181,6 +181,18 @@ HEALTH_PROBE_INTERVAL_S = 1.0
 #: Longest wait for one health probe (health endpoint or 1-token request), seconds.
 HEALTH_PROBE_TIMEOUT_S = 5.0
 
+# --- measured capacity (issue 13; inferq.workers.telemetry, inferq.workers.gpu) ---
+#: Pause between two reads of the model server's own telemetry (llama.cpp /slots, vLLM and
+#: TGI /metrics), seconds: two HTTP calls of a few KiB; a figure at most ~2 s old beside a
+#: 1 s heartbeat (issue 13: "not every beat if costly; a few seconds is fine").
+TELEMETRY_INTERVAL_S = 2.0
+#: Longest wait for one telemetry read, seconds: a busy server answers its /metrics in
+#: milliseconds; one that takes longer is left for the health probe to judge.
+TELEMETRY_TIMEOUT_S = 1.0
+#: A telemetry read older than this many intervals is dropped from the heartbeat (the
+#: bookkeeping alone routes): a server that stopped answering says nothing of its room.
+TELEMETRY_STALE_INTERVALS = 3
+
 # --- llama.cpp model server (issue 13; ``python -m inferq.llama_server``) ---
 #: Port: llama.cpp's own ``llama-server`` default.
 LLAMA_PORT = 8080

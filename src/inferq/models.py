@@ -405,21 +405,81 @@ class RequestRecord(BaseModel):
             raise CorruptRecord(key, _first_error(exc)) from None
 
 
+class ServerTelemetry(BaseModel):
+    """What a model server says of itself (its own slots, KV cache and queue); None: not said.
+
+    Read by the worker on the heartbeat cadence (:mod:`inferq.workers.telemetry`):
+    llama.cpp's ``/slots`` and ``/metrics``, vLLM's and TGI's Prometheus ``/metrics``.
+
+    Attributes:
+        slots: sequences the server runs at once (llama.cpp's slots).
+        kv_tokens: tokens its KV cache holds at most (llama.cpp: the slots' ``n_ctx``
+            summed; vLLM: ``num_gpu_blocks x block_size``; TGI: ``max_batch_total_tokens``).
+        kv_used_tokens: tokens held by running sequences now.
+        kv_usage: the share of the KV cache in use, 0..1, when the server reports a share
+            rather than tokens (vLLM's ``kv_cache_usage_perc``).
+        running / waiting: requests the server runs now, and queues inside itself.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    slots: int | None = Field(default=None, ge=0)
+    kv_tokens: int | None = Field(default=None, ge=0)
+    kv_used_tokens: int | None = Field(default=None, ge=0)
+    kv_usage: float | None = Field(default=None, ge=0, le=1)
+    running: int | None = Field(default=None, ge=0)
+    waiting: int | None = Field(default=None, ge=0)
+
+    @property
+    def kv_free_fraction(self) -> float | None:
+        """Share of the KV cache free, 0..1: from tokens when both are known, else
+        ``1 - kv_usage``; None when the server says neither."""
+        if self.kv_tokens and self.kv_used_tokens is not None:
+            return max(0.0, 1.0 - self.kv_used_tokens / self.kv_tokens)
+        if self.kv_usage is not None:
+            return 1.0 - self.kv_usage
+        return None
+
+    @property
+    def kv_free_tokens(self) -> int | None:
+        """KV tokens free: ``kv_tokens x kv_free_fraction``; None when either is unknown."""
+        free = self.kv_free_fraction
+        if self.kv_tokens is None or free is None:
+            return None
+        return round(self.kv_tokens * free)
+
+
 class WorkerInfo(BaseModel):
     """A worker's heartbeat: what it serves and how much room it has.
+
+    Two kinds of figure sit side by side: the bookkeeping (what the registry and the
+    reservations say) and the measured (NVML, the model server's telemetry), None when
+    not measured. Routing takes the smaller KV room of the two
+    (:attr:`inferq.policy.snapshot.WorkerView.free_mib`).
 
     Attributes:
         id: worker id; its private RQ queue is derived from it.
         host: hostname.
         model: the loaded model's registry name.
         params_b: the model's size, billions of parameters.
-        vram_total_mib / vram_free_mib: the GPU's memory, MiB (NVML or configured).
-        kv_cache_mib: VRAM the worker may fill with KV cache, MiB.
+        vram_total_mib: the GPUs' memory, MiB (NVML, summed over ``gpu_index``, or
+            ``--vram-mib``).
+        vram_free_mib: booked: total minus the weights minus the KV reserved for
+            assigned work, MiB.
+        vram_measured_free_mib / vram_measured_used_mib: NVML's free and used memory of
+            the GPUs at this beat, MiB (every process on them counted).
+        kv_cache_mib: booked: VRAM the worker may fill with KV cache, MiB.
+        kv_measured_free_mib: measured KV room for new work at this beat, MiB: the model
+            server's own KV figure when it reports one, else (a model server inside the
+            worker) NVML's free memory.
+        server: the model server's own telemetry (all None when it reports none).
         slots: concurrent requests at most.
         in_flight: requests running now.
         state: ``starting``, ``ready``, ``unhealthy`` or ``draining``.
         last_heartbeat / started_at: epoch seconds.
-        gpu_name / gpu_index: the card, when known.
+        gpu_name / gpu_index: the cards, when known (CUDA indices; several for a
+            tensor-parallel model server).
+        gpu_uuids: their NVML UUIDs, when measured.
         labels: free-form ``key=value`` labels.
     """
 
@@ -431,35 +491,48 @@ class WorkerInfo(BaseModel):
     params_b: float = Field(gt=0)
     vram_total_mib: int = Field(ge=0)
     vram_free_mib: int = Field(ge=0)
+    vram_measured_free_mib: int | None = Field(default=None, ge=0)
+    vram_measured_used_mib: int | None = Field(default=None, ge=0)
     kv_cache_mib: int = Field(ge=0)
+    kv_measured_free_mib: float | None = Field(default=None, ge=0)
+    server: ServerTelemetry = Field(default_factory=ServerTelemetry)
     slots: int = Field(ge=1, le=4096)
     in_flight: int = Field(default=0, ge=0)
     state: WorkerState = WorkerState.STARTING
     last_heartbeat: float = Field(gt=0)
     started_at: float = Field(gt=0)
     gpu_name: str = ""
-    gpu_index: int | None = None
+    gpu_index: tuple[int, ...] = ()
+    gpu_uuids: tuple[str, ...] = ()
     labels: dict[str, str] = Field(default_factory=dict)
 
     def to_fields(self) -> dict[str, str]:
-        """Flat string hash for Redis."""
-        return {
+        """Flat string hash for Redis (an unmeasured figure is ``""``; the server's
+        telemetry under ``server_<name>``)."""
+        fields = {
             "id": self.id,
             "host": self.host,
             "model": self.model,
             "params_b": repr(self.params_b),
             "vram_total_mib": str(self.vram_total_mib),
             "vram_free_mib": str(self.vram_free_mib),
+            "vram_measured_free_mib": _opt_str(self.vram_measured_free_mib),
+            "vram_measured_used_mib": _opt_str(self.vram_measured_used_mib),
             "kv_cache_mib": str(self.kv_cache_mib),
+            "kv_measured_free_mib": _opt_str(self.kv_measured_free_mib),
             "slots": str(self.slots),
             "in_flight": str(self.in_flight),
             "state": self.state.value,
             "last_heartbeat_ms": str(to_ms(self.last_heartbeat)),
             "started_ms": str(to_ms(self.started_at)),
             "gpu_name": self.gpu_name,
-            "gpu_index": "" if self.gpu_index is None else str(self.gpu_index),
+            "gpu_index": ",".join(map(str, self.gpu_index)),
+            "gpu_uuids": ",".join(self.gpu_uuids),
             "labels": json.dumps(self.labels, sort_keys=True),
         }
+        for name, value in self.server:
+            fields[f"server_{name}"] = _opt_str(value)
+        return fields
 
     @classmethod
     def from_fields(cls, fields: dict[str, str], key: str = "?") -> WorkerInfo:
@@ -469,7 +542,9 @@ class WorkerInfo(BaseModel):
             CorruptRecord: a field is missing or mistyped (e.g. nonsense VRAM).
         """
         try:
-            gpu_index = fields.get("gpu_index", "")
+            server = {
+                name: fields.get(f"server_{name}") or None for name in ServerTelemetry.model_fields
+            }
             return cls(
                 id=fields["id"],
                 host=fields.get("host", "localhost"),
@@ -477,14 +552,19 @@ class WorkerInfo(BaseModel):
                 params_b=float(fields["params_b"]),
                 vram_total_mib=int(fields["vram_total_mib"]),
                 vram_free_mib=int(fields["vram_free_mib"]),
+                vram_measured_free_mib=_opt_int(fields.get("vram_measured_free_mib")),
+                vram_measured_used_mib=_opt_int(fields.get("vram_measured_used_mib")),
                 kv_cache_mib=int(fields["kv_cache_mib"]),
+                kv_measured_free_mib=_opt_float(fields.get("kv_measured_free_mib")),
+                server=ServerTelemetry.model_validate(server),
                 slots=int(fields["slots"]),
                 in_flight=int(fields.get("in_flight", "0")),
                 state=WorkerState(fields["state"]),
                 last_heartbeat=from_ms(int(fields["last_heartbeat_ms"])),
                 started_at=from_ms(int(fields["started_ms"])),
                 gpu_name=fields.get("gpu_name", ""),
-                gpu_index=int(gpu_index) if gpu_index else None,
+                gpu_index=tuple(int(i) for i in _csv(fields.get("gpu_index"))),
+                gpu_uuids=tuple(_csv(fields.get("gpu_uuids"))),
                 labels=json.loads(fields.get("labels") or "{}"),
             )
         except KeyError as exc:
@@ -520,6 +600,18 @@ def _opt_ms(raw: str | None) -> float | None:
 
 def _opt_int(raw: str | None) -> int | None:
     return int(raw) if raw else None
+
+
+def _opt_float(raw: str | None) -> float | None:
+    return float(raw) if raw else None
+
+
+def _opt_str(value: float | None) -> str:
+    return "" if value is None else str(value)
+
+
+def _csv(raw: str | None) -> list[str]:
+    return [part for part in (raw or "").split(",") if part]
 
 
 def _first_error(exc: Exception) -> str:

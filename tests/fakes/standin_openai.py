@@ -74,6 +74,8 @@ class StandIn:
     retry_after: str | None = None
     truncate_after: int = 2
     not_found_paths: set[str] = field(default_factory=set)
+    #: other GET routes: path -> (content type, body) (a model server's telemetry)
+    pages: dict[str, tuple[str, str]] = field(default_factory=dict)
     requests: list[Recorded] = field(default_factory=list)
     _server: _Server | None = None
     _thread: threading.Thread | None = None
@@ -169,6 +171,9 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             down = s.mode == "error" and s.error_status >= 500 and s.fail_posts is None
             self._json(503 if down else 200, {"status": "error" if down else "ok"})
+        elif self.path in s.pages:
+            content_type, body = s.pages[self.path]
+            self._send(200, content_type, body.encode())
         elif self.path != "/v1/models":
             self._json(404, {"error": {"message": f"no route {self.path}"}})
         elif s.take_models_unavailable():

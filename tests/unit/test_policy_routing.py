@@ -53,6 +53,47 @@ def test_eligible_needs_ready_slot_vram_and_route() -> None:
     assert not eligible(wk(), req(route="!!bad route"), POLICY, NOW)
 
 
+def test_routing_takes_the_smaller_of_the_measured_and_the_booked_room() -> None:
+    r = req()  # needs 250 MiB on the 8b model
+    # The H200: the bookkeeping says plenty, another process holds the memory.
+    assert not eligible(wk(kv=114_073, measured=200.0), r, POLICY, NOW)
+    assert eligible(wk(kv=114_073, measured=250.0), r, POLICY, NOW)
+    # A measurement above the booked room changes nothing: reservations still count.
+    assert not eligible(wk(kv=1000.0, used_mib=750.1, measured=10_000.0), r, POLICY, NOW)
+    assert eligible(wk(kv=1000.0, used_mib=750.0, measured=None), r, POLICY, NOW)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    kv=st.floats(0, 1e6),
+    used=st.floats(0, 1e6),
+    measured=st.one_of(st.none(), st.floats(0, 1e6)),
+)
+def test_free_room_is_never_more_than_either_figure(
+    kv: float, used: float, measured: float | None
+) -> None:
+    w = wk(kv=kv, used_mib=used, measured=measured)
+    assert 0.0 <= w.free_mib <= max(0.0, kv - used)
+    if measured is not None:
+        assert w.free_mib <= measured
+        assert w.free_mib == max(0.0, min(kv - used, measured))
+    else:
+        assert w.free_mib == max(0.0, kv - used)
+
+
+@settings(max_examples=200, deadline=None)
+@given(measured=st.floats(0, 2000), prompt=st.integers(0, 4000), out=st.integers(1, 4000))
+def test_the_index_places_only_what_the_measured_room_holds(
+    measured: float, prompt: int, out: int
+) -> None:
+    r = req(prompt=prompt, max_tokens=out)
+    w = wk(kv=1e6, measured=measured)
+    tokens = prompt + out
+    batch = WorkerIndex([w], POLICY).place(serving_models(r, POLICY, NOW), tokens)
+    fits = need_mib(r, SPECS["llama-3.1-8b"]) <= measured
+    assert (batch is not None) == fits == eligible(w, r, POLICY, NOW)
+
+
 def test_size_route_is_served_by_any_adequate_model() -> None:
     r = req(route=">=13b", prompt=100, max_tokens=100)
     assert eligible(wk(model="llama-2-13b", kv=4096), r, POLICY, NOW)
@@ -183,6 +224,7 @@ def fleet_st(draw: st.DrawFn) -> list[WorkerView]:
                 kv=kv,
                 used_slots=draw(st.integers(0, slots)),
                 used_mib=draw(st.floats(0, kv)),
+                measured=draw(st.one_of(st.none(), st.floats(0, 4000))),
             )
         )
     return out
@@ -233,8 +275,13 @@ def test_index_picks_what_the_rule_picks(workers: list[WorkerView], data: st.Dat
         need = need_mib(r, batch.spec)
         index.add(batch, Assignment(r.id, r.priority, r.tenant, need, 0.0), tokens)
         current = [
-            dataclasses.replace(
-                w, reserved_slots=w.reserved_slots + 1, reserved_mib=w.reserved_mib + need
+            dataclasses.replace(  # the measured room shrinks by the need too
+                w,
+                reserved_slots=w.reserved_slots + 1,
+                reserved_mib=w.reserved_mib + need,
+                measured_free_mib=None
+                if w.measured_free_mib is None
+                else w.measured_free_mib - need,
             )
             if w.id == got
             else w

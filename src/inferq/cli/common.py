@@ -156,6 +156,25 @@ def pairs(option: str, values: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+def gpu_indices(text: str) -> tuple[int, ...]:
+    """``--gpu-index``: ``""`` (unset), ``"0"`` or ``"0,1"`` as CUDA indices.
+
+    Raises:
+        click.BadParameter: (naming ``--gpu-index``) an item is not a whole number >= 0,
+            or one repeats.
+    """
+    items = [item.strip() for item in text.split(",")] if text.strip() else []
+    if not all(item.isdigit() for item in items):
+        raise click.BadParameter(
+            f"{text!r} is not a CUDA index or a comma-separated list of them (e.g. 0,1)",
+            param_hint="--gpu-index",
+        )
+    indices = tuple(int(item) for item in items)
+    if len(set(indices)) != len(indices):
+        raise click.BadParameter(f"{text!r} names a GPU twice", param_hint="--gpu-index")
+    return indices
+
+
 class LazyGroup(click.Group):
     """A command group whose heavy subcommands are imported only when they run.
 

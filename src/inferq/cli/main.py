@@ -28,6 +28,7 @@ from inferq.cli.common import (
     console,
     err_console,
     fail,
+    gpu_indices,
     handle_errors,
     hint_if_empty,
     metrics_options,
@@ -589,7 +590,13 @@ def dispatcher(obj: Context, tick: float, metrics_port: int | None, metrics_host
 )
 @click.option("--slots", default=8, show_default=True, help="Concurrent requests at most.")
 @click.option("--vram-mib", type=int, help="Card VRAM, MiB (when NVML is unavailable).")
-@click.option("--gpu-index", type=int, help="CUDA device index.")
+@click.option(
+    "--gpu-index",
+    default="",
+    metavar="N[,N...]",
+    help="CUDA device index, or a comma-separated list for a tensor-parallel model server "
+    "(memory summed); under CUDA_VISIBLE_DEVICES, an index into that list.",
+)
 @click.option("--id", "worker_id", help="Worker id (default host-pid).")
 @click.option("--label", multiple=True, metavar="KEY=VALUE", help="Label (repeat).")
 @click.option("--heartbeat-interval", default=1.0, show_default=True, help="Seconds.")
@@ -614,7 +621,7 @@ def worker(
     server_options: tuple[str, ...],
     slots: int,
     vram_mib: int | None,
-    gpu_index: int | None,
+    gpu_index: str,
     worker_id: str | None,
     label: tuple[str, ...],
     heartbeat_interval: float,
@@ -630,7 +637,7 @@ def worker(
         server_options=pairs("--backend-option", server_options),
         slots=slots,
         vram_mib=vram_mib,
-        gpu_index=gpu_index,
+        gpu_index=gpu_indices(gpu_index),
         worker_id=worker_id,
         labels=pairs("--label", label),
         heartbeat_interval_s=heartbeat_interval,

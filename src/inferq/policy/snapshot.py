@@ -45,6 +45,9 @@ class WorkerView:
 
     ``reserved_*`` count assigned-but-unfinished work (kept exact in Redis by the
     assign and completion scripts), so capacity is never promised twice.
+    ``measured_free_mib`` is the KV room the worker measured at its last beat (its
+    model server's own KV figure, or NVML; None when it measured nothing): the free
+    room the policy uses is the smaller of it and the booked room (issue 13).
     """
 
     id: str
@@ -57,6 +60,7 @@ class WorkerView:
     reserved_mib: float = 0.0
     #: it runs a suspect alone (see :attr:`QueuedRequest.alone`): it takes nothing else.
     isolated: bool = False
+    measured_free_mib: float | None = None
 
     @property
     def free_slots(self) -> int:
@@ -64,7 +68,11 @@ class WorkerView:
 
     @property
     def free_mib(self) -> float:
-        return max(0.0, self.kv_cache_mib - self.reserved_mib)
+        """KV room for new work, MiB: ``min(kv_cache_mib - reserved_mib, measured)``."""
+        booked = self.kv_cache_mib - self.reserved_mib
+        if self.measured_free_mib is not None:
+            booked = min(booked, self.measured_free_mib)
+        return max(0.0, booked)
 
     @property
     def utilisation(self) -> float:

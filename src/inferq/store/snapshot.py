@@ -48,7 +48,15 @@ POLICY_FIELDS = (
 )
 
 #: Heartbeat fields the dispatch policy needs (read with HMGET, never the whole hash).
-WORKER_FIELDS = ("model", "params_b", "state", "slots", "kv_cache_mib", "id")
+WORKER_FIELDS = (
+    "model",
+    "params_b",
+    "state",
+    "slots",
+    "kv_cache_mib",
+    "id",
+    "kv_measured_free_mib",
+)
 
 #: (key, reason, [(index key, member)]): a corrupt record and the index entries naming it.
 Corrupt = tuple[str, str, list[tuple[str, str]]]
@@ -260,7 +268,7 @@ def worker_view(wid: str, fields: Sequence[str | None], load: Sequence[str | Non
     Raises:
         ValueError: a field is missing or out of range (the record is quarantined).
     """
-    model, params_b, state, slots, kv, _ = fields
+    model, params_b, state, slots, kv, _, measured = fields
     if not model or state is None:
         raise ValueError("missing field 'model' or 'state'")
     view = WorkerView(
@@ -273,11 +281,14 @@ def worker_view(wid: str, fields: Sequence[str | None], load: Sequence[str | Non
         reserved_slots=max(0, int(load[0] or 0)),
         reserved_mib=max(0.0, float(load[1] or 0.0)),
         isolated=len(load) > 2 and bool(load[2]),
+        measured_free_mib=float(measured) if measured else None,
     )
     if not (view.params_b > 0 and 1 <= view.slots <= 4096 and 0 <= view.kv_cache_mib < 1e9):
         raise ValueError(
             f"params_b {params_b!r}, slots {slots!r} or kv_cache_mib {kv!r} out of range"
         )
+    if view.measured_free_mib is not None and not 0 <= view.measured_free_mib < 1e9:
+        raise ValueError(f"kv_measured_free_mib {measured!r} out of range")
     return view
 
 

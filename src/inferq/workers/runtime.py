@@ -48,7 +48,7 @@ from inferq.store import CONNECTION_ERRORS, REPLY_ERRORS, Abort, Beat, Chunk, Co
 from inferq.workers import failures
 from inferq.workers.clock import RedisClock
 from inferq.workers.control import ControlReader
-from inferq.workers.gpu import GpuInfo
+from inferq.workers.gpu import GpuReader
 from inferq.workers.health import HealthMonitor
 from inferq.workers.pulse import HeartbeatProcess
 from inferq.workers.servers import (
@@ -58,6 +58,7 @@ from inferq.workers.servers import (
     ServerError,
     ServerRequest,
 )
+from inferq.workers.telemetry import TelemetryPoller, booked_kv_cache_mib, measured_kv_free_mib
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,8 @@ class WorkerConfig:
         worker_id: unique id (default: ``<host>-<pid>``).
         spec: the model it serves.
         slots: concurrent requests at most.
-        gpu: the card (NVML or configured).
+        gpu: the GPUs, read again on every beat (NVML, or the configured VRAM).
+        gpu_index: their CUDA indices (``--gpu-index``; empty: unset).
         labels: free-form labels published in the heartbeat.
         heartbeat_interval_s: seconds between beats.
         heartbeat_process: beat from a child process (:mod:`inferq.workers.pulse`), so
@@ -90,8 +92,8 @@ class WorkerConfig:
     worker_id: str
     spec: ModelSpec
     slots: int
-    gpu: GpuInfo
-    gpu_index: int | None = None
+    gpu: GpuReader
+    gpu_index: tuple[int, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
     heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
     heartbeat_process: bool = False
@@ -107,6 +109,9 @@ class Engine:
         store: the deployment's store.
         config: identity and capacity.
         server: the model server (sim, openai, a plugin).
+
+    Raises:
+        ConfigError: the model cannot fit the GPU (:func:`booked_kv_cache_mib`).
     """
 
     def __init__(self, store: Store, config: WorkerConfig, server: ModelServer) -> None:
@@ -119,7 +124,9 @@ class Engine:
         self._pulse: HeartbeatProcess | None = None
         self._drain_asked = threading.Event()
         self._beats = 0
-        self.kv_cache_mib = config.spec.kv_cache_mib(config.gpu.total_mib)
+        self.kv_cache_mib = booked_kv_cache_mib(
+            config.spec, config.gpu.read(), config.gpu_index, external=server.external
+        )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="engine", daemon=True)
         # Tracked by (request id, attempt): an old attempt finishing (a worker reaped and
@@ -151,6 +158,7 @@ class Engine:
         self.aborted = 0
         self._control = ControlReader(store, config.worker_id, self._on_control)
         self._rq: Any = None  # RQ's connection, opened when a broken job must be inspected
+        self.telemetry = TelemetryPoller(server, worker_id=config.worker_id, slots=config.slots)
         self.health = HealthMonitor(
             server,
             worker_id=config.worker_id,
@@ -212,6 +220,8 @@ class Engine:
                 self.config.worker_id,
             )
             return False
+        self._call(self.telemetry.read_once())  # the first ready beat carries the server's figures
+        self._loop.call_soon_threadsafe(self.telemetry.start)
         self.state = WorkerState.READY
         self.beat()
         log.info(
@@ -284,24 +294,34 @@ class Engine:
         return len(self._running)
 
     def info(self) -> WorkerInfo:
-        """The heartbeat as of now."""
+        """The heartbeat as of now: the bookkeeping, NVML read now, the server's last
+        telemetry (:mod:`inferq.workers.telemetry`)."""
         c = self.config
         reserved = int(self.store.reserved_mib(c.worker_id))
+        gpu = c.gpu.read()
+        server = self.telemetry.latest
         return WorkerInfo(
             id=c.worker_id,
             host=socket.gethostname(),
             model=c.spec.name,
             params_b=c.spec.params_b,
-            vram_total_mib=c.gpu.total_mib,
-            vram_free_mib=max(0, c.gpu.total_mib - c.spec.weights_mib - reserved),
+            vram_total_mib=gpu.total_mib,
+            vram_free_mib=max(0, gpu.total_mib - c.spec.weights_mib - reserved),
+            vram_measured_free_mib=gpu.free_mib if gpu.measured else None,
+            vram_measured_used_mib=gpu.used_mib if gpu.measured else None,
             kv_cache_mib=self.kv_cache_mib,
+            kv_measured_free_mib=measured_kv_free_mib(
+                c.spec, self.kv_cache_mib, server, gpu, external=self.server.external
+            ),
+            server=server,
             slots=c.slots,
             in_flight=self.in_flight,
             state=self.state,
             last_heartbeat=self.clock.now(),
             started_at=self.started_at,
-            gpu_name=c.gpu.name,
+            gpu_name=gpu.name,
             gpu_index=c.gpu_index,
+            gpu_uuids=gpu.uuids,
             labels=c.labels,
         )
 
@@ -838,6 +858,7 @@ class Engine:
 
     async def _shutdown_loop(self) -> None:
         await self.health.close()
+        await self.telemetry.close()
         for task in (self._flusher, self._publisher):
             if task is not None:
                 task.cancel()

@@ -34,7 +34,7 @@ from inferq.config import Settings
 from inferq.errors import ConfigError
 from inferq.models import WORKER_ID_PATTERN
 from inferq.store import Store, connect
-from inferq.workers.gpu import probe_gpu
+from inferq.workers.gpu import GpuReader
 from inferq.workers.runtime import Engine, WorkerConfig
 from inferq.workers.servers import make_server
 
@@ -50,7 +50,7 @@ class WorkerOptions:
     server_options: dict[str, Any] = field(default_factory=dict)
     slots: int = 8
     vram_mib: int | None = None
-    gpu_index: int | None = None
+    gpu_index: tuple[int, ...] = ()
     worker_id: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
@@ -59,10 +59,12 @@ class WorkerOptions:
 
 
 def build_engine(settings: Settings, opts: WorkerOptions, store: Store | None = None) -> Engine:
-    """Resolve the model, probe the GPU, build the model server and the engine.
+    """Resolve the model, open the GPUs, build the model server and the engine.
 
     Raises:
-        ConfigError: unknown model, bad slots, or the weights do not fit the card.
+        ConfigError: unknown model, bad slots, a CUDA index that is not visible, or the
+            model does not fit the card (or its measured free memory: the message names
+            the GPU, its free MiB and the need).
     """
     spec = settings.model_by_name.get(opts.model)
     if spec is None:
@@ -70,8 +72,8 @@ def build_engine(settings: Settings, opts: WorkerOptions, store: Store | None = 
         raise ConfigError(f"model: unknown model {opts.model!r} (registry: {known})")
     if not 1 <= opts.slots <= 4096:
         raise ConfigError(f"slots: {opts.slots} is outside 1..4096")
-    gpu = probe_gpu(opts.gpu_index, opts.vram_mib)
-    if gpu.total_mib <= 0:
+    gpu = GpuReader(opts.gpu_index, opts.vram_mib)
+    if gpu.read().total_mib <= 0:
         raise ConfigError("vram_mib: no GPU found; give the card's VRAM with --vram-mib")
     worker_id = opts.worker_id or f"{socket.gethostname()}-{os.getpid()}"
     if not re.match(WORKER_ID_PATTERN, worker_id):

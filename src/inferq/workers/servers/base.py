@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Self
 
 from inferq.config import ModelSpec
 from inferq.errors import ConfigError, InferqError
-from inferq.models import FailureKind, Payload
+from inferq.models import FailureKind, Payload, ServerTelemetry
 
 #: Entry-point group scanned for third-party model servers.
 ENTRY_POINT_GROUP = "inferq.backends"
@@ -118,9 +118,17 @@ class ModelServer(ABC):
     Subclasses set :attr:`name` and implement :meth:`generate`; :meth:`load`
     and :meth:`close` default to no-ops. Usable as an async context manager
     (``load`` on enter, ``close`` on exit).
+
+    Attributes:
+        name: the model server's name (``--backend``).
+        external: True when the model runs in another process that owns its GPU memory
+            (vLLM preallocates ~90% of the card): then NVML's free memory says nothing of
+            the worker's KV room and the worker does not check that its weights fit.
+            False (the default) for a model server inside the worker process.
     """
 
     name: ClassVar[str]
+    external: ClassVar[bool] = False
 
     async def load(self) -> None:  # noqa: B027 - an optional hook, not abstract
         """Load or check the model; the worker is ``starting`` until this returns.
@@ -152,6 +160,16 @@ class ModelServer(ABC):
         Returns:
             None when healthy; otherwise the error that says why not (its ``kind`` and
             ``retry_after_s`` are honoured). The default: always healthy.
+        """
+        return None
+
+    async def telemetry(self) -> ServerTelemetry | None:
+        """The server's own figures (slots, KV cache, queue), read off the request path
+        every ``TELEMETRY_INTERVAL_S`` by the worker (:mod:`inferq.workers.telemetry`).
+
+        Returns:
+            None when the server reports none (the default). May raise anything: the
+            worker logs it and advertises no telemetry until a read succeeds.
         """
         return None
 

@@ -49,8 +49,9 @@ import httpx
 
 from inferq import defaults
 from inferq.config import ModelSpec
-from inferq.errors import redact_url
-from inferq.models import FailureKind
+from inferq.errors import ConfigError, redact_url
+from inferq.models import FailureKind, ServerTelemetry
+from inferq.workers.servers import telemetry as parse
 from inferq.workers.servers.base import (
     ModelServer,
     ServerError,
@@ -72,6 +73,8 @@ SIM_PARAM_PREFIX = "sim_"
 RETRYABLE_4XX = frozenset({408, 429})
 #: Longest server message kept in an error, characters.
 MAX_MESSAGE_CHARS = 1000
+#: Values of the ``telemetry`` option.
+TELEMETRY_KINDS = ("auto", "llamacpp", "vllm", "tgi", "off")
 
 
 class OpenAIServer(ModelServer):
@@ -86,12 +89,16 @@ class OpenAIServer(ModelServer):
         stream: read answers as server-sent events to measure time to first token.
         load_timeout_s: longest wait in :meth:`load` for the server to answer, seconds.
         load_poll_s: pause between two checks in :meth:`load`, seconds.
+        telemetry: which server's own figures :meth:`telemetry` reads: ``llamacpp``,
+            ``vllm``, ``tgi``, ``off``, or ``auto`` (default: found on the first read,
+            see :meth:`telemetry`).
 
     Raises:
         ConfigError: an option is out of range.
     """
 
     name = "openai"
+    external = True
 
     def __init__(
         self,
@@ -103,6 +110,7 @@ class OpenAIServer(ModelServer):
         stream: bool | str = False,
         load_timeout_s: float | str = defaults.SERVER_LOAD_TIMEOUT_S,
         load_poll_s: float | str = defaults.SERVER_LOAD_POLL_S,
+        telemetry: str = "auto",
     ) -> None:
         self.spec = spec
         self.base_url = base_url.rstrip("/")
@@ -110,10 +118,16 @@ class OpenAIServer(ModelServer):
         self.stream = bool_option("stream", stream)
         self.load_timeout_s = float_option("load_timeout_s", load_timeout_s, ge=0.0)
         self.load_poll_s = float_option("load_poll_s", load_poll_s, ge=0.01)
+        if telemetry not in TELEMETRY_KINDS:
+            raise ConfigError(
+                f"option telemetry: expected one of {', '.join(TELEMETRY_KINDS)}, got {telemetry!r}"
+            )
+        self.telemetry_kind = telemetry
         self._api_key = api_key
         self._http: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_probe = "no answer yet"
+        self._tgi_info: Any = None  # GET /info, read once (its max_batch_total_tokens)
 
     def __repr__(self) -> str:
         return (
@@ -295,6 +309,75 @@ class OpenAIServer(ModelServer):
                 kind=FailureKind.INFRASTRUCTURE,
             )
         return None
+
+    async def telemetry(self) -> ServerTelemetry | None:
+        """The server's own figures (the parsers and their sources: :mod:`.telemetry`).
+
+        ``auto`` finds the server on the first read that gets an answer: llama.cpp
+        when ``GET /props`` names ``total_slots`` (then its slot count is logged), else
+        vLLM or TGI by the metric names of ``GET /metrics``; a server that is neither is
+        remembered as ``off``. Each call is bounded by ``TELEMETRY_TIMEOUT_S`` per
+        HTTP call.
+
+        Raises:
+            httpx.HTTPError, ValueError: the server did not answer, or not in the
+                expected format (the worker logs it and tries again later).
+        """
+        if self.telemetry_kind == "auto":
+            self.telemetry_kind = await self._detect_telemetry()
+        kind = self.telemetry_kind
+        if kind == "llamacpp":
+            slots = (await self._get("/slots")).json()
+            metrics = await self._get_if_served("/metrics")
+            return parse.llama_cpp(slots, metrics.text if metrics is not None else None)
+        if kind == "vllm":
+            return parse.vllm((await self._get("/metrics")).text)
+        if kind == "tgi":
+            if self._tgi_info is None:
+                self._tgi_info = (await self._get("/info")).json()
+            return parse.tgi((await self._get("/metrics")).text, self._tgi_info)
+        return None
+
+    async def _detect_telemetry(self) -> str:
+        """``llamacpp``, ``vllm``, ``tgi`` or ``off`` (see :meth:`telemetry`); raises
+        ``httpx.HTTPError`` when the server does not answer, so the next read tries again."""
+        props = await self._get_if_served("/props")
+        if props is not None:
+            try:
+                data = props.json()
+            except ValueError:
+                data = None
+            if isinstance(data, dict) and isinstance(data.get("total_slots"), int):
+                log.info(
+                    "openai backend: llama.cpp at %s with %d slots",
+                    redact_url(self.base_url),
+                    data["total_slots"],
+                )
+                return "llamacpp"
+        metrics = await self._get_if_served("/metrics")
+        text = metrics.text if metrics is not None else ""
+        for prefix, kind in (("vllm:", "vllm"), ("tgi_", "tgi")):
+            if prefix in text:
+                log.info("openai backend: %s telemetry at %s", kind, redact_url(self.base_url))
+                return kind
+        log.info("openai backend: %s reports no known telemetry", redact_url(self.base_url))
+        return "off"
+
+    async def _get(self, path: str) -> httpx.Response:
+        """``GET path`` within ``TELEMETRY_TIMEOUT_S``.
+
+        Raises:
+            httpx.HTTPError: no answer, or a non-2xx one.
+        """
+        response = await self._client().get(path, timeout=defaults.TELEMETRY_TIMEOUT_S)
+        return response.raise_for_status()
+
+    async def _get_if_served(self, path: str) -> httpx.Response | None:
+        """:meth:`_get`, but None for a non-2xx answer (a route the server lacks)."""
+        try:
+            return await self._get(path)
+        except httpx.HTTPStatusError:
+            return None
 
     # -- helpers -----------------------------------------------------------------
 
