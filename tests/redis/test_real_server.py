@@ -25,7 +25,7 @@ import pytest
 from inferq.client import Client
 from inferq.config import Settings
 from inferq.dispatcher.daemon import Dispatcher
-from inferq.models import Result, WorkerState
+from inferq.models import Result, WorkerInfo, WorkerState
 from inferq.store import Store
 
 from ..conftest import REDIS_URL
@@ -322,3 +322,49 @@ def test_a_streamed_request_reaches_the_caller_chunk_by_chunk(stack: Stack, clie
     assert chunks[0].first_token_at is not None
     assert result.timings.first_token_at is not None
     assert abs(chunks[0].first_token_at - result.timings.first_token_at) < 0.05
+
+
+# --- measured capacity: the server's own figures in the heartbeat (issue 13) -------------
+
+
+def test_the_heartbeat_carries_the_servers_own_slots_and_kv_figures(
+    stack: Stack, client: Client, llama: httpx.Client
+) -> None:
+    """What the worker advertises of the server equals what /props and /slots say: its
+    slot count, its KV tokens (the slots' n_ctx), the tokens its running slot holds, and
+    the KV room that leaves (x 23,040 bytes a token of SmolLM2)."""
+    stack.worker("w1")
+    spec = stack.settings.model_by_name[MODEL]
+    key = stack.store.keys.worker("w1")
+
+    def beat() -> WorkerInfo:
+        return WorkerInfo.from_fields(stack.store.redis.hgetall(key))
+
+    def idle() -> bool:
+        server = beat().server
+        return server.running == 0 and not any(
+            s["is_processing"] for s in llama.get("/slots").json()
+        )
+
+    wait_for(idle, what="the server idle in the heartbeat and in /slots", timeout=30)
+    props, slots, info = llama.get("/props").json(), llama.get("/slots").json(), beat()
+    assert info.server.slots == props["total_slots"] == len(slots) == SLOTS
+    assert info.server.kv_tokens == sum(s["n_ctx"] for s in slots) == 8192
+    assert (info.server.kv_used_tokens, info.server.running, info.server.waiting) == (0, 0, 0)
+    assert info.kv_measured_free_mib == 8192 * spec.kv_bytes_per_token / 2**20 == 180.0
+    assert info.vram_measured_free_mib is None  # no NVML on this machine: nothing invented
+
+    prompt = tokens(llama, "Once upon a time")
+    handle = client.submit(
+        "Once upon a time", model=MODEL, max_tokens=400, params={"ignore_eos": True}
+    )
+    wait_for(lambda: beat().server.running == 1, what="a running slot in the heartbeat", timeout=30)
+    info = beat()
+    held = [s["n_prompt_tokens"] for s in llama.get("/slots").json() if s["is_processing"]]
+    used = info.server.kv_used_tokens
+    assert used is not None and prompt < used <= prompt + 400
+    assert held and held[0] >= used  # the slot holds as many or more tokens a moment later
+    assert info.kv_measured_free_mib == (8192 - used) * spec.kv_bytes_per_token / 2**20
+    assert_succeeded(handle.result(timeout=90))
+    wait_for(idle, what="the slot released in the heartbeat", timeout=30)
+    assert beat().server.kv_used_tokens == 0

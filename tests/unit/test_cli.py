@@ -5,9 +5,11 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import click
 import pytest
 import yaml
 
+from inferq.cli.common import gpu_indices
 from inferq.cli.main import cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,3 +33,14 @@ def test_every_compose_command_is_a_real_inferq_command() -> None:
         _check_inferq_args(args)
     with pytest.raises(Exception):  # noqa: B017 - the checker itself must be able to fail
         _check_inferq_args(["worker", "--no-such-flag"])
+
+
+@pytest.mark.parametrize(("text", "indices"), [("", ()), ("0", (0,)), ("2, 3", (2, 3))])
+def test_gpu_index_takes_one_cuda_index_or_a_list(text: str, indices: tuple[int, ...]) -> None:
+    assert gpu_indices(text) == indices
+
+
+@pytest.mark.parametrize(("text", "why"), [("0,x", "is not a CUDA index"), ("1,1", "twice")])
+def test_gpu_index_refuses_what_is_not_a_list_of_indices(text: str, why: str) -> None:
+    with pytest.raises(click.BadParameter, match=why):
+        gpu_indices(text)

@@ -67,7 +67,11 @@ def worker_rows(store: Store) -> list[dict[str, Any]]:
             "in_flight": w.in_flight,
             "vram_free_mib": w.vram_free_mib,
             "vram_total_mib": w.vram_total_mib,
+            "vram_measured_free_mib": w.vram_measured_free_mib,
+            "vram_measured_used_mib": w.vram_measured_used_mib,
             "kv_cache_mib": w.kv_cache_mib,
+            "kv_measured_free_mib": w.kv_measured_free_mib,
+            **{f"server_{name}": value for name, value in w.server},
             "heartbeat_age_s": round(max(0.0, now - w.last_heartbeat), 2),
             "host": w.host,
         }
@@ -83,12 +87,12 @@ def worker_table(rows: list[dict[str, Any]], counts: bool = False) -> Table:
     extra = ("finished", "failed") if counts else ()
     _id_column(table, "id", [r["id"] for r in rows])
     _id_column(table, "model", [r.get("model", "-") for r in rows])
-    for col in ("state", "slots", "VRAM free/total MiB", "heartbeat", *extra):
+    for col in ("state", "slots", "VRAM free/total MiB", "KV measured MiB", "heartbeat", *extra):
         table.add_column(col)
     for r in rows:
         tail = [str(r.get(c, 0)) for c in extra]
         if r["state"] == "corrupt":
-            table.add_row(r["id"], "-", "[red]corrupt[/red]", "-", r["error"], "-", *tail)
+            table.add_row(r["id"], "-", "[red]corrupt[/red]", "-", r["error"], "-", "-", *tail)
             continue
         table.add_row(
             r["id"],
@@ -96,6 +100,7 @@ def worker_table(rows: list[dict[str, Any]], counts: bool = False) -> Table:
             r["state"],
             f"{r['slots_used']}/{r['slots']}",
             f"{r['vram_free_mib']}/{r['vram_total_mib']}",
+            "-" if r.get("kv_measured_free_mib") is None else f"{r['kv_measured_free_mib']:.0f}",
             f"{r['heartbeat_age_s']:.1f}s ago",
             *tail,
         )

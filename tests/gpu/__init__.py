@@ -1,0 +1,1 @@
+"""Checks that need a real GPU (skipped without one)."""
