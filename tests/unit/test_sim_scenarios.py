@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -232,3 +233,37 @@ def test_a_preempted_request_goes_back_to_its_original_position(
     after = order[5:]
     assert after[0] == victim.request.id, order  # before r0000004..6, which queued later
     assert sorted(after) == sorted([victim.request.id, "r0000004", "r0000005", "r0000006"])
+
+
+def test_an_abort_that_arrives_after_its_victim_finished_changes_nothing(
+    context: ScenarioContext,
+) -> None:
+    """1 slot, every request runs 3 s: batch from 0 s, realtime at 2.4 s is overdue at
+    2.9 s and preempts the batch request, but the abort takes 0.5 s and the batch request
+    ends at 3.0 s: it succeeds on its one run, the stale abort is ignored, and realtime
+    takes the freed slot then."""
+    from inferq.sim.deployment import fixed_latency
+
+    route = context.settings.default_model
+    reqs = [
+        SimRequest("r0000000", 0.0, "batch", "bulk", route, 10, 10, 10),
+        SimRequest("r0000001", 2.4, "realtime", "interactive", route, 10, 10, 10),
+    ]
+    config = SimConfig(
+        settings=context.settings,
+        fleet={route: 1},
+        slots=1,
+        max_workers=1,
+        latency=fixed_latency(3.0, ttft_s=0.1),
+        abort_delay_s=0.5,
+        check=True,
+    )
+    result = simulate(reqs, POLICIES["inferq"], config)
+    batch, rt = result.outcomes
+    assert (batch.status, batch.runs, batch.preemptions) == ("succeeded", 1, 0)
+    assert result.stats.preemptions == 0
+    assert rt.dispatched_at == 3.0 and rt.status == "succeeded"
+    # the same with an instant abort: the batch request is preempted at 2.9 s and reruns
+    instant = simulate(reqs, POLICIES["inferq"], dataclasses.replace(config, abort_delay_s=0.0))
+    batch, rt = instant.outcomes
+    assert (batch.runs, batch.preemptions, rt.dispatched_at) == (2, 1, pytest.approx(2.9))
