@@ -82,8 +82,8 @@ def kind_of(keys: Keys, key: str) -> str:
         return "request hashes"
     if key.startswith(keys.payload("")):
         return "payloads"
-    if key.startswith(keys.prefix + "q:"):
-        return "queues"
+    if key.startswith((keys.prefix + "tq:", keys.prefix + "tix:")):
+        return "queues"  # the tenants' sub-queues and the tenant indexes (issue 17)
     if key == keys.deadlines:
         return "deadlines index"
     return "events stream" if key == keys.events else "other"

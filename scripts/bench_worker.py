@@ -94,7 +94,7 @@ class Rig:
             for i in range(0, len(items), 500)
             for h in self.client.submit_many(items[i : i + 500])
         ]
-        qkey = self.store.keys.queue("realtime", MODEL)
+        qkey = self.store.keys.tenant_queue("realtime", MODEL, "default")
         pipe = self.rq.pipeline()
         for b in range(batches):
             batch_id = new_id()

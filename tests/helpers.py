@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from inferq.models import InferenceRequest, WorkerInfo
 from inferq.store import Store
+from inferq.store.keys import count_field_queue
 
 from .builders import worker_info
 
@@ -42,7 +43,34 @@ class KeepAlive:
 
 
 def queue_key(store: Store, req: InferenceRequest) -> str:
-    return store.keys.queue(req.priority, req.route)
+    return store.keys.tenant_queue(req.priority, req.route, req.tenant)
+
+
+def plant_queued(
+    store: Store, cls: str, route: str, tenant: str, rid: str, score_ms: float
+) -> None:
+    """Put ``rid`` in queue (cls, route) by hand, as ``includes/queue.lua`` would: its
+    tenant's sub-queue, the tenant index, the queue's depth counter and the queue names."""
+    k = store.keys
+    if store.redis.zadd(k.tenant_queue(cls, route, tenant), {rid: score_ms}):
+        store.redis.hincrby(k.counts, count_field_queue(cls, route), 1)
+    store.redis.zadd(k.tenant_index(cls, route), {tenant: score_ms}, lt=True)
+    store.redis.sadd(k.queues, f"{cls}|{route}")
+
+
+def queued_ids(store: Store, cls: str, route: str) -> list[str]:
+    """The ids of queue (cls, route), oldest first (merged from its tenants' sub-queues);
+    asserts the depth counter and the tenant index agree with them."""
+    k = store.keys
+    tenants = store.redis.zrange(k.tenant_index(cls, route), 0, -1, withscores=True)
+    rows: list[tuple[float, str]] = []
+    for tenant, head in tenants:
+        part = store.redis.zrange(k.tenant_queue(cls, route, tenant), 0, -1, withscores=True)
+        assert part and part[0][1] == head, (tenant, head, part[:1])
+        rows += [(score, rid) for rid, score in part]
+    depth = int(store.redis.hget(k.counts, count_field_queue(cls, route)) or 0)
+    assert depth == len(rows), (depth, len(rows))
+    return [rid for _, rid in sorted(rows)]
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 20, what: str = "condition") -> None:

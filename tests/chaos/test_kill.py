@@ -171,7 +171,7 @@ def test_a_claim_whose_batch_job_never_came_is_handed_back(deployment: Deploymen
     handles = d.client.submit_many(
         {"prompt": "x", "priority": "realtime", "max_tokens": 8} for _ in range(3)
     )
-    qkey = d.store.keys.queue("realtime", "llama-3.1-8b")
+    qkey = d.store.keys.tenant_queue("realtime", "llama-3.1-8b", "default")
     claimed = d.store.assign("w1", "lost-batch", [(h.id, qkey, 1.0) for h in handles])
     assert len(claimed) == 3  # ... and the dispatcher "dies" before enqueueing the job
     d.dispatcher()

@@ -210,7 +210,7 @@ def test_a_batch_whose_records_read_failed_is_handed_back(
     try:
         client = Client(settings=settings, connection=redis_client)
         handle = client.submit("x", priority="realtime", max_tokens=4)
-        qkey = store.keys.queue("realtime", MODEL)
+        qkey = store.keys.tenant_queue("realtime", MODEL, "default")
         claimed = store.assign("w1", "b1", [(handle.id, qkey, 1.0)])
 
         def loading(ids: object) -> list[None]:

@@ -164,7 +164,7 @@ def test_drain_and_dead_letter(run, store: Store, settings: Settings) -> None:  
     ready_worker(store, "w2")  # w1 takes nothing new once asked to drain
     rid = json.loads(run("submit", "x", "--priority", "realtime", "--json").output)["id"]
     for i in range(settings.max_attempts):
-        qkey = store.keys.queue("realtime", "llama-3.1-8b")
+        qkey = store.keys.tenant_queue("realtime", "llama-3.1-8b", "default")
         [(_, attempt)] = store.assign("w2", f"b{i}", [(rid, qkey, 1)])
         store.requeue([(rid, attempt, "w2", "boom")])
     listed = json.loads(run("dead-letter", "list", "--json").output)
@@ -177,7 +177,7 @@ def test_drain_and_dead_letter(run, store: Store, settings: Settings) -> None:  
     rid = json.loads(run("submit", "x", "--priority", "realtime", "--json").output)["id"]
     ready_worker(store, "w2")
     for i in range(settings.max_attempts):
-        qkey = store.keys.queue("realtime", "llama-3.1-8b")
+        qkey = store.keys.tenant_queue("realtime", "llama-3.1-8b", "default")
         [(_, attempt)] = store.assign("w2", f"c{i}", [(rid, qkey, 1)])
         store.requeue([(rid, attempt, "w2", "boom")])
     done = json.loads(run("dead-letter", "requeue", "--all", "--json").output)
@@ -215,7 +215,7 @@ def test_dispatcher_command_runs_and_stops_on_sigterm(namespace: str) -> None:
 def dead_letter_one(run, store: Store, settings: Settings, tag: str) -> str:  # type: ignore[no-untyped-def]
     """Submit a realtime request and fail it max_attempts times on w2: dead-lettered."""
     rid: str = json.loads(run("submit", "x", "--priority", "realtime", "--json").output)["id"]
-    qkey = store.keys.queue("realtime", "llama-3.1-8b")
+    qkey = store.keys.tenant_queue("realtime", "llama-3.1-8b", "default")
     for i in range(settings.max_attempts):
         [(_, attempt)] = store.assign("w2", f"{tag}{i}", [(rid, qkey, 1)])
         store.requeue([(rid, attempt, "w2", "boom")])

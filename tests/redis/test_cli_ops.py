@@ -41,7 +41,7 @@ def dead_letter(store: Store, settings: Settings) -> str:
     """Submit one request and fail it max_attempts times; returns its id."""
     req = inference_request(settings, priority="realtime")
     store.submit(req)
-    qkey = store.keys.queue("realtime", req.route)
+    qkey = store.keys.tenant_queue("realtime", req.route, req.tenant)
     for i in range(settings.max_attempts):
         [(_, attempt)] = store.assign("w1", f"b{i}", [(req.id, qkey, 1)])
         store.requeue([(req.id, attempt, "w1", "boom")])

@@ -26,8 +26,10 @@ def client(settings: Settings) -> Client:
 
 def serve_one(store: Store, worker: str = "w1", output: str = "ok") -> None:
     """Act as dispatcher + worker for the one queued request (no daemons needed)."""
-    ids = store.redis.zrange(store.keys.queue("standard", "llama-3.1-8b"), 0, 0)
-    claimed = store.assign(worker, "b", [(ids[0], store.keys.queue("standard", "llama-3.1-8b"), 1)])
+    ids = store.redis.zrange(store.keys.tenant_queue("standard", "llama-3.1-8b", "default"), 0, 0)
+    claimed = store.assign(
+        worker, "b", [(ids[0], store.keys.tenant_queue("standard", "llama-3.1-8b", "default"), 1)]
+    )
     store.start(worker, claimed)
     rid, attempt = claimed[0]
     store.complete(

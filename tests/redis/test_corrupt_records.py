@@ -34,7 +34,7 @@ from inferq.store import Store
 
 from ..builders import inference_request, worker_info
 from ..conftest import REDIS_URL
-from ..helpers import wait_for
+from ..helpers import plant_queued, queued_ids, wait_for
 
 MODEL = "llama-3.1-8b"
 
@@ -131,8 +131,7 @@ def plant_request(store: Store, settings: Settings, **overrides: str) -> str:
     fields = {**req.to_fields(), "state": "queued", **overrides}
     fields = {k: v for k, v in fields.items() if v != ""}
     store.redis.hset(store.keys.req(req.id), mapping=fields)
-    store.redis.zadd(store.keys.queue("realtime", MODEL), {req.id: req.submitted_at * 1000})
-    store.redis.sadd(store.keys.queues, f"realtime|{MODEL}")
+    plant_queued(store, "realtime", MODEL, req.tenant, req.id, req.submitted_at * 1000)
     store.redis.zadd(store.keys.deadlines, {req.id: req.deadline * 1000})
     return req.id
 
@@ -150,7 +149,7 @@ def plant_truncated_job(system: System, data: bytes | None) -> tuple[str, list[s
         {"prompt": "held", "priority": "realtime", "max_tokens": 8} for _ in range(2)
     )
     batch = new_id()
-    qkey = keys.queue("realtime", MODEL)
+    qkey = keys.tenant_queue("realtime", MODEL, "default")
     claimed = store.assign("w1", batch, [(h.id, qkey, 1.0) for h in handles])
     assert len(claimed) == 2
     rq = rq_connection(system.settings.redis_url)
@@ -168,14 +167,13 @@ def plant_truncated_job(system: System, data: bytes | None) -> tuple[str, list[s
 def test_garbage_is_quarantined_and_no_daemon_stalls(system: System, namespace: str) -> None:
     store, keys, settings = system.store, system.store.keys, system.settings
     system.finishes(5)
-    qkey = keys.queue("realtime", MODEL)
     now_ms = store.now() * 1000
     missing = plant_request(store, settings, tenant="", submitted_ms="")
     mistyped = plant_request(store, settings, prompt_tokens="many")
     bad_payload = plant_request(store, settings, payload="{not json")
-    store.redis.zadd(qkey, {"ghost": now_ms})  # an id with no record
+    plant_queued(store, "realtime", MODEL, "default", "ghost", now_ms)  # an id with no record
     store.redis.set(keys.req("stringy"), "not a hash")  # a non-hash value at a request key
-    store.redis.zadd(qkey, {"stringy": now_ms})
+    plant_queued(store, "realtime", MODEL, "default", "stringy", now_ms)
     store.redis.zadd(keys.deadlines, {"stringy": now_ms - 1000})  # due: the expiry meets it
     nonsense = worker_info("bogus").to_fields() | {"vram_total_mib": "-12", "kv_cache_mib": "lots"}
     store.redis.hset(keys.worker("bogus"), mapping=nonsense)
@@ -209,7 +207,7 @@ def test_garbage_is_quarantined_and_no_daemon_stalls(system: System, namespace: 
     system.alive()
     wait_for(lambda: len(system.scaler_steps) > steps_before + 2, what="scaler decisions")
     assert store.redis.smembers(keys.queues) == {f"realtime|{MODEL}"}
-    assert store.redis.zcard(qkey) == 0
+    assert queued_ids(store, "realtime", MODEL) == []
 
     out = CliRunner().invoke(
         cli, ["--redis-url", REDIS_URL, "--namespace", namespace, "report", "--json"]

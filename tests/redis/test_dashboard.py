@@ -33,13 +33,13 @@ def _fill(store: Store, settings: Settings) -> str:
     """A queued request, a finished one and a dead-lettered one; returns the dead id."""
     done = inference_request(settings, priority="realtime", tenant="acme")
     store.submit(done)
-    qkey = store.keys.queue("realtime", done.route)
+    qkey = store.keys.tenant_queue("realtime", done.route, done.tenant)
     [(rid, attempt)] = store.assign(WORKER, "b0", [(done.id, qkey, 1)])
     store.complete(WORKER, [Completion(rid, attempt, "succeeded", completion_tokens=4)])
     dead = inference_request(settings, priority="batch")
     store.submit(dead)
     for i in range(settings.max_attempts):
-        bkey = store.keys.queue("batch", dead.route)
+        bkey = store.keys.tenant_queue("batch", dead.route, dead.tenant)
         [(_, attempt)] = store.assign(WORKER, f"d{i}", [(dead.id, bkey, 1)])
         store.requeue([(dead.id, attempt, WORKER, "openai: HTTP 503 <from> upstream")])
     for _ in range(3):

@@ -19,7 +19,7 @@ from inferq.dispatcher.daemon import Dispatcher
 from inferq.models import RequestState
 from inferq.store import Store
 
-from ..helpers import KeepAlive, ready_worker
+from ..helpers import KeepAlive, plant_queued, queued_ids, ready_worker
 
 
 @pytest.fixture
@@ -165,8 +165,7 @@ def test_lost_worker_requeues_at_original_position_and_purges_its_rq_queue(
     report = d.step()
     assert report.workers_lost == 1 and report.requeued == 2
     assert jobs_of(store, "doomed") == []
-    qkey = store.keys.queue("realtime", "llama-3.1-8b")
-    assert store.redis.zrange(qkey, 0, -1) == [first.id, second.id]
+    assert queued_ids(store, "realtime", "llama-3.1-8b") == [first.id, second.id]
     assert store.redis.hget(store.keys.req(first.id), "last_error").startswith(
         "no heartbeat for more than"
     )
@@ -178,10 +177,10 @@ def test_lost_worker_requeues_at_original_position_and_purges_its_rq_queue(
 def test_corrupt_records_are_quarantined_not_fatal(store: Store, client: Client) -> None:
     ready_worker(store, "w1")
     good = client.submit("ok", priority="realtime", max_tokens=4)
-    qkey = store.keys.queue("realtime", "llama-3.1-8b")
-    store.redis.zadd(qkey, {"ghost": 1})  # an id with no record
+    route = "llama-3.1-8b"
+    plant_queued(store, "realtime", route, "default", "ghost", 1)  # an id with no record
     store.redis.hset(store.keys.req("half"), mapping={"priority": "realtime", "tenant": "x"})
-    store.redis.zadd(qkey, {"half": 2})  # a record missing fields
+    plant_queued(store, "realtime", route, "x", "half", 2)  # a record missing fields
     store.redis.hset(
         store.keys.worker("nonsense"), mapping={"id": "nonsense", "vram_total_mib": "lots"}
     )
@@ -193,7 +192,7 @@ def test_corrupt_records_are_quarantined_not_fatal(store: Store, client: Client)
     assert "missing field" in q[store.keys.req("half")]
     assert store.keys.worker("nonsense") in q
     assert store.redis.exists(store.keys.quarantined(store.keys.req("half")))
-    assert store.redis.zscore(qkey, "ghost") is None
+    assert queued_ids(store, "realtime", route) == []  # the index and counter follow
     assert Dispatcher(store).step().quarantined == 0
 
 
@@ -225,22 +224,24 @@ def test_tenant_index_follows_the_sub_queues(store: Store, client: Client) -> No
     assert store.redis.zrange(index, 0, -1) == ["a", "b:c"]
     assert store.redis.zrange(k.tenant_queue("standard", route, "a"), 0, -1) == [hs[0].id, hs[1].id]
     assert store.redis.zscore(index, "a") == store.redis.zscore(
-        k.queue("standard", route), hs[0].id
+        k.tenant_queue("standard", route, "a"), hs[0].id
     )
+    assert queued_ids(store, "standard", route) == [h.id for h in hs]
     client.cancel(hs[2].id)
     assert store.redis.zrange(index, 0, -1) == ["a"]
     assert not store.redis.exists(k.tenant_queue("standard", route, "b:c"))
     ready_worker(store, "w1", slots=1)
-    claimed = store.assign("w1", "b1", [(hs[0].id, k.queue("standard", route), 1.0)])
+    tq = k.tenant_queue("standard", route, "a")
+    # A key that is not the request's own sub-queue claims nothing.
+    assert store.assign("w1", "b0", [(hs[0].id, k.tenant_queue("standard", route, "z"), 1)]) == []
+    claimed = store.assign("w1", "b1", [(hs[0].id, tq, 1.0)])
     assert [rid for rid, _ in claimed] == [hs[0].id]
-    assert store.redis.zscore(index, "a") == store.redis.zscore(
-        k.queue("standard", route), hs[1].id
-    )
+    assert store.redis.zscore(index, "a") == store.redis.zscore(tq, hs[1].id)
+    assert queued_ids(store, "standard", route) == [hs[1].id]
     assert store.requeue([(hs[0].id, 1, "w1", "boom")]) == ["queued"]
-    assert store.redis.zscore(index, "a") == store.redis.zscore(
-        k.queue("standard", route), hs[0].id
-    )
-    assert store.redis.zcard(k.tenant_queue("standard", route, "a")) == 2
+    assert store.redis.zscore(index, "a") == store.redis.zscore(tq, hs[0].id)
+    assert queued_ids(store, "standard", route) == [hs[0].id, hs[1].id]
+    assert store.queue_depths()[0][:3] == ("standard", route, 2)
 
 
 @pytest.fixture(autouse=True)

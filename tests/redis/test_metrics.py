@@ -23,7 +23,9 @@ from ..tools import require_tool
 def _finish_one(store: Store, settings: Settings, worker: str = "w1", tenant: str = "t") -> None:
     r = inference_request(settings, priority="realtime", tenant=tenant)
     store.submit(r)
-    [(rid, attempt)] = store.assign(worker, "b", [(r.id, store.keys.queue("realtime", r.route), 1)])
+    [(rid, attempt)] = store.assign(
+        worker, "b", [(r.id, store.keys.tenant_queue("realtime", r.route, r.tenant), 1)]
+    )
     store.complete(
         worker,
         [Completion(rid, attempt, "succeeded", prompt_tokens=5, completion_tokens=3)],

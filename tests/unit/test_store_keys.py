@@ -8,7 +8,7 @@ from importlib import resources
 from hypothesis import given
 from hypothesis import strategies as st
 
-from inferq.store.keys import Keys, join_parts
+from inferq.store.keys import Keys, count_field_queue, join_parts
 
 LIB = (resources.files("inferq.store") / "lua" / "includes" / "keys.lua").read_text()
 
@@ -17,7 +17,6 @@ def test_every_key_is_under_the_prefix() -> None:
     k = Keys("prod")
     built = [
         k.req("a"),
-        k.queue("realtime", ">=13b"),
         k.queues,
         k.deadlines,
         k.leases,
@@ -68,8 +67,9 @@ def test_lua_templates_match_keys_py() -> None:
     assert k.load("W") == k.prefix + templates["k_load"] + "W"
     assert k.inflight("W") == k.prefix + templates["k_inflight"] + "W"
     assert k.ctl("W") == k.prefix + templates["k_ctl"] + "W"
-    assert k.queue("C", "R") == f"{k.prefix}q:C:R"
-    assert "'q:' .. class .. ':' .. route" in LIB
+    queue_lua = (resources.files("inferq.store") / "lua" / "includes" / "queue.lua").read_text()
+    assert count_field_queue("C", "R") == "q:C|R"
+    assert "'q:' .. class .. '|' .. route" in queue_lua
 
 
 @given(

@@ -65,10 +65,13 @@ def test_shared_steps_are_written_once() -> None:
     files = _all_sources()
     wake = [f for f, text in files.items() if "'wake'" in text]
     assert wake == ["includes/wake.lua"]
-    leave = [f for f, text in files.items() if re.search(r"ZREM', k_queue\(", text)]
+    leave = [f for f, text in files.items() if re.search(r"ZREM', k_tqueue\(", text)]
     assert leave == ["includes/queue.lua"]
-    enter = [f for f, text in files.items() if re.search(r"ZADD', k_queue\(", text)]
+    enter = [f for f, text in files.items() if re.search(r"ZADD', k_tqueue\(", text)]
     assert enter == ["includes/queue.lua"]
+    # Every other way out of a sub-queue (assign's CAS, quarantine) does its bookkeeping.
+    after = [f for f, text in files.items() if re.search(r"\bsubqueue_removed\(", text)]
+    assert sorted(after) == ["assign.lua", "includes/queue.lua", "quarantine.lua"]
     withdraw = [f for f, text in files.items() if re.search(r"\bqueue_remove\(", text)]
     assert sorted(withdraw) == ["includes/queue.lua", "includes/withdraw.lua"]
     assert [f for f, text in files.items() if "local function release(" in text] == [

@@ -12,28 +12,32 @@ from inferq import defaults
 from inferq.models import Event, from_ms
 from inferq.store import calls
 from inferq.store.base import StoreBase
+from inferq.store.keys import count_field_queue
 
 
 class AdminCalls(StoreBase):
     """Reads for people and dashboards, and the two admin writes (dead-letter requeue, purge)."""
 
     def queue_depths(self) -> list[tuple[str, str, int, float | None]]:
-        """(class, route, queued, oldest wait in seconds or None) for every queue."""
+        """(class, route, queued, oldest wait in seconds or None) for every queue.
+
+        The depth is the queue's counter (``counts`` field ``q:<class>|<route>``, kept by
+        the scripts with its sub-queues), the oldest wait the lowest head of its tenant
+        index: two reads per queue whatever its backlog or its tenants.
+        """
         names = sorted(n for n in self.redis.smembers(self.keys.queues) if "|" in n)
+        parts = [name.split("|", 1) for name in names]
         pipe = self.redis.pipeline(transaction=False)
         pipe.time()
-        for name in names:
-            qk = self.keys.queue(*name.split("|", 1))
-            pipe.zcard(qk)
-            pipe.zrange(qk, 0, 0, withscores=True)
-        time_reply, *replies = pipe.execute()
+        pipe.hmget(self.keys.counts, [count_field_queue(c, r) for c, r in parts] or ["-"])
+        for cls, route in parts:
+            pipe.zrange(self.keys.tenant_index(cls, route), 0, 0, withscores=True)
+        time_reply, depths, *heads = pipe.execute()
         now = calls.redis_time(time_reply)
         out: list[tuple[str, str, int, float | None]] = []
-        for i, name in enumerate(names):
-            cls, route = name.split("|", 1)
-            depth, head = int(replies[2 * i]), replies[2 * i + 1]
+        for (cls, route), depth, head in zip(parts, depths, heads, strict=False):
             oldest = max(0.0, now - from_ms(head[0][1])) if head else None
-            out.append((cls, route, depth, oldest))
+            out.append((cls, route, max(0, int(depth or 0)), oldest))
         return out
 
     def event_rates(self, window_s: float = 60.0, cap: int = 20_000) -> dict[str, float]:

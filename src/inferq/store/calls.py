@@ -180,7 +180,11 @@ def submit_call(
     ]
     for name, value in fields.items():
         argv += [name, value]
-    keys_ = [keys.req(request.id), keys.queue(request.priority, request.route), *idem]
+    keys_ = [
+        keys.req(request.id),
+        keys.tenant_queue(request.priority, request.route, request.tenant),
+        *idem,
+    ]
     return Call("submit", keys_, argv)
 
 
@@ -214,7 +218,8 @@ def assign_call(
     batch_id: str,
     items: Sequence[tuple[str, str, float]],
 ) -> Call:
-    """``assign.lua``: claim ``items`` = [(request id, queue key, need MiB)] for a worker."""
+    """``assign.lua``: claim ``items`` = [(request id, its tenant sub-queue key, need MiB)]
+    for a worker."""
     argv: list[Any] = [
         keys.prefix,
         worker_id,

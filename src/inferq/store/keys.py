@@ -20,8 +20,8 @@ Layout (P = ``inferq:<namespace>:``):
 key                             type    what
 ==============================  ======  =============================================
 P req:<id>                      hash    request record: submission, state, result
-P q:<class>:<route>             zset    queued ids, score = submit time ms
-P tq:<class>:<n>:<route>:<t>    zset    one tenant's queued ids of that queue (n = route length)
+P tq:<class>:<n>:<route>:<t>    zset    one tenant's queued ids of queue (class, route), score =
+                                        submit time ms (n = route length); the only queue index
 P tix:<class>:<route>           zset    tenants with queued ids there, score = their head's ms
 P queues                        set     ``<class>|<route>`` of every queue ever used
 P deadlines                     zset    queued/assigned ids, score = deadline ms
@@ -29,7 +29,8 @@ P leases                        zset    assigned/running ids, score = lease expi
 P done:<id>                     list    one token pushed when the request is final
 P idem:<n>.<tenant>:<m>.<key>   hash    idempotency key -> ``id``, ``fp`` (request fingerprint)
 P stream:<id>                   stream  output chunks of a streamed request, capped; ``end``
-P counts                        hash    queued counts: ``c:<class>``, ``t:<class>:<tenant>``
+P counts                        hash    queued counts: ``c:<class>``, ``t:<class>:<tenant>``,
+                                        ``q:<class>|<route>`` (ids in that queue's sub-queues)
 P stats                         hash    lifetime counters (submitted, succeeded, ...)
 P workers                       zset    live worker ids, score = last heartbeat ms
 P worker:<id>                   hash    heartbeat (expires after 3 intervals)
@@ -84,16 +85,17 @@ class Keys:
     def req(self, request_id: str) -> str:
         return f"{self.prefix}req:{request_id}"
 
-    def queue(self, priority: str, route: str) -> str:
-        return f"{self.prefix}q:{priority}:{route}"
-
     def tenant_queue(self, priority: str, route: str, tenant: str) -> str:
-        """A tenant's sub-queue of ``queue(priority, route)``; the route is length-prefixed
-        (in bytes, as Lua's ``string.len``) since routes and tenants may both hold ':'."""
+        """A tenant's sub-queue of the queue (priority, route): its queued ids, score =
+        submit time ms. A queue is the union of its tenants' sub-queues (there is no
+        class-wide zset: one index entry per queued request). The route is
+        length-prefixed (in bytes, as Lua's ``string.len``) since routes and tenants may
+        both hold ':'."""
         return f"{self.prefix}tq:{priority}:{len(route.encode())}:{route}:{tenant}"
 
     def tenant_index(self, priority: str, route: str) -> str:
-        """Tenants with queued requests in ``queue(priority, route)``, score = head's ms."""
+        """Tenants with queued requests in the queue (priority, route), score = their
+        sub-queue head's submit ms (the lowest is the queue's oldest request)."""
         return f"{self.prefix}tix:{priority}:{route}"
 
     @property
@@ -258,6 +260,12 @@ def join_parts(*parts: str) -> str:
 def count_field_class(priority: str) -> str:
     """Field of ``P counts`` holding a class's queued count."""
     return f"c:{priority}"
+
+
+def count_field_queue(priority: str, route: str) -> str:
+    """Field of ``P counts`` holding the ids in a queue's sub-queues (its depth; delayed
+    retries are not in it)."""
+    return f"q:{priority}|{route}"
 
 
 def count_field_tenant(priority: str, tenant: str) -> str:

@@ -24,22 +24,33 @@ def non_hash_requests(
 ) -> list[Corrupt]:
     """Request keys holding another type than a hash, with the index entries naming them.
 
-    Looks where the dispatcher's step meets request ids: the heads of the queues of
-    ``classes`` (``head`` each), the deadlines and leases due at ``now_ms``.
+    Looks where the dispatcher's step meets request ids: the heads of the tenants'
+    sub-queues of the queues of ``classes`` (about ``head`` ids per queue), the
+    deadlines and leases due at ``now_ms``.
     """
     k = keys
     names = [n.split("|", 1) for n in client.smembers(k.queues) if "|" in n]
+    names = [(c, r) for c, r in names if c in classes]
     pipe = client.pipeline(transaction=False)
-    queue_keys = [k.queue(c, r) for c, r in names if c in classes]
-    for qk in queue_keys:
-        pipe.zrange(qk, 0, head - 1)
+    for cls, route in names:
+        pipe.zrange(k.tenant_index(cls, route), 0, head - 1)
     pipe.zrangebyscore(k.deadlines, "-inf", now_ms, start=0, num=head)
     pipe.zrangebyscore(k.leases, "-inf", now_ms, start=0, num=head)
-    *heads, due, lapsed = pipe.execute()
+    *indexes, due, lapsed = pipe.execute()
+    # The heads of the sub-queues of the first ``head`` tenants of each queue, about
+    # ``head`` ids per queue in all (where a snapshot reads).
+    sub_queues = [
+        (k.tenant_queue(cls, route, tenant), max(1, head // len(tenants)))
+        for (cls, route), tenants in zip(names, indexes, strict=True)
+        for tenant in tenants
+    ]
+    pipe = client.pipeline(transaction=False)
+    for tq, depth in sub_queues:
+        pipe.zrange(tq, 0, depth - 1)
     found: dict[str, set[str]] = {}
-    for qk, ids in zip(queue_keys, heads, strict=True):
+    for (tq, _), ids in zip(sub_queues, pipe.execute(), strict=True):
         for rid in ids:
-            found.setdefault(rid, set()).add(qk)
+            found.setdefault(rid, set()).add(tq)
     for rid in [*due, *lapsed]:
         found.setdefault(rid, set())
     ids = list(found)

@@ -1,4 +1,4 @@
-"""The dispatcher's snapshot: everything one dispatch decision needs, read in five round trips.
+"""The dispatcher's snapshot: everything one dispatch decision needs, in five or six round trips.
 
 :func:`read_dispatch_view` builds the policy's :class:`~inferq.policy.snapshot.Snapshot`
 (queue heads, the policy fields of those requests, heartbeats and reservations, fairness
@@ -68,7 +68,8 @@ class DispatchView:
 
     Attributes:
         snapshot: the input of :func:`inferq.policy.dispatch.decide`.
-        queue_of: request id -> the queue key it sits in (for the assign script).
+        queue_of: request id -> the key it sits in, its tenant's sub-queue (for the
+            assign script).
         corrupt: (key, reason, [(index key, member)]) records to quarantine.
         stale_workers: ids in the workers index whose last beat is older than the TTL.
     """
@@ -89,18 +90,22 @@ def read_dispatch_view(
     tenant_weight: Callable[[str], float] = lambda _: 1.0,
     models: Sequence[str] | None = None,
 ) -> DispatchView:
-    """Read everything one dispatch decision needs, in at most five pipelined round trips.
+    """Read everything one dispatch decision needs, in at most six pipelined round trips.
 
     What is read does not grow with the backlog nor with the tenants that ever existed:
 
     1. the clock, the queue names, the workers index, the SWRR credits;
-    2. per worker its heartbeat fields and reservation; per queue its oldest ``head``
-       ids and the tenant index (tenants with queued requests, oldest head first);
+    2. per worker its heartbeat fields and reservation; per queue the tenant index
+       (tenants with queued requests, oldest head first) and per class the least-served
+       backlogged tenants;
     3. the heads of the sub-queues of the first ``max(SNAPSHOT_MIN_TENANTS, window)``
-       tenants of each index (``window`` = ``max(SNAPSHOT_MIN_WINDOW, 4 x free slots)``,
-       at most ``head``), ``max(1, min(free, window // tenants))`` ids each, and those
-       tenants' VTC virtual time (one ZMSCORE per class);
-    4. the policy fields of the oldest ``window`` ids of each queue plus those heads;
+       tenants of each index, the least served and the newest (``window`` =
+       ``max(SNAPSHOT_MIN_WINDOW, 4 x free slots)``, at most ``head``),
+       ``max(1, min(free, window // tenants))`` ids each, and those tenants' VTC
+       virtual time (one ZMSCORE per class); when a queue's window is not filled that
+       way (one tenant's backlog behind few others'), one more round trip reads deeper
+       into the sub-queues that came back full;
+    4. the policy fields of those ids (at most about ``window`` per queue);
     5. the output estimates of the (model, task type) pairs in view.
 
     Every backlogged tenant of a queue with fewer tenants than that is in the
@@ -127,7 +132,6 @@ def read_dispatch_view(
     time_reply, queues, beats, credits = pipe.execute()
     now = redis_time(time_reply)
     names = sorted(tuple(q.split("|", 1)) for q in queues if q.split("|", 1)[0] in classes)
-    queue_keys = [k.queue(c, r) for c, r in names]
     workers = [wid for wid, _ in beats]
     stale = [wid for wid, ms in beats if from_ms(ms) < now - heartbeat_ttl_s]
 
@@ -135,8 +139,7 @@ def read_dispatch_view(
     for wid in workers:
         pipe.hmget(k.worker(wid), WORKER_FIELDS)
         pipe.hmget(k.load(wid), ("slots", "mib", "isolated"))
-    for (cls, route), qk in zip(names, queue_keys, strict=True):
-        pipe.zrange(qk, 0, head - 1)
+    for cls, route in names:
         pipe.zrange(k.tenant_index(cls, route), 0, head - 1)
     # The least-served backlogged tenants of each class (virtual time order): a tenant
     # that just became active is lifted to the minimum, so it is among them even when
@@ -146,11 +149,8 @@ def read_dispatch_view(
         pipe.zrange(k.fair_live(cls), 0, head - 1)
     replies = pipe.execute()
     fleet = replies[: 2 * len(workers)]
-    queue_replies = replies[2 * len(workers) : 2 * len(workers) + 2 * len(names)]
-    least_served = dict(
-        zip(live_classes, replies[2 * len(workers) + 2 * len(names) :], strict=True)
-    )
-    heads, indexes = queue_replies[0::2], queue_replies[1::2]
+    indexes = replies[2 * len(workers) : 2 * len(workers) + len(names)]
+    least_served = dict(zip(live_classes, replies[2 * len(workers) + len(names) :], strict=True))
 
     corrupt: list[Corrupt] = []
     views: list[WorkerView] = []
@@ -165,44 +165,58 @@ def read_dispatch_view(
 
     # Read the policy fields of only as many requests per queue as the free slots
     # could take, x4 and at least a few dozen (unschedulable work is reported even on
-    # a full fleet), plus the heads of the tenants' sub-queues, so a tenant behind
-    # another's flood is seen at once: a wake-up costs ~100 reads instead of thousands.
+    # a full fleet), spread over the tenants' sub-queues, so a tenant behind another's
+    # flood is seen at once: a wake-up costs ~100 reads instead of thousands.
     free = sum(w.free_slots for w in views if w.ready)
     window = min(head, max(SNAPSHOT_MIN_WINDOW, 4 * free))
     ntenants = min(head, max(defaults.SNAPSHOT_MIN_TENANTS, window))
     queue_of: dict[str, str] = {}
-    subqueue_of: dict[str, str] = {}
-    for qk, ids in zip(queue_keys, heads, strict=True):
-        for rid in ids[:window]:
-            queue_of[rid] = qk
     tenants_of = {c: set[str]() for c in classes}
-    jobs: list[tuple[str, str]] = []  # (queue key, sub-queue key) per tenant read
-    for (cls, route), qk, tenants in zip(names, queue_keys, indexes, strict=True):
+    per_queue: list[list[str]] = []  # sub-queue keys read, per queue
+    for (cls, route), tenants in zip(names, indexes, strict=True):
         # The oldest heads (aging), the least served (VTC) and the newest heads (a tenant
         # that just became active: VTC lifts it to the minimum, where ties with many
         # tenants sort by name), each bounded: the cost does not grow with the backlog.
         # A least-served tenant with nothing on this route reads an empty sub-queue.
         newest = tenants[ntenants:][-SNAPSHOT_NEW_TENANTS:]
         picked = dict.fromkeys([*tenants[:ntenants], *least_served[cls][:ntenants], *newest])
-        for tenant in picked:
-            tenants_of[cls].add(tenant)
-            jobs.append((qk, k.tenant_queue(cls, route, tenant)))
+        tenants_of[cls].update(picked)
+        per_queue.append([k.tenant_queue(cls, route, tenant) for tenant in picked])
     counted = [c for c in classes if tenants_of[c]]
-    if jobs:
-        depth = max(1, min(free, window // max(1, len(jobs))))
+    depths = [max(1, min(free, window // max(1, len(tqs)))) for tqs in per_queue]
+    virtual: list[Any] = []
+    if any(per_queue):
         pipe = client.pipeline(transaction=False)
-        for _, tq in jobs:
-            pipe.zrange(tq, 0, depth - 1)
+        for tqs, depth in zip(per_queue, depths, strict=True):
+            for tq in tqs:
+                pipe.zrange(tq, 0, depth - 1)
         for c in counted:
             pipe.zmscore(k.fair_vtc(c), sorted(tenants_of[c]))
         replies = pipe.execute()
-        for (qk, tq), ids in zip(jobs, replies[: len(jobs)], strict=True):
-            for rid in ids:
-                queue_of.setdefault(rid, qk)
-                subqueue_of[rid] = tq
-        virtual = replies[len(jobs) :]
-    else:
-        virtual = []
+        reads = iter(replies)
+        deeper: list[tuple[str, int, int]] = []  # (sub-queue, start, stop) of a second read
+        for tqs, depth in zip(per_queue, depths, strict=True):
+            got = 0
+            full = []
+            for tq in tqs:
+                ids = next(reads)
+                got += len(ids)
+                for rid in ids:
+                    queue_of[rid] = tq
+                if len(ids) == depth:
+                    full.append(tq)
+            # One tenant's backlog behind few others': the window's unread share goes
+            # to the tenants whose read came back full (one more round trip, only then).
+            extra = min(free - got, window - got) // max(1, len(full))
+            deeper += [(tq, depth, depth + extra - 1) for tq in full if extra > 0]
+        virtual = replies[sum(len(tqs) for tqs in per_queue) :]
+        if deeper:
+            pipe = client.pipeline(transaction=False)
+            for tq, start, stop in deeper:
+                pipe.zrange(tq, start, stop)
+            for (tq, _, _), ids in zip(deeper, pipe.execute(), strict=True):
+                for rid in ids:
+                    queue_of[rid] = tq
     counters: dict[str, dict[str, float]] = {c: {} for c in classes}
     for c, scores in zip(counted, virtual, strict=True):
         for tenant, score in zip(sorted(tenants_of[c]), scores, strict=True):
@@ -220,8 +234,6 @@ def read_dispatch_view(
                 req = queued_request(rid, values)
             except ValueError as exc:
                 members = [(queue_of.pop(rid), rid), (k.deadlines, rid)]
-                if rid in subqueue_of:
-                    members.append((subqueue_of[rid], rid))
                 corrupt.append((k.req(rid), f"queued request: {exc}", members))
                 continue
             if req.priority in queued:

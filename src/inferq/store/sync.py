@@ -149,6 +149,9 @@ class Store(AdminCalls):
     ) -> list[tuple[str, int]]:
         """Claim ``items`` = [(request id, queue key, need MiB)] for a worker, atomically.
 
+        The queue key is the request's tenant sub-queue (:meth:`Keys.tenant_queue`, as
+        :attr:`DispatchView.queue_of` gives it); any other key claims nothing.
+
         Returns the (request id, attempt) pairs actually claimed (others were taken,
         cancelled or expired meanwhile). Nothing is claimed for a worker that is not
         live and ready.

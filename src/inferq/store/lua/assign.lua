@@ -1,10 +1,10 @@
 -- assign: claim a batch of queued requests for one worker (compare-and-set per request).
 -- KEYS[1] worker:<w> (heartbeat)   KEYS[2] load:<w>   KEYS[3] inflight:<w>   KEYS[4] drain:<w>
 -- ARGV: 1 prefix, 2 worker id, 3 batch id, 4 lease_ms, 5 events maxlen,
---       then triples: request id, queue key, need_mib
+--       then triples: request id, its queue key (the tenant's sub-queue), need_mib
 -- Returns a flat list {id1, attempt1, id2, attempt2, ...} of the requests claimed.
--- Invariant: a request leaves its queue (and its tenant's sub-queue and the tenant index,
--- includes/queue.lua) exactly once per attempt (ZREM is the CAS, so two dispatchers
+-- Invariant: a request leaves its queue (its tenant's sub-queue, with the tenant index and
+-- the depth counter, includes/queue.lua) exactly once per attempt (ZREM is the CAS, so two dispatchers
 -- never assign the same request); every assigned request is in the leases and
 -- inflight:<w> and its need is counted in load:<w>; nothing is assigned to a worker that is
 -- not live and ready, or that was asked to drain (before its next beat says so).
@@ -28,8 +28,10 @@ for i = 6, #ARGV, 3 do
   if alone and (#ids > 0 or (tonumber(redis.call('HGET', KEYS[2], 'slots')) or 0) > 0) then
     break  -- a suspect runs alone: not beside this batch or the worker's running requests
   end
-  if r[1] == 'queued' and tonumber(r[2]) > now and redis.call('ZREM', qkey, id) == 1 then
-    subqueue_remove(p, r[3], r[6], r[4], id)
+  -- The sub-queue named must be the record's own (a stale or foreign key claims nothing).
+  if r[1] == 'queued' and tonumber(r[2]) > now and qkey == k_tqueue(p, r[3], r[6], r[4])
+      and redis.call('ZREM', qkey, id) == 1 then
+    subqueue_removed(p, r[3], r[6], r[4])
     local attempt = redis.call('HINCRBY', key, 'attempts', 1)
     redis.call('HSET', key, 'state', 'assigned', 'worker', w, 'batch', batch,
       'dispatched_ms', now, 'need_mib', need)

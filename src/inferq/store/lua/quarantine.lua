@@ -4,8 +4,10 @@
 -- ARGV: 1 prefix, 2 reason, 3 events maxlen, then pairs: index key, member to remove
 -- Returns 1.
 -- Invariant: nothing is deleted: the record is renamed to quarantined:<key> and the reason
--- kept in the quarantine hash, where `inferq` reports it; no daemon meets it again.
--- include: events
+-- kept in the quarantine hash, where `inferq` reports it; no daemon meets it again. An id
+-- taken out of a tenant's sub-queue moves the tenant index and the depth counter with it
+-- (includes/queue.lua).
+-- include: events, queue
 local p, reason = ARGV[1], ARGV[2]
 for _, key in ipairs(KEYS) do
   if redis.call('EXISTS', key) == 1 then
@@ -14,6 +16,11 @@ for _, key in ipairs(KEYS) do
   end
 end
 redis.call('HSET', p .. 'quarantine', KEYS[1], reason)
-for i = 4, #ARGV, 2 do redis.call('ZREM', ARGV[i], ARGV[i + 1]) end
+for i = 4, #ARGV, 2 do
+  if redis.call('ZREM', ARGV[i], ARGV[i + 1]) == 1 then
+    local class, route, tenant = parse_tqueue(p, ARGV[i])
+    if class then subqueue_removed(p, class, route, tenant) end
+  end
+end
 emit(p, ARGV[3], 'quarantine', 'key', KEYS[1], 'reason', reason)
 return 1

@@ -1,5 +1,5 @@
 -- submit: accept one validated request, or refuse it, in one round trip.
--- KEYS[1] req:<id>   KEYS[2] q:<class>:<route>   KEYS[3] idem:<n>.<tenant>:<m>.<key>
+-- KEYS[1] req:<id>   KEYS[2] tq:<class>:<n>:<route>:<tenant> (its sub-queue)   KEYS[3] idem:<n>.<tenant>:<m>.<key>
 -- (absent = none: never an empty key name, which an ACL user confined to inferq:* may not name)
 -- ARGV: 1 prefix, 2 id, 3 class, 4 route, 5 tenant, 6 class_limit, 7 tenant_limit,
 --       8 timeout_ms, 9 deadline_ms ('' = now + timeout), 10 idem_ttl_s, 11 events maxlen,
@@ -7,8 +7,8 @@
 --       13.. field/value pairs of the submission (the payload goes to payload:<id>)
 -- Returns {'ok', id, submitted_ms, deadline_ms} | {'dup', existing_id}
 --       | {'conflict', existing_id} | {'full', 'class'|'tenant', limit}
--- Invariant: a request is in exactly one queue (and its tenant's sub-queue, see
--- includes/queue.lua) iff its state is 'queued'; counts:c:<class>
+-- Invariant: a request is in exactly one queue (its tenant's sub-queue, see
+-- includes/queue.lua) iff its state is 'queued' and it is not a delayed retry; counts:c:<class>
 -- and counts:t:<class>:<tenant> equal the queued requests they name; an idempotency key
 -- maps to at most one request, of its own tenant, with the same fingerprint, and only
 -- while that request's record exists (a key whose record expired is re-pointed); a

@@ -2,7 +2,6 @@
 -- They mirror inferq/store/keys.py; tests/unit/test_store_keys.py checks they agree.
 
 local function k_req(p, id) return p .. 'req:' .. id end
-local function k_queue(p, class, route) return p .. 'q:' .. class .. ':' .. route end
 local function k_payload(p, id) return p .. 'payload:' .. id end
 local function k_done(p, id) return p .. 'done:' .. id end
 local function k_stream(p, id) return p .. 'stream:' .. id end
