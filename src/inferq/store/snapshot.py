@@ -101,7 +101,7 @@ def read_dispatch_view(
     3. the heads of the sub-queues of the first ``max(SNAPSHOT_MIN_TENANTS, window)``
        tenants of each index, the least served and the newest (``window`` =
        ``max(SNAPSHOT_MIN_WINDOW, 4 x free slots)``, at most ``head``),
-       ``max(1, min(free, window // tenants))`` ids each, and those tenants' VTC
+       ``max(1, window // tenants)`` ids each, and those tenants' VTC
        virtual time (one ZMSCORE per class); when a queue's window is not filled that
        way (one tenant's backlog behind few others'), one more round trip reads deeper
        into the sub-queues that came back full;
@@ -183,7 +183,7 @@ def read_dispatch_view(
         tenants_of[cls].update(picked)
         per_queue.append([k.tenant_queue(cls, route, tenant) for tenant in picked])
     counted = [c for c in classes if tenants_of[c]]
-    depths = [max(1, min(free, window // max(1, len(tqs)))) for tqs in per_queue]
+    depths = [max(1, window // max(1, len(tqs))) for tqs in per_queue]
     virtual: list[Any] = []
     if any(per_queue):
         pipe = client.pipeline(transaction=False)
@@ -207,7 +207,7 @@ def read_dispatch_view(
                     full.append(tq)
             # One tenant's backlog behind few others': the window's unread share goes
             # to the tenants whose read came back full (one more round trip, only then).
-            extra = min(free - got, window - got) // max(1, len(full))
+            extra = (window - got) // max(1, len(full))
             deeper += [(tq, depth, depth + extra - 1) for tq in full if extra > 0]
         virtual = replies[sum(len(tqs) for tqs in per_queue) :]
         if deeper:
