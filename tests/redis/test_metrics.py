@@ -111,7 +111,7 @@ def test_failed_attempts_are_counted_by_the_workers_failure_kind(
     ready_worker(store, "w1")
     r = inference_request(settings, priority="realtime")
     store.submit(r)
-    queue = store.keys.queue("realtime", r.route)
+    queue = store.keys.tenant_queue("realtime", r.route, r.tenant)
     [(rid, attempt)] = store.assign("w1", "b1", [(r.id, queue, 1)])
     error = f"openai: request {rid}: HTTP 503 from http://127.0.0.1:1"
     store.requeue([(rid, attempt, "w1", error)], infra=True, kind="infrastructure")
