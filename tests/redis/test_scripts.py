@@ -195,8 +195,14 @@ def test_bench_sim_script_writes_its_figures(tmp_path: Path) -> None:
     done = subprocess.run([*args, "--json", str(out)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     rows = json.loads(out.read_text())["results"]
-    assert [(r["workload"], r["policy"]) for r in rows] == [("conv", "inferq"), ("mix", "inferq")]
+    assert [(r["workload"], r["policy"]) for r in rows] == [
+        ("conv", "inferq"),
+        ("unservable", "inferq"),
+        ("mix", "inferq"),
+    ]
     assert all(r["requests"] > 0 and r["decisions"] > 0 for r in rows)
+    assert rows[1]["requests"] > rows[0]["requests"]  # the unservable twins
+    assert all(r["cpu_s"] > 0 and r["wall_s_per_hour"] > 0 for r in rows)
     assert rows[0]["within_budget"] is None  # only judged on the full trace
 
 

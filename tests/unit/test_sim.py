@@ -9,6 +9,7 @@ import math
 from collections import Counter
 from functools import cache
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from click.testing import CliRunner
@@ -20,9 +21,11 @@ from inferq.errors import ConfigError, InvalidRequest
 from inferq.intake import build_request
 from inferq.latency import service_time
 from inferq.policy.estimate import estimate_prompt_tokens
+from inferq.policy.snapshot import Decision, Snapshot
 from inferq.sim import POLICIES, SimConfig, SimPolicy, SimRequest, fixed_latency, replay, simulate
 from inferq.sim.capacity import offered_rate, peak_fleet, sustainable_rate
 from inferq.sim.fleet import parse_fleet
+from inferq.sim.policies import DispatchFn
 from inferq.sim.report import markdown, summarize
 from inferq.sim.workload import TraceSource, assemble, build_requests, scale_requests
 from inferq.traces import TraceRequest
@@ -441,3 +444,71 @@ def test_a_request_nothing_serves_expires_saying_why_and_is_no_backlog() -> None
     )
     assert {w.model for w in result.workers} == {"llama-3.1-8b"}
     assert all(e.action != "up" for e in result.scale_events)
+
+
+# --- what waits long is not rescanned (issue 16) ----------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Watching(SimPolicy):
+    """A policy that keeps every snapshot its dispatch function is handed (last run's)."""
+
+    snapshots: ClassVar[list[Snapshot]] = []
+
+    def dispatcher(self, settings: Settings) -> DispatchFn:
+        inner = super().dispatcher(settings)
+        kept = _Watching.snapshots
+        kept.clear()
+
+        def run(snapshot: Snapshot) -> Decision:
+            kept.append(snapshot)
+            return inner(snapshot)
+
+        return run
+
+
+def test_unservable_requests_are_parked_not_rescanned_by_every_decision() -> None:
+    # One request in five asks for a route no model serves: each waits its 120 s timeout.
+    # Parked after the first decision that finds it unschedulable, it adds no decisions and
+    # is read by a few at most (not by every one for 120 s), and still expires saying why.
+    base = list(window_workload())
+    twins: list[SimRequest] = []
+    for i, r in enumerate(base):
+        twins.append(r)
+        if i % 5 == 0:
+            twins.append(dataclasses.replace(r, id=f"{r.id}u", route=">=400b", tenant="ghost"))
+    config = SimConfig(settings=SETTINGS, fleet={"llama-3.1-8b": 2})
+    plain = simulate(base, static("inferq"), config)
+    seen: Counter[str] = Counter()  # snapshots each unservable request was in
+    mixed = simulate(twins, _Watching(**vars(static("inferq"))), config)
+    for snap in _Watching.snapshots:
+        seen.update(r.id for reqs in snap.queued.values() for r in reqs if r.route == ">=400b")
+    assert {a.request_id for a in mixed.assignments} == {a.request_id for a in plain.assignments}
+    unserved = [o for o in mixed.outcomes if o.request.route == ">=400b"]
+    assert len(unserved) > 20
+    assert all(o.status == "expired" for o in unserved)
+    assert all("no model in the registry serves >=400b" in (o.reason or "") for o in unserved)
+    assert mixed.stats.decisions <= plain.stats.decisions + len(unserved)
+    # each is read by one decision (then parked; no worker is ever launched here), not by
+    # every decision of its 120 s
+    assert set(seen) == {o.request.id for o in unserved}
+    assert max(seen.values()) == 1
+
+
+def test_requests_waiting_for_kv_room_are_not_rescanned_by_every_decision() -> None:
+    # A 20 GiB card (2,680 MiB of KV cache, ~21k tokens) and 64 slots: the bulk requests
+    # of 6,000 tokens fit three at a time, the small ones many more. While the bulk backlog
+    # waits for room, the decisions that small requests trigger do not read it.
+    trace = [TraceRequest(0.0, 5_900, 100, priority="batch", tenant="bulk")] * 200
+    trace += [
+        TraceRequest(0.1 * i, 200, 50, priority="realtime", tenant=f"t{i % 4}") for i in range(600)
+    ]
+    trace.sort(key=lambda r: r.arrival_s)
+    config = SimConfig(
+        settings=SETTINGS, fleet={"llama-3.1-8b": 1}, vram_mib=20_000, slots=64, check=True
+    )
+    result = replay(trace, static("inferq"), config)
+    statuses = Counter(o.status for o in result.outcomes)
+    assert statuses["succeeded"] == len(trace), statuses
+    per_decision = result.stats.snapshot_requests / result.stats.decisions
+    assert per_decision < 20, per_decision  # was 91: most of the bulk backlog every time

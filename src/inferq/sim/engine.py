@@ -14,17 +14,20 @@ What happens at one instant ``t`` (all events due at ``t`` are taken together):
    whose cold start has passed becomes ready;
 2. queued requests whose deadline has come expire (the dispatcher's
    ``expire_due``); the outcome's end time is the deadline itself;
-3. if anything changed and some ready worker has a free slot (or a queued request
-   is past its class's ``may_preempt_after_s``: a wake-up is due then), one dispatch
-   decision: a :class:`~inferq.policy.snapshot.Snapshot` is built (per
+3. if anything changed and some ready worker has a free slot and KV-cache room for
+   the smallest queued request (or a queued request is past its class's
+   ``may_preempt_after_s``: a wake-up is due then), one dispatch decision: a
+   :class:`~inferq.policy.snapshot.Snapshot` is built (per
    ``(class, route)`` queue the ``queue_head`` oldest requests and the heads of its
    tenants' sub-queues, as
-   ``Store.dispatch_view`` reads them; every live worker with its reservations;
+   ``Store.dispatch_view`` reads them, less those waiting for room and the parked
+   ones, below; every live worker with its reservations;
    the fairness state; the backlogged tenants; the output estimates) and
    handed to the policy (``decide`` or FIFO). The decision is applied as the
    dispatcher and ``Store.write_fairness`` apply it: batches start at once,
-   expiries and unschedulable reports are recorded, class credits and active
-   sets replaced, tenant floors set, then tenant charges added. When the decision
+   expiries and unschedulable reports are recorded (an unschedulable request is
+   parked: out of the snapshots until a worker is launched), class credits and
+   active sets replaced, tenant floors set, then tenant charges added. When the decision
    leaves reservations waiting (:mod:`inferq.policy.preemption`: an overdue request
    that fits nowhere), what the reserved workers hold goes to ``choose_victims``
    exactly as the dispatcher's preemption step does; each victim is aborted
@@ -51,10 +54,18 @@ Approximations (documented in ``docs/evaluation.md``):
   does not change when others start or finish later;
 - a request still running at its deadline ends then as ``expired`` (the worker
   times it out); its slot is held until then;
-- decisions are skipped while no ready worker has a free slot and no queued
-  request is overdue: such a decision could dispatch nothing; it would only
-  refresh the active-tenant sets, which the next decision with room does
-  against the same counters;
+- decisions are skipped while no ready worker has a free slot and KV-cache room
+  for the smallest queued request, and no queued request is overdue: such a
+  decision could dispatch nothing; it would only refresh the active-tenant sets,
+  which the next decision with room does against the same counters;
+- what waits long is not rescanned (issue 16), so a run's cost does not grow with
+  what is stuck: a request a decision reported unschedulable is parked until a
+  worker is launched (still queued, counted by the scaler, expiring on time); a
+  request that fits no ready worker's free KV cache now, but would fit an empty
+  one, is left out of the snapshot until room for it frees (unless past its
+  class's preemption bound). The dispatcher reads both on every step (its
+  ``window`` of each queue); a decision could not place either, so only the
+  active-tenant sets and where the ``queue_head`` window ends can differ;
 - a preempted run's output tokens are taken as evenly spread over its decode
   time (the latency model's shape) when counting what it generated.
 
@@ -80,7 +91,7 @@ from inferq.policy.preemption import (
     preemption_refund,
     refunded_counter,
 )
-from inferq.policy.routing import FleetCapacity, route_models
+from inferq.policy.routing import MIB, FleetCapacity, route_models
 from inferq.policy.scaling import ScalerState
 from inferq.policy.snapshot import (
     Decision,
@@ -238,6 +249,12 @@ class _Sim:
         self.backlogged: dict[str, frozenset[str]] = {c: frozenset() for c in self.classes}
         self.backlog_dirty: set[str] = set()
         self.deadlines: list[tuple[float, int]] = []
+        # Requests a decision found unschedulable, out of the snapshots until a worker is
+        # launched (the only event that can make one servable); still queued and counted.
+        self.parked: dict[tuple[str, str], dict[str, QueuedRequest]] = {}
+        # (prompt + max_tokens, index) of the requests in the queues, a lazy min-heap:
+        # a decision runs only when some ready worker has room for the smallest.
+        self.needs: list[tuple[int, int]] = []
         # fairness state, as Store.write_fairness keeps it
         self.credit: dict[str, float] = {}
         self.counters: dict[str, dict[str, float]] = {}
@@ -320,11 +337,11 @@ class _Sim:
                 else:
                     scale_due = True
             changed |= self._expire_due()
-            if changed and self.queued and (self.fleet.has_room() or self._overdue_waiting()):
+            if changed and (self._room() or (self.queued and self._overdue_waiting())):
                 self._decide()
             if scale_due:
                 self._scale_tick(work_left=i < n)
-            if self.queued and not self.wake_pending and self.fleet.has_room():
+            if not self.wake_pending and self._room():
                 self.wake_pending = True
                 self._push(t + self.config.tick_s, _WAKE)
 
@@ -381,6 +398,7 @@ class _Sim:
         if counts[q.tenant] == 1:
             self.backlog_dirty.add(q.priority)
         heapq.heappush(self.deadlines, (q.deadline, index))
+        heapq.heappush(self.needs, (q.prompt_tokens + q.max_tokens, index))
 
     def _overdue_waiting(self) -> bool:
         """True when some class's oldest queued request is past its preemption bound
@@ -397,14 +415,61 @@ class _Sim:
                     return True
         return False
 
-    def _dequeue(self, o: RequestOutcome) -> None:
+    def _room(self) -> bool:
+        """True when a decision could place something: some ready worker has a free slot
+        and KV-cache room for the smallest request in the queues (parked ones aside)."""
+        heap, outcomes = self.needs, self.outcomes
+        while heap:
+            o = outcomes[heap[0][1]]
+            r = o.request
+            if o.status == "queued" and r.id not in self.parked.get((r.priority, r.route), ()):
+                return self.fleet.has_room(heap[0][0])
+            heapq.heappop(heap)
+        return False
+
+    def _park(self, o: RequestOutcome) -> None:
+        """Take an unschedulable request out of its queue (and out of every snapshot)
+        until :meth:`_unpark`; it stays queued: counted, expiring, its tenant backlogged."""
         r = o.request
         key = (r.priority, r.route)
-        del self.queues[key][r.id]
+        queue = self.queues[key]
+        if r.id not in queue:
+            return
+        self.parked.setdefault(key, {})[r.id] = queue.pop(r.id)
         parts = self.tenant_queues[key]
         del parts[r.tenant][r.id]
         if not parts[r.tenant]:
             del parts[r.tenant]
+
+    def _unpark(self) -> None:
+        """A worker was launched: every parked request goes back to its place in its
+        queue (submit order), and the next decision judges it against the new fleet."""
+        for key, parked in self.parked.items():
+            if not parked:
+                continue
+            queue = self.queues[key]
+            parts = self.tenant_queues.setdefault(key, {})
+            for q in parked.values():
+                queue[q.id] = q
+                parts.setdefault(q.tenant, {})[q.id] = q
+                heapq.heappush(self.needs, (q.prompt_tokens + q.max_tokens, self.index_of[q.id]))
+            self.queues[key] = _in_submit_order(queue)
+            for tenant in {q.tenant for q in parked.values()}:
+                parts[tenant] = _in_submit_order(parts[tenant])
+            parked.clear()
+
+    def _dequeue(self, o: RequestOutcome) -> None:
+        r = o.request
+        key = (r.priority, r.route)
+        parked = self.parked.get(key)
+        if parked and r.id in parked:
+            del parked[r.id]
+        else:
+            del self.queues[key][r.id]
+            parts = self.tenant_queues[key]
+            del parts[r.tenant][r.id]
+            if not parts[r.tenant]:
+                del parts[r.tenant]
         self.queued -= 1
         counts = self.tenant_counts[r.priority]
         counts[r.tenant] -= 1
@@ -439,7 +504,8 @@ class _Sim:
         if o.unschedulable is None:
             return None
         r = o.request
-        queued = self.queues[(r.priority, r.route)][r.id]
+        key = (r.priority, r.route)
+        queued = self.queues[key].get(r.id) or self.parked[key][r.id]
         views = [w.view() for w in self.fleet]
         return FleetCapacity(views, self.routing, self.pools).reason(queued)
 
@@ -454,13 +520,21 @@ class _Sim:
     def _snapshot(self) -> Snapshot:
         head = self.config.queue_head
         queued: dict[str, list[QueuedRequest]] = {}
+        free, whole, cutoffs = self._waiting_for_room()
         for cls, keys in self.class_keys.items():
             if len(keys) == 1 and len(self.tenant_queues.get(keys[0], ())) <= 1:
-                queued[cls] = list(islice(self.queues[keys[0]].values(), head))
+                heads = list(islice(self.queues[keys[0]].values(), head))
             else:
-                merged = [r for k in keys for r in self._heads(k, head)]
-                merged.sort(key=lambda r: (r.submitted_at, r.id))
-                queued[cls] = merged
+                heads = [r for k in keys for r in self._heads(k, head)]
+                heads.sort(key=lambda r: (r.submitted_at, r.id))
+            cut = cutoffs.get(cls, -math.inf)
+            queued[cls] = [
+                r
+                for r in heads
+                if (t := r.prompt_tokens + r.max_tokens) <= free
+                or t > whole
+                or r.submitted_at <= cut
+            ]
         for cls in self.backlog_dirty:
             self.backlogged[cls] = frozenset(self.tenant_counts[cls])
         self.backlog_dirty.clear()
@@ -473,6 +547,26 @@ class _Sim:
             output_estimates=self.estimates,
             scaler_pools=self.pools,
         )
+
+    def _waiting_for_room(self) -> tuple[float, float, dict[str, float]]:
+        """What a decision need not see: a request of ``t`` tokens (prompt + max_tokens)
+        with ``free < t <= whole`` fits no ready worker's free KV cache now (it could not be
+        placed: ``OpenBatch.has_room``) but would fit an empty one, so it waits for room;
+        unless submitted at or before its class's ``cutoff`` (past the class's preemption
+        bound: a decision may reserve a worker for it). Returns ``(free, whole, cutoff)``.
+        Such a request rejoins the snapshots as soon as room for it frees."""
+        free, whole = 0.0, 0.0
+        for w in self.fleet:
+            per_token = w.spec.kv_bytes_per_token / MIB
+            whole = max(whole, w.kv_cache_mib / per_token)
+            if w.has_slot:
+                free = max(free, (w.kv_cache_mib - w.reserved_mib) / per_token)
+        cutoff = {
+            name: self.now - c.may_preempt_after_s
+            for name, c in self.dispatch_policy.class_by_name.items()
+            if c.may_preempt_after_s is not None
+        }
+        return free, whole, cutoff
 
     def _heads(self, key: tuple[str, str], head: int) -> list[QueuedRequest]:
         """What the dispatcher reads of one queue (``store/snapshot.py``): its oldest
@@ -493,6 +587,7 @@ class _Sim:
 
     def _decide(self) -> None:
         snapshot = self._snapshot()
+        self.stats.snapshot_requests += sum(len(q) for q in snapshot.queued.values())
         t0 = time.perf_counter()
         decision = self.dispatch(snapshot)
         self.stats.decide_s += time.perf_counter() - t0
@@ -587,6 +682,8 @@ class _Sim:
             o = self.by_id[rid]
             if o.unschedulable is None:
                 o.unschedulable = reason
+            if o.status == "queued":
+                self._park(o)
         dispatched = 0
         for batch in decision.batches:
             dispatched += self._start(
@@ -596,9 +693,7 @@ class _Sim:
             )
         self._write_fairness(decision)
         if dispatched:
-            counts = tuple(
-                sum(len(self.queues[k]) for k in self.class_keys[c]) for c in self.classes
-            )
+            counts = tuple(self._class_queued(c) for c in self.classes)
             self.decision_log.append(
                 DecisionRecord(self.stats.decisions - 1, now, dispatched, counts)
             )
@@ -717,12 +812,19 @@ class _Sim:
         self._push(self.now + self.scaling.interval_s, _SCALE)
 
     def _depths(self) -> list[tuple[str, str, int, float | None]]:
-        """``(class, route, queued, oldest wait)`` per non-empty queue (``Store.queue_depths``)."""
-        return [
-            (cls, route, len(q), self.now - next(iter(q.values())).submitted_at)
-            for (cls, route), q in self.queues.items()
-            if q
-        ]
+        """``(class, route, queued, oldest wait)`` per non-empty queue (``Store.queue_depths``),
+        parked requests included."""
+        out: list[tuple[str, str, int, float | None]] = []
+        for (cls, route), q in self.queues.items():
+            parked = self.parked.get((cls, route), {})
+            heads = [next(iter(d.values())).submitted_at for d in (q, parked) if d]
+            if heads:
+                out.append((cls, route, len(q) + len(parked), self.now - min(heads)))
+        return out
+
+    def _class_queued(self, cls: str) -> int:
+        """Requests of ``cls`` queued, parked ones included."""
+        return sum(len(self.queues[k]) + len(self.parked.get(k, ())) for k in self.class_keys[cls])
 
     def _carry_out(
         self,
@@ -741,6 +843,7 @@ class _Sim:
                 worker = self.fleet.launch(spec, now)
                 launched.append(worker.id)
                 self._push(now + spec.cold_start_s, _READY, worker.id)
+            self._unpark()
             self.scale_events.append(
                 ScaleEvent(now, model, "up", current, desired, tuple(launched), tuple(reasons))
             )
@@ -765,7 +868,7 @@ class _Sim:
         for w in self.fleet:
             counts[w.state] += 1
             running += len(w.running)
-        queued = tuple(sum(len(self.queues[k]) for k in self.class_keys[c]) for c in self.classes)
+        queued = tuple(self._class_queued(c) for c in self.classes)
         self.samples.append(
             Sample(
                 self.now,
@@ -819,6 +922,11 @@ def _progress(
     else:
         generated = min(output_tokens, 1 + int((elapsed - ttft) / decode * (output_tokens - 1)))
     return generated, prompt_tokens + generated
+
+
+def _in_submit_order(held: dict[str, QueuedRequest]) -> dict[str, QueuedRequest]:
+    """``held`` re-ordered by ``(submitted_at, id)``: the store's score and member order."""
+    return {q.id: q for q in sorted(held.values(), key=_age_order)}
 
 
 def _check_requests(requests: Sequence[SimRequest]) -> None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from inferq.config import ModelSpec
 from inferq.errors import ConfigError
 from inferq.models import WorkerState
+from inferq.policy.routing import kv_mib
 from inferq.policy.snapshot import WorkerView
 
 #: Float slack when checking reserved MiB against the KV-cache room.
@@ -211,9 +212,17 @@ class Fleet:
         worker.stopped_at = now
         self.stopped.append(worker)
 
-    def has_room(self) -> bool:
-        """True when some ready worker has a free slot."""
-        return any(w.has_slot for w in self.live.values())
+    def has_room(self, tokens: int = 0) -> bool:
+        """True when some ready worker has a free slot and KV-cache room for ``tokens``.
+
+        ``tokens`` is the smallest ``prompt + max_tokens`` queued: a decision places a
+        request only where its :func:`~inferq.policy.routing.need_mib` fits
+        (``OpenBatch.has_room``), so without such a worker it could dispatch nothing.
+        """
+        return any(
+            w.has_slot and kv_mib(tokens, w.spec) <= w.kv_cache_mib - w.reserved_mib + MIB_EPS
+            for w in self.live.values()
+        )
 
     def all_workers(self) -> list[SimWorker]:
         """Stopped then live workers, in launch order."""

@@ -131,6 +131,8 @@ class RunStats:
 
     decisions: int = 0
     decide_s: float = 0.0
+    #: queued requests handed to the policy, summed over decisions (the scan cost)
+    snapshot_requests: int = 0
     scale_calls: int = 0
     events: int = 0
     wall_s: float = 0.0
