@@ -408,6 +408,24 @@ class AsyncClient:
         submitted = await store.submit(request, explicit_deadline="deadline" in fields)
         return AsyncRequestHandle(self, submitted.id, submitted.duplicate)
 
+    async def submit_request(
+        self, request: InferenceRequest, *, explicit_deadline: bool = False
+    ) -> AsyncRequestHandle:
+        """Enqueue a request already built by :func:`inferq.intake.build_request` (the
+        gateway builds it first to check its class and rate limits; building it again
+        would cost a validation per request).
+
+        Args:
+            request: the validated request (its id gets the cell's prefix here).
+            explicit_deadline: the caller gave ``deadline`` rather than ``timeout``.
+
+        Raises:
+            QueueFull, IdempotencyConflict: as :meth:`submit`.
+        """
+        request, store = self.cells.for_request(request)
+        submitted = await store.submit(request, explicit_deadline=explicit_deadline)
+        return AsyncRequestHandle(self, submitted.id, submitted.duplicate)
+
     async def submit_many(self, items: Iterable[Mapping[str, Any]]) -> list[AsyncRequestHandle]:
         """See :meth:`Client.submit_many` (one pipelined round trip per cell)."""
         requests = _build_many(self.settings, items)

@@ -149,6 +149,8 @@ class StandIn:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # a client with many connections at once (the benchmarks) waits
+    # for none (socketserver's 5 drops SYNs: a 1 s retransmit)
     standin: StandIn
 
     def handle_error(self, request: Any, client_address: Any) -> None:

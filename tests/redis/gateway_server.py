@@ -6,7 +6,7 @@ import threading
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import uvicorn
 
@@ -26,9 +26,12 @@ class GatewayServer:
         *,
         rate_limits: bool = True,
         redis_keys: bool = False,
+        **options: Any,
     ) -> None:
         keyring = KeyRing.load(keys, [c.name for c in settings.classes])
-        self.app = create_app(settings, keyring, rate_limits=rate_limits, redis_keys=redis_keys)
+        self.app = create_app(
+            settings, keyring, rate_limits=rate_limits, redis_keys=redis_keys, **options
+        )
         self.port = free_port()
         config = uvicorn.Config(
             self.app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False

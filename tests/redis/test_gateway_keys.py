@@ -7,6 +7,7 @@ simulated worker, as in ``test_gateway.py``.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,10 @@ from click.testing import CliRunner
 from inferq.cli.main import cli
 from inferq.config import Settings
 from inferq.gateway.tenants import KEY_CACHE_S, digest
-from inferq.store import Store
+from inferq.store import Store, connect
 
-from ..conftest import REDIS_URL
-from ..helpers import wait_for
+from ..conftest import REDIS_URL, purge_namespace
+from ..helpers import ready_worker, wait_for
 from .fleet import Fleet
 from .gateway_server import GatewayServer
 from .test_gateway import MODEL, sdk
@@ -32,18 +33,6 @@ FILE_KEYS = """
 tenant = "filed"
 """
 MESSAGES = [{"role": "user", "content": "hi"}]
-
-
-@pytest.fixture
-def fast_settings(settings: Settings) -> Settings:
-    return settings.model_copy(update={"heartbeat_interval_s": 0.2, "lease_s": 1.0})
-
-
-@pytest.fixture
-def fleet(fast_settings: Settings, redis_client: Any) -> Iterator[Fleet]:
-    f = Fleet(fast_settings, Store(redis_client, fast_settings))
-    yield f
-    f.close()
 
 
 @pytest.fixture
@@ -204,3 +193,131 @@ def test_tokens_and_requests_per_minute_are_shared_by_replicas(  # type: ignore[
     # The windows live in Redis, under the deployment's prefix.
     windows = list(store.redis.scan_iter(match=f"{store.keys.rate_limits}*"))
     assert any("tok" in w for w in windows) and any("req" in w for w in windows)
+
+
+def test_models_lists_the_routes_each_cell_serves_now(namespace: str, tmp_path: Path) -> None:
+    """Two cells on two databases of the test Redis: a route is listed when the cell that
+    serves it for the caller's tenant has a live worker for a model the route accepts."""
+    cell_urls = {"a": f"{REDIS_URL.rsplit('/', 1)[0]}/1", "b": f"{REDIS_URL.rsplit('/', 1)[0]}/2"}
+    settings = Settings.load(
+        namespace=namespace,
+        cells={
+            "a": {"redis_url": cell_urls["a"], "routes": ["llama-3.1-8b", ">=13b"]},
+            "b": {"redis_url": cell_urls["b"], "routes": ["llama-2-13b"], "tenants": ["big"]},
+        },
+        default_cell="a",
+    )
+    stores = {
+        name: Store(connect(url), settings.model_copy(update={"redis_url": url}))
+        for name, url in cell_urls.items()
+    }
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[keys."sk-big"]\ntenant = "big"\n\n[keys."sk-small"]\ntenant = "small"\n')
+    try:
+        with GatewayServer(settings, keys) as gateway:
+
+            def listed(key: str) -> list[str]:
+                answer = httpx.get(
+                    f"{gateway.url}/models", headers={"Authorization": f"Bearer {key}"}
+                )
+                return [m["id"] for m in answer.json()["data"]]
+
+            assert listed("sk-small") == [] and listed("sk-big") == []  # no worker anywhere
+            ready_worker(stores["a"], "a-w1", model="llama-3.1-8b")
+            wait_for(lambda: listed("sk-small") == ["llama-3.1-8b"], what="cell a's route")
+            # llama-2-13b is cell b's route for tenant big only; for small the default
+            # cell a serves it, where no 13b worker runs.
+            ready_worker(stores["b"], "b-w1", model="llama-2-13b", params_b=13)
+            wait_for(
+                lambda: listed("sk-big") == ["llama-2-13b", "llama-3.1-8b"],
+                what="cell b's route for tenant big",
+            )
+            assert listed("sk-small") == ["llama-3.1-8b"]
+            # >=13b lives in cell a: a 13b worker there serves it (and llama-2-13b for small).
+            ready_worker(stores["a"], "a-w2", model="llama-2-13b", params_b=13)
+            wait_for(
+                lambda: listed("sk-small") == [">=13b", "llama-2-13b", "llama-3.1-8b"],
+                what="cell a's size route",
+            )
+            # A request for a route whose cell has no worker is a 503 naming the model.
+            stores["b"].redis.delete(stores["b"].keys.workers)
+            time.sleep(1.2)  # the replica's fleet cache (FLEET_CACHE_S)
+            big = sdk(gateway, "sk-big")
+            with pytest.raises(openai.InternalServerError) as unavailable:
+                big.chat.completions.create(model="llama-2-13b", messages=MESSAGES)
+            assert unavailable.value.status_code == 503
+            assert listed("sk-big") == [">=13b", "llama-3.1-8b"]  # >=13b: cell a, for all
+    finally:
+        for store in stores.values():
+            purge_namespace(store.redis, namespace)
+            store.close()
+
+
+LEASE_KEYS = """
+[keys."sk-once"]
+tenant = "once"
+requests_per_minute = 1
+"""
+
+
+def _scrape(gateway: GatewayServer) -> str:
+    return httpx.get(f"{gateway.root}/metrics", timeout=10).text
+
+
+def _holds(text: str) -> bool:
+    return "inferq_metrics_lease_held 1.0" in text
+
+
+def test_one_gateway_replica_exports_the_deployment_gauges(
+    fleet: Fleet, fast_settings: Settings, tmp_path: Path, store: Store
+) -> None:
+    fleet.worker("w1", time_scale=0.0)
+    path = tmp_path / "keys.toml"
+    path.write_text(LEASE_KEYS)
+    store.put_api_key(digest("iq-stored"), '{"key": {"tenant": "t"}, "created_s": 1}')
+    options = {"metrics_lease_ttl_s": 1.5}
+    with (
+        GatewayServer(fast_settings, path, **options) as one,
+        GatewayServer(fast_settings, path, **options) as two,
+    ):
+        replicas = {"one": one, "two": two}
+        wait_for(
+            lambda: sum(_holds(_scrape(g)) for g in replicas.values()) == 1,
+            what="exactly one replica holding the metrics lease",
+        )
+        holder = next(name for name, g in replicas.items() if _holds(_scrape(g)))
+        other = "two" if holder == "one" else "one"
+        # Each replica counts its own requests; the deployment's series come from
+        # the holder alone (a sum() over replicas counts each once).
+        client = sdk(replicas[other], "sk-once")
+        client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=1, extra_body={"sim_output_tokens": 1}
+        )
+        with pytest.raises(openai.RateLimitError):
+            client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=1)
+        texts = {name: _scrape(g) for name, g in replicas.items()}
+        assert 'inferq_gateway_requests_total{code="429",endpoint="chat"} 1.0' in texts[other]
+        assert 'code="429"' not in texts[holder]
+        assert "inferq_gateway_api_keys 1.0" in texts[holder]
+        assert "inferq_queue_depth" in texts[holder] and "inferq_workers{" in texts[holder]
+        for series in ("inferq_gateway_api_keys", "inferq_queue_depth", "inferq_workers{"):
+            assert series not in texts[other]
+        assert "inferq_metrics_lease_held 0.0" in texts[other]
+        # The other replica's refusal reaches the holder through the events stream.
+        wait_for(
+            lambda: (
+                'inferq_rate_limit_refusals_total{tenant="once"} 1.0' in _scrape(replicas[holder])
+            ),
+            what="the refusal counted by the holder",
+        )
+        wait_for(
+            lambda: (
+                'inferq_ttft_seconds_count{model="llama-3.1-8b",priority_class'
+                in _scrape(replicas[holder])
+            ),
+            what="the finished request in the holder's histograms",
+        )
+        # When the holder stops it gives the lease back: the other takes over.
+        replicas[holder].__exit__(None, None, None)
+        wait_for(lambda: _holds(_scrape(replicas[other])), what="the other replica takes over")
+        assert "inferq_gateway_api_keys 1.0" in _scrape(replicas[other])

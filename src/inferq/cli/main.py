@@ -522,6 +522,12 @@ def dashboard(obj: Context, host: str, port: int) -> None:
     help="Also accept the API keys stored in Redis (inferq keys add/list/revoke).",
 )
 @click.option("--no-rate-limits", is_flag=True, help="Ignore the keys' per-minute limits.")
+@click.option(
+    "--no-deployment-metrics",
+    is_flag=True,
+    help="Export only this replica's counters on /metrics; never take the metrics lease "
+    "(whose holder, a gateway, dispatcher or scaler, exports the deployment-wide series).",
+)
 @pass_ctx
 @handle_errors
 def gateway(
@@ -531,6 +537,7 @@ def gateway(
     keys_path: Path | None,
     redis_keys: bool,
     no_rate_limits: bool,
+    no_deployment_metrics: bool,
 ) -> None:
     """Serve the OpenAI HTTP API (chat and completions, streaming) in front of the queue.
 
@@ -546,7 +553,13 @@ def gateway(
             "warning: no --keys file and no --redis-keys: every caller is the default tenant",
             err=True,
         )
-    app = create_app(obj.settings, keyring, rate_limits=not no_rate_limits, redis_keys=redis_keys)
+    app = create_app(
+        obj.settings,
+        keyring,
+        rate_limits=not no_rate_limits,
+        redis_keys=redis_keys,
+        deployment_metrics=not no_deployment_metrics,
+    )
     stored = ", and the keys stored in Redis" if redis_keys else ""
     click.echo(
         f"inferq gateway on http://{host}:{port}/v1 ({len(keyring)} API keys in the file{stored})",

@@ -29,7 +29,7 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import anyio
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
@@ -37,6 +37,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from inferq.cells import cell_for
 from inferq.client import AsyncClient
 from inferq.config import Settings
 from inferq.errors import InferqError, InvalidRequest, QueueFull, RedisUnavailable
@@ -44,9 +45,12 @@ from inferq.gateway import openai_api as api
 from inferq.gateway.ratelimit import RateLimits
 from inferq.gateway.tenants import OPEN, ApiKey, KeyRing, StoredKeys
 from inferq.intake import build_request
+from inferq.metrics import MetricsLease, build_registry
+from inferq.metrics.events import EventObserver
+from inferq.metrics.server import LEASE_TTL_S
 from inferq.models import InferenceRequest, Result, StreamChunk
 from inferq.routes import candidates, parse_route
-from inferq.store import CONNECTION_ERRORS
+from inferq.store import CONNECTION_ERRORS, Store, connect
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +60,8 @@ T = TypeVar("T")
 FLEET_CACHE_S = 1.0
 #: ``Retry-After`` of a full queue, seconds: queues drain at the fleet's pace, not a window's.
 QUEUE_FULL_RETRY_S = 1
+#: What reading a cell's fleet may raise and survive (that cell then serves nothing).
+_FLEET_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, RedisUnavailable)
 #: What a cancel on disconnect says (the result's error).
 DISCONNECTED = "the HTTP client disconnected"
 
@@ -65,7 +71,10 @@ class Disconnected(Exception):
 
 
 class GatewayMetrics:
-    """This replica's counters (deployment-wide gauges come from ``inferq metrics``)."""
+    """This replica's counters (each replica exports its own; ``sum()`` over replicas).
+
+    The deployment-wide series are the metrics lease holder's (see :class:`_GatewayLease`).
+    """
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -94,6 +103,29 @@ class GatewayMetrics:
         )
 
 
+class _GatewayLease(MetricsLease):
+    """The metrics lease of a gateway replica: it tails the events stream (for the
+    deployment's histograms and counters) only once it holds the lease, so replicas
+    that never export pay nothing for it."""
+
+    def __init__(self, store: Store, ttl_s: float) -> None:
+        super().__init__(store, ttl_s=ttl_s)
+        self.observer: EventObserver | None = None  # set once the registry is built
+        self._observing = False
+
+    def renew(self) -> bool:
+        held = super().renew()
+        if held and not self._observing and self.observer is not None:
+            self._observing = True
+            self.observer.start()
+        return held
+
+    def stop(self) -> None:
+        if self._observing and self.observer is not None:
+            self.observer.stop()
+        super().stop()
+
+
 class Gateway:
     """The application's state: settings, keys, the client, rate limits, metrics.
 
@@ -103,6 +135,10 @@ class Gateway:
         rate_limits: enforce the keys' rate limits (on Redis).
         redis_keys: also accept the API keys stored in Redis (``inferq keys add``). With
             no keys file and no Redis keys the gateway is open (no authentication).
+        deployment_metrics: take part in the deployment's metrics lease (as dispatchers
+            and scalers do): the holder, whichever replica it is, exports the
+            deployment-wide series on its ``/metrics``; False: this replica's counters only.
+        metrics_lease_ttl_s: the lease's lifetime, seconds.
     """
 
     def __init__(
@@ -112,16 +148,23 @@ class Gateway:
         *,
         rate_limits: bool = True,
         redis_keys: bool = False,
+        deployment_metrics: bool = True,
+        metrics_lease_ttl_s: float = LEASE_TTL_S,
     ) -> None:
         self.settings = settings
         self.keyring = keyring
         self.redis_keys = redis_keys
+        self.deployment_metrics = deployment_metrics
+        self.metrics_lease_ttl_s = metrics_lease_ttl_s
+        self.lease: _GatewayLease | None = None
+        self.deployment: CollectorRegistry | None = None
+        self._metrics_store: Store | None = None
         self.stored_keys: StoredKeys | None = None
         self.metrics = GatewayMetrics()
         self.use_rate_limits = rate_limits
         self.client: AsyncClient | None = None
         self.limits: RateLimits | None = None
-        self._fleet: tuple[float, set[str]] = (0.0, set())
+        self._fleet: dict[str | None, tuple[float, set[str]]] = {}  # cell -> (read at, models)
         self._pools = set(settings.scaling.pools)
         self._classes = [c.name for c in settings.classes]
 
@@ -132,8 +175,28 @@ class Gateway:
             self.stored_keys = StoredKeys(self.client.store.api_key)
         if self.use_rate_limits:
             self.limits = RateLimits(self.settings.redis_url, self.client.store.keys)
+        if self.deployment_metrics:
+            await anyio.to_thread.run_sync(self._start_lease)
+
+    def _start_lease(self) -> None:
+        store = Store(connect(self.settings.redis_url), self.settings)
+        self._metrics_store = store
+        lease = _GatewayLease(store, self.metrics_lease_ttl_s)
+        registry, lease.observer = build_registry(store, lease)
+        self.lease, self.deployment = lease, registry
+        held = Gauge(
+            "inferq_metrics_lease_held",
+            "1 when this replica exports the deployment-wide series (holds the metrics lease)",
+            registry=self.metrics.registry,
+        )
+        held.set_function(lambda: 1.0 if lease.held else 0.0)
+        lease.start()
 
     async def stop(self) -> None:
+        if self.lease is not None:
+            await anyio.to_thread.run_sync(self.lease.stop)
+        if self._metrics_store is not None:
+            self._metrics_store.close()
         if self.client is not None:
             await self.client.aclose()
 
@@ -151,12 +214,12 @@ class Gateway:
         return await self._complete(request, "completions")
 
     async def models(self, request: Request) -> Response:
-        if await self._key(request) is None:
+        key = await self._key(request)
+        if key is None:
             return self._unauthorized("models")
-        live = await self._live_models()
         data = [
             {"id": name, "object": "model", "created": 0, "owned_by": "inferq"}
-            for name in sorted(live | self._pools)
+            for name in await self._served_routes(key.tenant)
         ]
         return self._json("models", 200, {"object": "list", "data": data})
 
@@ -168,7 +231,10 @@ class Gateway:
         return JSONResponse({"status": "ok"})
 
     async def metrics_text(self, request: Request) -> Response:
-        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        text = generate_latest(self.metrics.registry)
+        if self.deployment is not None:  # empty unless this replica holds the lease
+            text += await anyio.to_thread.run_sync(generate_latest, self.deployment)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     # --- the completion path ----------------------------------------------------------
 
@@ -183,7 +249,8 @@ class Gateway:
             return self._error(endpoint, 400, "the body is not JSON", "invalid_request_error")
         try:
             sub = api.read_body(endpoint, body)
-            inferq_request, fields = self._request(request, key, sub)
+            inferq_request = self._request(request, key, sub)
+            cell = cell_for(self.settings, inferq_request.model, inferq_request.tenant)
         except InvalidRequest as exc:
             return self._error(endpoint, 400, str(exc), "invalid_request_error", param=exc.field)
         if not key.allows(inferq_request.priority):
@@ -196,7 +263,7 @@ class Gateway:
                 "permission_error",
                 param="priority",
             )
-        if not await self._servable(inferq_request):
+        if not await self._servable(inferq_request, cell):
             return self._error(
                 endpoint,
                 503,
@@ -210,6 +277,7 @@ class Gateway:
                 key, inferq_request.prompt_tokens + inferq_request.max_tokens
             )
             if refusal is not None:
+                await self._record_refusal(key.tenant, refusal.what, refusal.limit)
                 return self._error(
                     endpoint,
                     429,
@@ -219,7 +287,7 @@ class Gateway:
                     retry_after=refusal.retry_after_s,
                 )
         try:
-            handle = await self.aclient.submit(**fields)
+            handle = await self.aclient.submit_request(inferq_request)
         except QueueFull as exc:
             return self._error(
                 endpoint,
@@ -251,10 +319,9 @@ class Gateway:
             api.completion_body(sub, handle.id, result, inferq_request.max_tokens, created),
         )
 
-    def _request(
-        self, request: Request, key: ApiKey, sub: api.Submission
-    ) -> tuple[InferenceRequest, dict[str, Any]]:
-        """The submission's fields with the tenant, class and timeout, validated by intake.
+    def _request(self, request: Request, key: ApiKey, sub: api.Submission) -> InferenceRequest:
+        """The request of the submission's fields with the tenant, class and timeout, built
+        and validated by intake once (it is submitted as built).
 
         Raises:
             InvalidRequest: a field is refused (names it).
@@ -275,7 +342,7 @@ class Gateway:
             built = build_request(self.settings, **fields)
         except TypeError as exc:
             raise InvalidRequest("body", str(exc)) from None
-        return built, fields
+        return built
 
     async def _stream(
         self,
@@ -402,6 +469,14 @@ class Gateway:
         await self._cancel_on_disconnect(request_id)
         raise Disconnected(request_id)
 
+    async def _record_refusal(self, tenant: str, what: str, limit: int) -> None:
+        """A ``rate_limited`` event, so the lease holder's ``inferq_rate_limit_refusals_total``
+        counts every replica's refusals once."""
+        try:
+            await self.aclient.store.rate_limited_event(tenant, what, limit)
+        except CONNECTION_ERRORS as exc:
+            log.warning("could not record a rate-limit refusal: %s", exc)
+
     async def _cancel_on_disconnect(self, request_id: str) -> None:
         try:
             await self.aclient.cancel(request_id)
@@ -411,22 +486,54 @@ class Gateway:
         except CONNECTION_ERRORS as exc:
             log.warning("could not cancel %s after its client left: %s", request_id, exc)
 
-    async def _servable(self, request: InferenceRequest) -> bool:
-        """True when a live worker or a scaler pool serves a model the route accepts (its
-        fallbacks too, when the request's class may degrade)."""
+    async def _servable(self, request: InferenceRequest, cell: str | None) -> bool:
+        """True when a live worker of the request's cell or a scaler pool serves a model the
+        route accepts (its fallbacks too, when the request's class may degrade)."""
         cls = next(c for c in self.settings.classes if c.name == request.priority)
         route = parse_route(request.model)
         names = set(candidates(route, self.settings.models, degrade=cls.allow_degrade))
         if names & self._pools:
             return True
-        return bool(names & await self._live_models())
+        return bool(names & await self._live_models(cell))
 
-    async def _live_models(self) -> set[str]:
-        at, models = self._fleet
+    async def _served_routes(self, tenant: str) -> list[str]:
+        """The routes ``tenant`` can be served on now, sorted: ``GET /v1/models``.
+
+        One Redis: the models of live workers and scaler pools. With cells
+        (:mod:`inferq.cells`): every route a cell lists, and with a default cell every
+        registry model, kept when the cell that serves it for ``tenant`` has a live
+        worker (or a scaler pool) for a model the route accepts without degrading. A
+        cell whose Redis does not answer serves nothing until it does.
+        """
+        if not self.settings.cells:
+            return sorted(await self._live_models(None) | self._pools)
+        routes = {route for spec in self.settings.cells.values() for route in spec.routes}
+        if self.settings.default_cell is not None:
+            routes |= {m.name for m in self.settings.models}
+        served = []
+        for text in sorted(routes):
+            try:
+                route = parse_route(text)
+                cell = cell_for(self.settings, text, tenant)
+            except InvalidRequest:
+                continue
+            names = set(candidates(route, self.settings.models))
+            if names & self._pools or names & await self._live_models(cell):
+                served.append(text)
+        return served
+
+    async def _live_models(self, cell: str | None) -> set[str]:
+        """Models of the live workers of ``cell`` (None: the only Redis), read at most once
+        per :data:`FLEET_CACHE_S`; empty while the cell's Redis does not answer."""
+        at, models = self._fleet.get(cell, (float("-inf"), set()))
         now = time.monotonic()
         if now - at > FLEET_CACHE_S:
-            models = set(await self.aclient.store.live_models())
-            self._fleet = (now, models)
+            try:
+                models = set(await self.aclient.cells.get(cell).live_models())
+            except _FLEET_ERRORS as exc:
+                log.warning("the fleet of cell %s is unreadable: %s", cell or "(home)", exc)
+                models = set()
+            self._fleet[cell] = (now, models)
         return models
 
     # --- answers --------------------------------------------------------------------------
@@ -499,6 +606,8 @@ def create_app(
     *,
     rate_limits: bool = True,
     redis_keys: bool = False,
+    deployment_metrics: bool = True,
+    metrics_lease_ttl_s: float = LEASE_TTL_S,
 ) -> Starlette:
     """The gateway as an ASGI application (run it with uvicorn: ``inferq gateway``).
 
@@ -507,8 +616,16 @@ def create_app(
         keyring: the API keys of the keys file (:meth:`KeyRing.load`).
         rate_limits: enforce the keys' per-minute limits.
         redis_keys: also accept the API keys stored in Redis (``inferq keys``).
+        deployment_metrics / metrics_lease_ttl_s: see :class:`Gateway`.
     """
-    gateway = Gateway(settings, keyring, rate_limits=rate_limits, redis_keys=redis_keys)
+    gateway = Gateway(
+        settings,
+        keyring,
+        rate_limits=rate_limits,
+        redis_keys=redis_keys,
+        deployment_metrics=deployment_metrics,
+        metrics_lease_ttl_s=metrics_lease_ttl_s,
+    )
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

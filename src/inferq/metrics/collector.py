@@ -54,6 +54,11 @@ class DeploymentCollector(Collector):
             "Requests in the dead letter",
             value=self.store.dead_letter_count(),
         )
+        yield GaugeMetricFamily(
+            "inferq_gateway_api_keys",
+            "API keys stored in Redis for the gateways (inferq keys add/revoke)",
+            value=self.store.api_key_count(),
+        )
 
     def _queues(self) -> Iterator[Metric]:
         depth = GaugeMetricFamily(

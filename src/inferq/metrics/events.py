@@ -12,11 +12,12 @@ accounts every event it knows (the fields are the Lua scripts', see
                                               kind (the retry rule applied), retries
 ``preempt``                                   preemptions per class (a running request
                                               paused for a more urgent one)
-``rate_limited``                              submits refused by a tenant rate limit
+``rate_limited``                              requests a gateway refused by a tenant's
+                                              rate limit (any replica writes the event)
 ============================================  ===========================================
 
-Event types that no script emits yet (``preempt``, ``rate_limited``) are counted as
-soon as one does: the counters are exported at zero until then, so dashboards and
+Event types that may not have happened yet (``preempt``, ``rate_limited``) are
+exported at zero until one does, so dashboards and
 alerts can be written against them now. Models are the serving worker's (a
 request's ``model`` field may be a size requirement), looked up from the workers'
 heartbeats and ``worker_joined`` events.

@@ -129,6 +129,16 @@ class AsyncStore:
         value: str | None = await self.redis.hget(self.keys.api_keys, key_digest)
         return value
 
+    async def rate_limited_event(self, tenant: str, what: str, per_minute: int) -> None:
+        """Record a submission the gateway refused by a tenant's rate limit (a
+        ``rate_limited`` event: ``tenant``, ``limit`` = requests or tokens, ``per_minute``)."""
+        await self.redis.xadd(
+            self.keys.events,
+            {"type": "rate_limited", "tenant": tenant, "limit": what, "per_minute": per_minute},
+            maxlen=self.settings.events_maxlen,
+            approximate=True,
+        )
+
     async def cancel_running(self, request_id: str, reason: str) -> str:
         """See :meth:`inferq.store.Store.cancel_running`."""
         row = await self.redis.hmget(self.keys.req(request_id), "state", "attempts", "worker")
