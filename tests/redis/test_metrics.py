@@ -8,14 +8,16 @@ import urllib.request
 
 import pytest
 from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from inferq.config import Settings
 from inferq.dispatcher.daemon import Dispatcher
 from inferq.errors import ConfigError
 from inferq.metrics import MetricsLease, build_registry, serve_metrics
+from inferq.models import ServerTelemetry
 from inferq.store import Completion, Store
 
-from ..builders import inference_request
+from ..builders import inference_request, worker_info
 from ..helpers import ready_worker, wait_for
 from ..tools import require_tool
 
@@ -54,6 +56,37 @@ def test_deployment_collector_exports_queues_workers_tenants_and_counters(
     # Two tenants still queued, top 1 by name on a tie, the other folded into "other".
     tenant_lines = [ln for ln in text.splitlines() if ln.startswith("inferq_tenant_queued")]
     assert len(tenant_lines) == 2 and any('tenant="other"' in ln for ln in tenant_lines)
+
+
+def test_measured_capacity_is_exported_only_for_workers_that_measured_it(
+    store: Store, settings: Settings
+) -> None:
+    measured = worker_info("w1").model_copy(
+        update={
+            "vram_measured_free_mib": 40_960,
+            "vram_measured_used_mib": 102_811,
+            "kv_measured_free_mib": 25_640.0,
+            "server": ServerTelemetry(running=3, waiting=2),
+        }
+    )
+    store.heartbeat(measured, ttl_s=30)
+    ready_worker(store, "w2")  # measured nothing
+    registry, _ = build_registry(store)
+    found = {
+        (sample.name, sample.labels["worker"]): sample.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for sample in family.samples
+        if family.name.startswith("inferq_worker_")
+    }
+    assert found["inferq_worker_vram_measured_free_bytes", "w1"] == 40_960 * 2**20
+    assert found["inferq_worker_vram_measured_used_bytes", "w1"] == 102_811 * 2**20
+    assert found["inferq_worker_kv_measured_free_bytes", "w1"] == 25_640 * 2**20
+    assert found["inferq_worker_server_running", "w1"] == 3
+    assert found["inferq_worker_server_waiting", "w1"] == 2
+    assert ("inferq_worker_vram_free_bytes", "w2") in found  # the bookkeeping: everyone
+    measured = [name for name, worker in found if worker == "w2" and "measured" in name]
+    assert measured == []
+    assert ("inferq_worker_server_running", "w2") not in found
 
 
 def test_event_observer_fills_latency_token_and_sla_series(

@@ -115,6 +115,16 @@ class DeploymentCollector(Collector):
         vram_free = GaugeMetricFamily(
             "inferq_worker_vram_free_bytes", "Free VRAM the worker reports", labels=labels
         )
+        measured = {  # only for workers that measured them (issue 13)
+            name: GaugeMetricFamily(f"inferq_worker_{name}", text, labels=labels)
+            for name, text in (
+                ("vram_measured_free_bytes", "Free VRAM of the worker's GPUs, NVML at its beat"),
+                ("vram_measured_used_bytes", "Used VRAM of the worker's GPUs, NVML at its beat"),
+                ("kv_measured_free_bytes", "KV room for new work the worker measured"),
+                ("server_running", "Requests the model server says it runs"),
+                ("server_waiting", "Requests waiting inside the model server"),
+            )
+        }
         age = GaugeMetricFamily(
             "inferq_worker_heartbeat_age_seconds",
             "Since the worker's last heartbeat",
@@ -130,6 +140,15 @@ class DeploymentCollector(Collector):
             kv.add_metric(key, w.kv_cache_mib * 2**20)
             kv_used.add_metric(key, mib * 2**20)
             vram_free.add_metric(key, w.vram_free_mib * 2**20)
+            for name, value in (
+                ("vram_measured_free_bytes", _bytes(w.vram_measured_free_mib)),
+                ("vram_measured_used_bytes", _bytes(w.vram_measured_used_mib)),
+                ("kv_measured_free_bytes", _bytes(w.kv_measured_free_mib)),
+                ("server_running", w.server.running),
+                ("server_waiting", w.server.waiting),
+            ):
+                if value is not None:
+                    measured[name].add_metric(key, value)
             age.add_metric(key, max(0.0, now - w.last_heartbeat))
         for (model, state), n in sorted(counts.items()):
             by_state.add_metric([model, state], n)
@@ -139,4 +158,10 @@ class DeploymentCollector(Collector):
         yield kv
         yield kv_used
         yield vram_free
+        yield from measured.values()
         yield age
+
+
+def _bytes(mib: float | None) -> float | None:
+    """MiB as bytes; None stays None (not measured)."""
+    return None if mib is None else mib * 2**20

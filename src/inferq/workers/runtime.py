@@ -280,6 +280,7 @@ class Engine:
         self._call(self._shutdown_loop())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
+        self.config.gpu.close()
         log.info(
             "worker %s left: %d finished, %d failed",
             self.config.worker_id,
