@@ -75,7 +75,7 @@ def class_summary(
         met = sum(
             1
             for o in rows
-            if o.status == "succeeded" and o.ttft_s is not None and o.ttft_s * scale <= sla
+            if slas.meets_flat_ttft(sla, o.status, None if o.ttft_s is None else o.ttft_s * scale)
         )
         stats: dict[str, float | int | None] = {"requests": len(rows)}
         for status in ("succeeded", "expired", "failed", "cancelled"):

@@ -14,13 +14,25 @@ and TPOT). inferq's form, per priority class::
 
 ``reference_prefill_tps`` is the prefill allowance a class grants per prompt token
 (:data:`inferq.defaults.SLA_REFERENCE_PREFILL_TPS`). The dispatcher's tests, the
-simulator's reports and the demo use these functions; the old flat TTFT rule
-(``ttft <= sla_s``) is reported beside them as ``sla_attainment``.
+simulator's reports, the demo, the Prometheus metrics (``inferq_sla_requests_total``)
+and the dashboard use these functions (the last two through :func:`event_meets_slo`);
+the simulator reports the old flat TTFT rule (``ttft <= sla_s``) beside them as
+``sla_attainment``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from inferq.config import PriorityClass
+
+#: The event types that end a request (``complete.lua``, ``expire.lua``).
+FINAL_EVENTS = ("finish", "fail", "expire")
+
+
+def meets_flat_ttft(sla_s: float, status: str, ttft_s: float | None) -> bool:
+    """The old flat rule, kept for comparison: succeeded with a first token within ``sla_s``."""
+    return status == "succeeded" and ttft_s is not None and ttft_s <= sla_s
 
 
 def ttft_target_s(cls: PriorityClass, prompt_tokens: int) -> float:
@@ -63,4 +75,33 @@ def meets_slo(
         status == "succeeded"
         and meets_ttft(cls, prompt_tokens, ttft_s)
         and meets_tpot(cls, ttft_s, e2e_s, output_tokens)
+    )
+
+
+def event_meets_slo(cls: PriorityClass | None, etype: str, fields: Mapping[str, str]) -> bool:
+    """:func:`meets_slo` for a final event of the events stream (``finish``/``fail``/``expire``).
+
+    Reads ``ttft_ms`` (submit to first token; the finish time when the server reported
+    none), ``e2e_ms``, ``ptokens`` and ``tokens`` as ``complete.lua`` writes them; a
+    missing ``e2e_ms`` counts as the TTFT, missing token counts as 0 (so no TPOT). A
+    ``fail`` or ``expire`` misses; a class the settings do not know (None) is met by any
+    ``finish``.
+
+    Raises:
+        ValueError: a present numeric field is not a number.
+    """
+    if etype != "finish":
+        return False
+    if cls is None:
+        return True
+    e2e_raw, ttft_raw = fields.get("e2e_ms"), fields.get("ttft_ms")
+    e2e = float(e2e_raw) / 1000 if e2e_raw else None
+    ttft = float(ttft_raw) / 1000 if ttft_raw else e2e
+    return meets_slo(
+        cls,
+        int(float(fields.get("ptokens") or 0)),
+        int(float(fields.get("tokens") or 0)),
+        "succeeded",
+        ttft,
+        e2e if e2e is not None else ttft,
     )

@@ -2,25 +2,35 @@
 
 from __future__ import annotations
 
+from inferq.config import Settings
 from inferq.dashboard.app import render_fragment
 from inferq.dashboard.state import sla_attainment
 from inferq.models import Event
 
-
-def _e(etype: str, cls: str, ttft_ms: str) -> Event:
-    return Event(id="1-0", type=etype, at=1.0, fields={"class": cls, "ttft_ms": ttft_ms})
+CLASSES = Settings().class_by_name
 
 
-def test_sla_attainment_counts_finishes_within_the_class_sla() -> None:
+def _e(etype: str, cls: str, ttft_ms: str, **more: str) -> Event:
+    return Event(id="1-0", type=etype, at=1.0, fields={"class": cls, "ttft_ms": ttft_ms, **more})
+
+
+def test_sla_attainment_counts_finishes_within_the_class_slo() -> None:
+    rt = CLASSES["realtime"]
+    assert rt.tpot_s is not None
+    long_prompt = int(rt.reference_prefill_tps)  # one more second of TTFT allowed
+    late_ms = str(1000 * (rt.sla_s + 0.5))
+    slow = 1000 * (rt.tpot_s * 2)  # two targets per token
     events = [
         _e("finish", "realtime", "500"),
-        _e("finish", "realtime", "2500"),  # late
+        _e("finish", "realtime", late_ms),  # late for a short prompt
+        _e("finish", "realtime", late_ms, ptokens=str(long_prompt)),  # on time for a long one
+        _e("finish", "realtime", "500", e2e_ms=str(500 + 10 * slow), tokens="11"),  # slow decode
         _e("fail", "realtime", "100"),  # a failure misses it
         _e("finish", "batch", "1000"),
         _e("dispatch", "realtime", "1"),  # not a final result
     ]
-    out = sla_attainment(events, {"realtime": 2.0, "batch": 3600.0, "standard": 10.0})
-    assert out["realtime"] == {"finished": 3, "met": 1, "attainment": 1 / 3}
+    out = sla_attainment(events, CLASSES)
+    assert out["realtime"] == {"finished": 5, "met": 2, "attainment": 2 / 5}
     assert out["batch"]["attainment"] == 1.0
     assert out["standard"] == {"finished": 0, "met": 0, "attainment": None}
 

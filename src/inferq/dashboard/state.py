@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from inferq.config import PriorityClass
 from inferq.models import Event
+from inferq.sla import FINAL_EVENTS, event_meets_slo
 from inferq.store import Store
 
 #: SLA attainment window, seconds.
@@ -14,29 +16,29 @@ SLA_WINDOW_S = 300.0
 LATE_BEATS = 3
 
 
-def sla_attainment(events: Iterable[Event], sla_s: Mapping[str, float]) -> dict[str, Any]:
-    """Per class: final results, how many met the SLA (TTFT within it), and the share.
+def sla_attainment(events: Iterable[Event], classes: Mapping[str, PriorityClass]) -> dict[str, Any]:
+    """Per class: final results, how many met the class's SLO, and the share.
 
-    A result meets its SLA when it finished (``finish``) with ``ttft_ms`` (submit to
-    first token, the finish time when the server reported none) within the class SLA;
-    failed and expired requests miss it. Classes with no result have share None.
+    A result meets it when it finished (``finish``) within the length-aware TTFT target
+    and the TPOT target of its class (:func:`inferq.sla.event_meets_slo`, the rule the
+    simulator and the metrics use); failed and expired requests miss it. Classes with no
+    result have share None.
 
     Returns:
         class -> ``{"finished": n, "met": m, "attainment": m / n or None}``.
     """
-    out: dict[str, dict[str, Any]] = {c: {"finished": 0, "met": 0} for c in sla_s}
+    out: dict[str, dict[str, Any]] = {c: {"finished": 0, "met": 0} for c in classes}
     for e in events:
         cls = e.fields.get("class")
-        if e.type not in ("finish", "fail", "expire") or not cls:
+        if e.type not in FINAL_EVENTS or not cls:
             continue
         row = out.setdefault(cls, {"finished": 0, "met": 0})
         row["finished"] += 1
-        ttft_ms = e.fields.get("ttft_ms") or e.fields.get("e2e_ms") or ""
         try:
-            first_s = float(ttft_ms) / 1000
+            met = event_meets_slo(classes.get(cls), e.type, e.fields)
         except ValueError:
             continue
-        if e.type == "finish" and first_s <= sla_s.get(cls, float("inf")):
+        if met:
             row["met"] += 1
     for row in out.values():
         row["attainment"] = row["met"] / row["finished"] if row["finished"] else None
@@ -80,7 +82,7 @@ def dashboard_state(store: Store, window_s: float = SLA_WINDOW_S) -> dict[str, A
     workers += [{"id": key, "state": "corrupt", "health": reason} for key, reason in bad]
     start_ms = round((now - window_s) * 1000)
     window = store.events(count=50_000, after=f"{start_ms}-0")
-    sla = sla_attainment(window, {c.name: c.sla_s for c in settings.classes})
+    sla = sla_attainment(window, {c.name: c for c in settings.classes})
     dead_ids = store.dead_letters(50)
     dead = []
     for rec in store.records(dead_ids):

@@ -32,8 +32,10 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from inferq.config import PriorityClass
 from inferq.metrics.labels import ERROR_KINDS, FAILURES, OTHER, StickyLabels, error_kind
 from inferq.models import FailureKind
+from inferq.sla import event_meets_slo
 from inferq.store import REDIS_ERRORS, Store
 
 log = logging.getLogger(__name__)
@@ -63,7 +65,9 @@ class EventObserver:
     Args:
         store: the deployment's store.
         registry: where the histograms and counters are registered.
-        sla_s: class -> SLA, seconds (a finish whose TTFT is within it counts as met).
+        classes: class name -> its settings: a final result is ``met`` when it meets the
+            class's SLO (:func:`inferq.sla.event_meets_slo`: the length-aware TTFT target
+            and the TPOT target), else ``missed``.
         top_tenants: tenants with their own label value (the first seen); others: ``other``.
     """
 
@@ -71,11 +75,11 @@ class EventObserver:
         self,
         store: Store,
         registry: CollectorRegistry,
-        sla_s: dict[str, float],
+        classes: Mapping[str, PriorityClass],
         top_tenants: int = DEFAULT_TOP_TENANTS,
     ) -> None:
         self.store = store
-        self.sla_s = sla_s
+        self.classes = classes
         self.tenant_label = StickyLabels(top_tenants)
         self._models: dict[str, str] = {}
         self._models_read_at = 0.0
@@ -110,7 +114,7 @@ class EventObserver:
         )
         self.sla = Counter(
             "inferq_sla_requests",
-            "Final results against the class SLA on time to first token (outcome met/missed)",
+            "Final results against the class SLO: length-aware TTFT and TPOT (inferq.sla)",
             ["priority_class", "outcome"],
             registry=registry,
         )
@@ -165,7 +169,7 @@ class EventObserver:
             self.errors.labels(kind)
         for failure in FAILURES:
             self.failures.labels(failure)
-        for cls in sla_s:
+        for cls in classes:
             self.preemptions.labels(cls)
         self.rate_limited.labels(OTHER)
         self._stop = threading.Event()
@@ -234,7 +238,7 @@ class EventObserver:
         outcome = {"finish": "succeeded", "fail": "failed", "expire": "expired"}[etype]
         self.finished.labels(self.tenant_label(fields.get("tenant", "default")), outcome).inc()
         first = (ttft if ttft is not None else e2e * 1000) / 1000
-        met = etype == "finish" and first <= self.sla_s.get(cls, float("inf"))
+        met = event_meets_slo(self.classes.get(cls), etype, fields)
         self.sla.labels(cls, "met" if met else "missed").inc()
         if etype != "finish":
             return

@@ -113,8 +113,8 @@ def build_registry(
     registry = CollectorRegistry()
     registry.register(DeploymentCollector(store, lambda: lease is None or lease.held, top_tenants))
     events = CollectorRegistry(auto_describe=True)
-    sla = {c.name: c.sla_s for c in store.settings.classes}
-    observer = EventObserver(store, events, sla, top_tenants=top_tenants)
+    classes = {c.name: c for c in store.settings.classes}
+    observer = EventObserver(store, events, classes, top_tenants=top_tenants)
     registry.register(_Gated(events, lease))
     return registry, observer
 

@@ -51,6 +51,7 @@ from inferq.config import PriorityClass
 from inferq.extras import import_extra
 from inferq.reporting import Outcome, class_summary, jain_index, percentile, slo_attainment
 from inferq.sim.result import RequestOutcome, SimResult
+from inferq.sla import meets_flat_ttft
 
 Report = dict[str, Any]
 
@@ -166,7 +167,7 @@ def _tenant(
 
 def _met(o: RequestOutcome, sla: Mapping[str, float]) -> bool:
     ttft = o.ttft_s
-    return o.status == "succeeded" and ttft is not None and ttft <= sla.get(o.request.priority, 0)
+    return meets_flat_ttft(sla.get(o.request.priority, 0), o.status, ttft)
 
 
 def _overall(rows: Sequence[RequestOutcome], sla: Mapping[str, float]) -> dict[str, Any]:
