@@ -7,10 +7,17 @@ queued before the first decision and all take the same time, so the order the
 policy imposes (class shares, tenant fairness, routing) is the only order there
 is; time-dependent rules (aging, batching delays) are switched off because real
 and virtual clocks cannot agree on them.
+
+Scaling (issue 16): the scaler daemon reads its facts from Redis (submit and finish
+events, heartbeats, queue depths), the simulator keeps its own (``LoadTracker``); fed
+the same facts, both size the fleet with the same capacity model
+(:mod:`inferq.policy.capacity`) and take the same decision, a scale-up under a backlog
+and a scale-down of idle workers.
 """
 
 from __future__ import annotations
 
+import builtins
 import os
 import subprocess
 import sys
@@ -22,11 +29,20 @@ import pytest
 from inferq.client import Client
 from inferq.config import PriorityClass, Settings
 from inferq.dispatcher.daemon import Dispatcher
+from inferq.policy.scaling import ModelLimits, ModelLoad, ScalerState, ScalingConfig, decide_scale
+from inferq.scaler.daemon import Scaler
+from inferq.scaler.platforms.base import Platform, WorkerHandle
 from inferq.sim import SimConfig, fixed_latency, replay
-from inferq.store import Store, connect
+from inferq.sim.fleet import SimWorker
+from inferq.sim.loads import LoadTracker
+from inferq.store import Completion, Store, connect
 from inferq.traces import TraceRequest
 
+from ..builders import inference_request
 from ..conftest import REDIS_URL
+from ..helpers import ready_worker
+
+MODEL = "llama-3.1-8b"
 
 CLASSES = [
     PriorityClass(name=n, sla_s=s, timeout_s=600, weight=w, batch_delay_s=0.0, aging_s=None)
@@ -146,3 +162,104 @@ def test_same_kind_of_worker_for_every_request(settings: Settings) -> None:
     real, sim = run_real(settings, rows, fleet), run_sim(settings, rows, fleet)
     assert sorted(real) == sorted(sim)
     assert {m for i, m in real if rows[i].model == ">=13b"} == {"llama-3.1-70b-awq"}
+
+
+# --- scaling: the daemon reads Redis, the simulator its own facts; same decision -------
+
+SCALE_SLOTS, SCALE_KV_MIB = 64, 8_000
+PROMPT_MEAN, OUTPUT_MEAN = 1_800, 240
+
+
+class _Recording(Platform):
+    """Launches nothing: remembers handles and lists them until stopped."""
+
+    name = "recording"
+
+    def __init__(self, running: list[str]) -> None:
+        self.running = {w: WorkerHandle(w, MODEL, f"ref-{w}") for w in running}
+
+    def launch(self, model: str, worker_id: str) -> WorkerHandle:
+        self.running[worker_id] = handle = WorkerHandle(worker_id, model, f"ref-{worker_id}")
+        return handle
+
+    def prepare_scale_down(self, handle: WorkerHandle) -> None:
+        pass
+
+    def stop(self, handle: WorkerHandle) -> None:
+        self.running.pop(handle.worker_id, None)
+
+    def list(self, model: str | None = None) -> builtins.list[WorkerHandle]:
+        return [h for h in self.running.values() if model is None or h.model == model]
+
+
+def _plant(store: Store, settings: Settings, workers: int, finished: int, queued: int) -> None:
+    """Ready workers, ``finished`` requests that ran ~50 ms on the first, ``queued`` waiting."""
+    for i in range(workers):
+        ready_worker(store, f"w{i}", slots=SCALE_SLOTS, kv_cache_mib=SCALE_KV_MIB)
+    done = [inference_request(settings, priority="standard") for _ in range(finished)]
+    for r in done:
+        store.submit(r)
+    items = [(r.id, store.keys.tenant_queue("standard", r.route, r.tenant), 1) for r in done]
+    attempts = store.assign("w0", "b", items)
+    time.sleep(0.05)
+    store.complete(
+        "w0",
+        [
+            Completion(rid, attempt, "succeeded", prompt_tokens=PROMPT_MEAN,
+                       completion_tokens=OUTPUT_MEAN)
+            for rid, attempt in attempts
+        ],
+    )  # fmt: skip
+    for _ in range(queued):
+        store.submit(inference_request(settings, priority="standard"))
+
+
+def _simulated(store: Store, settings: Settings, config: ScalingConfig, now: float) -> ModelLoad:
+    """The simulator's load for the same facts: its LoadTracker fed the events' arrivals and
+    finishes, the store's queue depths and the same workers."""
+    tracker = LoadTracker(settings, [MODEL], SCALE_SLOTS)
+    for e in store.events(count=100_000):
+        if e.type == "submit":
+            tracker.arrived(e.at, e.fields["route"])
+        elif e.type == "finish":
+            took = (int(e.fields["e2e_ms"]) - int(e.fields["queue_ms"])) / 1000
+            ptokens, tokens = int(e.fields["ptokens"]), int(e.fields["tokens"])
+            tracker.finished(e.at, MODEL, took, ptokens, tokens)
+    spec = settings.model_by_name[MODEL]
+    workers = [
+        SimWorker(w.id, spec, SCALE_SLOTS, SCALE_KV_MIB, launched_at=0.0, idle_since=now)
+        for w in store.workers()[0]
+    ]
+    (load,) = tracker.loads(now, store.queue_depths(), workers, store.output_estimates())
+    return load
+
+
+@pytest.mark.parametrize(
+    ("workers", "finished", "queued", "action"),
+    [(1, 8, 300, "up"), (4, 2, 0, "down")],
+)
+def test_scaler_daemon_and_simulator_scale_alike(
+    store: Store, settings: Settings, workers: int, finished: int, queued: int, action: str
+) -> None:
+    # The same capacity model (inferq.policy.capacity) through both load builders: the
+    # daemon's from Redis (events, heartbeats, queue depths), the simulator's LoadTracker.
+    config = ScalingConfig(
+        limits={MODEL: ModelLimits(1, 8, 0)},
+        up_cooldown_s=0.0,
+        down_cooldown_s=0.0,
+        idle_s=0.0,
+    )
+    _plant(store, settings, workers, finished, queued)
+    platform = _Recording([f"w{i}" for i in range(workers)])
+    report = Scaler(store, config=config, platform=platform, models=[MODEL]).step()
+    (real,) = report.decisions
+    sim_load = _simulated(store, settings, config, report.now)
+    assert sim_load.capacity_rate is not None  # sized by the capacity model, not by slots
+    (sim,), _ = decide_scale([sim_load], ScalerState(), config, settings.classes, report.now)
+    assert real.action == sim.action == action
+    assert (real.current, real.desired) == (sim.current, sim.desired)
+    assert len(real.drain) == len(sim.drain)
+    if action == "up":
+        assert len(report.launched) == real.desired - real.current
+    else:
+        assert sorted(report.drained) == sorted(real.drain)
