@@ -118,3 +118,65 @@ def test_a_worker_cancels_a_running_request(fleet: Fleet, client: Client) -> Non
         lambda: int(fleet.store.redis.hget(fleet.store.keys.load("w1"), "slots") or 0) == 0,
         what="slot freed",
     )
+
+
+def _stop_worker_then_abort(fleet: Fleet, client: Client, send: object) -> tuple[str, int]:
+    """A batch request runs on w1; w1 is frozen (SIGSTOP: its control thread reads nothing),
+    ``send(id, attempt)`` writes an abort, then w1 is SIGKILLed before it could act.
+    Returns (request id, the aborted attempt)."""
+    import os
+    import signal
+
+    proc = fleet.worker("w1", time_scale=1.0, slots=1)
+    handle = client.submit("x", priority="batch", max_tokens=1100, timeout=120)
+    wait_for(lambda: running_attempt(client, handle.id) is not None, what="running")
+    attempt = running_attempt(client, handle.id)
+    assert attempt is not None
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        assert callable(send)
+        send(handle.id, attempt)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    return handle.id, attempt
+
+
+def test_a_cancel_sent_to_a_worker_that_dies_is_not_lost(fleet: Fleet, client: Client) -> None:
+    """The caller cancels a running request; its worker dies before carrying the abort out.
+    The reaper must not run it again: it ends ``cancelled`` with the caller's reason."""
+    rid, _ = _stop_worker_then_abort(
+        fleet, client, lambda rid, _attempt: client.cancel(rid) is RequestState.RUNNING
+    )
+    wait_for(
+        lambda: client.status(rid).state not in (RequestState.RUNNING, RequestState.ASSIGNED),
+        timeout=30,
+        what="the dead worker's request handled",
+    )
+    fleet.worker("w2", time_scale=0.05, slots=1)  # a live worker it could run on
+    result = client.result(rid, timeout=30)
+    assert result.status == "cancelled", result
+    assert (result.error or "").startswith("cancelled by the caller"), result.error
+
+
+def test_a_preemption_whose_worker_dies_spends_no_attempt(fleet: Fleet, client: Client) -> None:
+    """A preemption's abort is sent; the worker dies before it requeues the victim. The
+    reaper requeues it as the preemption it was: no attempt spent, no crash counted
+    (a victim is not a suspect), counted in stats.preempted."""
+    store = fleet.store
+
+    def preempt(rid: str, attempt: int) -> None:
+        assert store.abort([Abort(rid, attempt, "w1", "requeue", "for realtime")]) == ["sent"]
+
+    rid, attempt = _stop_worker_then_abort(fleet, client, preempt)
+    wait_for(
+        lambda: client.status(rid).state is RequestState.QUEUED,
+        timeout=30,
+        what="the victim requeued",
+    )
+    assert penalised_attempts(store, rid) == 0
+    assert store.redis.hget(store.keys.req(rid), "crashes") in (None, "0")
+    assert store.stats().get("preempted", 0) == 1
+    fleet.worker("w2", time_scale=0.02, slots=1)
+    result = client.result(rid, timeout=60)
+    assert result.status == "succeeded" and result.attempt == attempt + 1

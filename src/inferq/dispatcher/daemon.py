@@ -296,7 +296,9 @@ class Dispatcher:
             except REDIS_ERRORS as exc:  # best effort: its jobs are fenced anyway
                 log.warning("could not empty RQ queue of lost worker %s: %s", wid, exc)
             log.warning("worker %s lost; requeued %d requests", wid, len(requeued))
-        report.requeued += sum(1 for _, v in self.store.reap_leases() if v == "queued")
+        report.requeued += sum(
+            1 for _, v in self.store.reap_leases() if v in ("queued", "preempted")
+        )
 
     def _quarantine(self, view: DispatchView, report: StepReport) -> None:
         for key, reason, members in view.corrupt:

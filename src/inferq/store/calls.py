@@ -302,7 +302,8 @@ def reap_leases_call(keys: Keys, settings: Settings, limit: int) -> Call:
 
 
 def parse_reap_leases(reply: Sequence[Any]) -> list[tuple[str, str]]:
-    """(request id, verdict: queued/expired/dead/stale) of each lapsed lease."""
+    """(request id, verdict: queued/expired/dead/stale, or cancelled/preempted when an
+    abort of the attempt was pending, see ``includes/requeue.lua``) of each lapsed lease."""
     return [(str(rid), str(verdict)) for rid, verdict in _pairs(reply)]
 
 
@@ -477,7 +478,8 @@ def requeue_call(
 
 
 def parse_requeue(reply: Sequence[Any]) -> list[str]:
-    """One verdict per item: ``queued``, ``expired``, ``dead`` or ``stale``."""
+    """One verdict per item: ``queued``, ``expired``, ``dead`` or ``stale``; ``cancelled``
+    or ``preempted`` when an abort of that attempt was pending (it is carried out instead)."""
     return [str(v) for v in reply]
 
 

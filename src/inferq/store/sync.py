@@ -389,7 +389,8 @@ class Store(AdminCalls):
             kind: the failure's kind, recorded in the ``retry`` event.
 
         Returns:
-            'queued', 'expired', 'dead' or 'stale' for each item.
+            'queued', 'expired', 'dead' or 'stale' for each item; 'cancelled' or
+            'preempted' where an abort of that attempt was pending (carried out instead).
         """
         call = calls.requeue_call(
             self.keys,

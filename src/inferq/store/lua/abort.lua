@@ -45,7 +45,7 @@ for i = 6, #ARGV, 6 do
     out[#out + 1] = 'done'
   else
     redis.call('HSET', key, 'abort_attempt', attempt, 'abort_action', action,
-      'abort_charged', charged, 'abort_weight', weight)
+      'abort_charged', charged, 'abort_weight', weight, 'abort_reason', reason)
     local ctl = k_ctl(p, w)
     redis.call('RPUSH', ctl, cjson.encode({id = id, attempt = tonumber(attempt),
       action = action, reason = reason}))

@@ -20,7 +20,8 @@ for i = 5, #ARGV, 3 do
     out[#out + 1] = 'stale'
   else
     release(p, id, w, r[4])
-    redis.call('HDEL', key, 'abort_attempt', 'abort_action', 'abort_charged', 'abort_weight')
+    redis.call('HDEL', key, 'abort_attempt', 'abort_action', 'abort_charged', 'abort_weight',
+      'abort_reason')
     local used = (tonumber(r[10]) or 0) + (tonumber(r[12]) or 0) * generated
     local refund = (tonumber(r[11]) or 0) - used
     vtc_refund(p, r[5], r[7], refund)

@@ -24,17 +24,49 @@ end
 -- such retries are bounded by the deadline alone. An attempt not counted moves
 -- attempt_base up by one, so `attempts - attempt_base` stays the penalised count.
 -- delay_ms (optional): the retry's backoff; kind (optional): the failure's kind, for events.
--- Returns 'queued', 'expired', 'dead' or 'stale' (not this attempt's to requeue).
+-- An abort of the attempt still pending (abort.lua sent it; the worker had not carried it
+-- out) is carried out here instead: the attempt ended anyway, and what the abort asked for
+-- stands. A cancel or expiry is made final with its reason (a cancelled request never runs
+-- again because its worker died); a preemption is requeued as one: no attempt spent, no
+-- crash counted, counted in stats.preempted.
+-- Returns 'queued', 'expired', 'dead', 'cancelled', 'preempted' or 'stale' (not this
+-- attempt's to requeue).
 local function requeue_one(p, id, attempt, worker, err, penalize, max_attempts, ttl_s, maxlen, now,
     delay_ms, kind)
   local key = k_req(p, id)
   local r = redis.call('HMGET', key, 'state', 'attempts', 'worker', 'need_mib',
-    'priority', 'model', 'tenant', 'submitted_ms', 'deadline_ms', 'attempt_base')
+    'priority', 'model', 'tenant', 'submitted_ms', 'deadline_ms', 'attempt_base',
+    'abort_attempt', 'abort_action', 'abort_reason')
   local state = r[1]
   if state ~= 'assigned' and state ~= 'running' then return 'stale' end
   if attempt ~= '' and r[2] ~= attempt then return 'stale' end
   if worker ~= '' and r[3] ~= worker then return 'stale' end
   release(p, id, r[3], r[4])
+  if r[11] and r[11] == r[2] then
+    redis.call('HDEL', key, 'abort_attempt', 'abort_action', 'abort_charged', 'abort_weight',
+      'abort_reason')
+    local action, reason = r[12], r[13] or ('aborted: ' .. err)
+    if action == 'cancel' or action == 'expire' then
+      local final = 'cancelled'
+      if action == 'expire' then final = 'expired' end
+      finalize(p, id, final, now, ttl_s, maxlen, {'error', reason})
+      emit(p, maxlen, action, 'id', id, 'reason', reason)
+      return final
+    end
+    if tonumber(r[9]) <= now then
+      finalize(p, id, 'expired', now, ttl_s, maxlen,
+        {'error', 'deadline passed while preempted (attempt ' .. r[2] .. ')'})
+      emit(p, maxlen, 'expire', 'id', id, 'reason', 'deadline after preemption')
+      return 'expired'
+    end
+    redis.call('HINCRBY', key, 'attempt_base', 1)
+    redis.call('HINCRBY', key, 'preemptions', 1)
+    enqueue_again(p, id, {r[5], r[6], r[7], r[8]})
+    stat(p, 'preempted')
+    emit(p, maxlen, 'preempt', 'id', id, 'worker', r[3] or '', 'attempt', r[2], 'class', r[5],
+      'tenant', r[7], 'tokens', 0, 'reason', err)
+    return 'preempted'
+  end
   local attempts = tonumber(r[2]) - tonumber(r[10] or 0)
   if tonumber(r[9]) <= now then
     finalize(p, id, 'expired', now, ttl_s, maxlen,
