@@ -71,7 +71,8 @@ class GpuReader:
     """The worker's GPUs: NVML handles resolved once, memory re-read on every :meth:`read`.
 
     Args:
-        indices: CUDA device indices (``--gpu-index``); None or empty means CUDA device 0.
+        indices: CUDA device indices (``--gpu-index``); None or empty means CUDA device 0
+            (:attr:`indices` keeps them as given: empty when unset).
         configured_total_mib: the operator's VRAM figure (``--vram-mib``), used when NVML
             is unavailable.
         environ: the environment that holds ``CUDA_VISIBLE_DEVICES`` (default: this
@@ -89,7 +90,7 @@ class GpuReader:
         *,
         environ: Mapping[str, str] | None = None,
     ) -> None:
-        self.indices = tuple(indices or (0,))
+        self.indices = tuple(indices or ())
         self._last = configured_gpu(configured_total_mib)
         self._nvml: ModuleType | None = None
         self._handles: list[Any] = []
@@ -106,7 +107,7 @@ class GpuReader:
             log.debug("NVML unavailable (%s); using configured GPU values", exc)
             return
         try:
-            nvml_indices = cuda_to_nvml(nvml, self.indices, environ=environ)
+            nvml_indices = cuda_to_nvml(nvml, self.indices or (0,), environ=environ)
             self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in nvml_indices]
             self._names = [_text(nvml.nvmlDeviceGetName(h)) for h in self._handles]
             self._uuids = tuple(_text(nvml.nvmlDeviceGetUUID(h)) for h in self._handles)

@@ -80,8 +80,8 @@ class WorkerConfig:
         worker_id: unique id (default: ``<host>-<pid>``).
         spec: the model it serves.
         slots: concurrent requests at most.
-        gpu: the GPUs, read again on every beat (NVML, or the configured VRAM).
-        gpu_index: their CUDA indices (``--gpu-index``; empty: unset).
+        gpu: the GPUs (their CUDA indices: ``gpu.indices``), read again on every beat
+            (NVML, or the configured VRAM).
         labels: free-form labels published in the heartbeat.
         heartbeat_interval_s: seconds between beats.
         heartbeat_process: beat from a child process (:mod:`inferq.workers.pulse`), so
@@ -93,7 +93,6 @@ class WorkerConfig:
     spec: ModelSpec
     slots: int
     gpu: GpuReader
-    gpu_index: tuple[int, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
     heartbeat_interval_s: float = defaults.HEARTBEAT_INTERVAL_S
     heartbeat_process: bool = False
@@ -125,7 +124,7 @@ class Engine:
         self._drain_asked = threading.Event()
         self._beats = 0
         self.kv_cache_mib = booked_kv_cache_mib(
-            config.spec, config.gpu.read(), config.gpu_index, external=server.external
+            config.spec, config.gpu.read(), config.gpu.indices, external=server.external
         )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="engine", daemon=True)
@@ -321,7 +320,7 @@ class Engine:
             last_heartbeat=self.clock.now(),
             started_at=self.started_at,
             gpu_name=gpu.name,
-            gpu_index=c.gpu_index,
+            gpu_index=c.gpu.indices,
             gpu_uuids=gpu.uuids,
             labels=c.labels,
         )

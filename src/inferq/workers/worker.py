@@ -86,7 +86,6 @@ def build_engine(settings: Settings, opts: WorkerOptions, store: Store | None = 
         spec=spec,
         slots=opts.slots,
         gpu=gpu,
-        gpu_index=opts.gpu_index,
         labels=opts.labels,
         heartbeat_interval_s=opts.heartbeat_interval_s,
         heartbeat_process=opts.heartbeat_process,
