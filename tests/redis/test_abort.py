@@ -10,7 +10,7 @@ import pytest
 from inferq.client import Client
 from inferq.config import Settings
 from inferq.models import RequestState
-from inferq.store import Abort, Store
+from inferq.store import Abort, Store, calls
 
 from ..builders import inference_request
 from ..helpers import queue_key, ready_worker, wait_for
@@ -180,3 +180,28 @@ def test_a_preemption_whose_worker_dies_spends_no_attempt(fleet: Fleet, client: 
     fleet.worker("w2", time_scale=0.02, slots=1)
     result = client.result(rid, timeout=60)
     assert result.status == "succeeded" and result.attempt == attempt + 1
+
+
+def test_a_lost_abort_command_is_delivered_again(fleet: Fleet, client: Client) -> None:
+    """The abort command never reaches the worker (the list expired while the worker was
+    stalled, a BLPOP reply lost to a socket timeout): the attempt stays marked as being
+    aborted, and the dispatcher counts its room as on its way, so nothing else would ever
+    free it. The worker's next beats must deliver the pending abort again."""
+    fleet.worker("w1", time_scale=1.0, slots=1)
+    handle = client.submit("x", priority="batch", max_tokens=1100, timeout=120)
+    wait_for(lambda: running_attempt(client, handle.id) is not None, what="running")
+    attempt = running_attempt(client, handle.id)
+    assert attempt is not None
+    store = fleet.store
+    # abort.lua and the loss in one transaction: a blocked BLPOP is served only after it,
+    # when the list is already gone.
+    pipe = store.redis.pipeline(transaction=True)
+    abort = Abort(handle.id, attempt, "w1", "requeue", "for realtime")
+    store._call(calls.abort_call(store.keys, store.settings, [abort], 1.0), client=pipe)
+    pipe.delete(store.keys.ctl("w1"))
+    assert pipe.execute()[0] == ["sent"]
+    # ~18 s of decoding left: the preemption must be carried out long before
+    wait_for(lambda: store.stats().get("preempted", 0) == 1, timeout=10, what="preempted")
+    result = handle.result(timeout=60)
+    assert result.status == "succeeded" and result.attempt == attempt + 1
+    assert penalised_attempts(store, handle.id) == 1

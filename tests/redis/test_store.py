@@ -9,7 +9,7 @@ import pytest
 from inferq.config import PriorityClass, Settings
 from inferq.errors import QueueFull, RequestNotFound
 from inferq.models import RequestState, WorkerState
-from inferq.store import Completion, Store
+from inferq.store import Abort, Completion, Store
 
 from ..builders import inference_request
 from ..helpers import queue_key, ready_worker
@@ -350,6 +350,30 @@ def test_heartbeat_tells_a_reaped_worker_which_attempts_are_no_longer_its_own(
     assert (rid2, attempt2) == (rid, attempt + 1)
     beat = store.heartbeat(info, ttl_s=30, held=[(rid, attempt), (rid, attempt2)])
     assert beat.lost == [(rid, attempt)]  # the new attempt is its own, the old one is not
+
+
+def test_heartbeat_delivers_a_pending_abort_until_its_attempt_ends(
+    store: Store, settings: Settings
+) -> None:
+    """A lost control-channel command must not leave an abort pending for ever: every beat
+    of the worker holding the attempt names it, with the lost attempts counted apart."""
+    info = ready_worker(store, "w1")
+    r, q = inference_request(settings), inference_request(settings)
+    store.submit(r)
+    store.submit(q)
+    [(rid, attempt)] = store.assign("w1", "b1", [(r.id, queue_key(store, r), 1.0)])
+    [(qid, qattempt)] = store.assign("w1", "b2", [(q.id, queue_key(store, q), 1.0)])
+    store.start("w1", [(rid, attempt), (qid, qattempt)])
+    assert store.abort([Abort(rid, attempt, "w1", "requeue", "for realtime")]) == ["sent"]
+    store.redis.delete(store.keys.ctl("w1"))  # lost
+    held = [(rid, attempt), (qid, qattempt), ("gone", 1)]
+    for _ in range(2):  # on every beat, not once
+        beat = store.heartbeat(info, ttl_s=30, held=held)
+        assert beat.lost == [("gone", 1)]
+        assert list(beat.aborts) == [(rid, attempt, "requeue", "for realtime")]
+    assert store.requeue_preempted("w1", [(rid, attempt, 0)]) == ["queued"]
+    beat = store.heartbeat(info, ttl_s=30, held=[(qid, qattempt)])
+    assert beat.lost == [] and list(beat.aborts) == []
 
 
 def test_remove_dead_worker_requeues_but_spares_a_live_one(

@@ -353,12 +353,16 @@ class Beat(NamedTuple):
         now_ms: Redis TIME when the beat was written, milliseconds since the epoch.
         lost: (request id, attempt) pairs the worker said it runs that are no longer its
             own under that attempt (requeued by the reaper, re-dispatched, or final).
+        aborts: (request id, attempt, action, reason) of held attempts with an abort
+            pending (``abort.lua`` marked them): delivered on every beat until the attempt
+            ends, since the control channel's command may have been lost.
     """
 
     joined: bool
     drain: bool
     now_ms: int
     lost: list[tuple[str, int]]
+    aborts: Sequence[tuple[str, int, str, str]] = ()
 
 
 def heartbeat_call(
@@ -390,10 +394,16 @@ def heartbeat_call(
 
 def parse_heartbeat(reply: Sequence[Any]) -> Beat:
     """The :class:`Beat` of a ``heartbeat.lua`` reply."""
-    joined, drain, now = reply[:3]
-    rest = reply[3:]
-    lost = [(str(rest[i]), int(rest[i + 1])) for i in range(0, len(rest) - 1, 2)]
-    return Beat(bool(joined), bool(drain), int(now), lost)
+    joined, drain, now, n_lost = reply[:4]
+    end = 4 + 2 * int(n_lost)
+    pairs = reply[4:end]
+    lost = [(str(pairs[i]), int(pairs[i + 1])) for i in range(0, len(pairs) - 1, 2)]
+    rest = reply[end:]
+    aborts = [
+        (str(rest[i]), int(rest[i + 1]), str(rest[i + 2]), str(rest[i + 3]))
+        for i in range(0, len(rest) - 3, 4)
+    ]
+    return Beat(bool(joined), bool(drain), int(now), lost, aborts)
 
 
 def start_call(

@@ -11,7 +11,8 @@ inferq.workers.pulse``, or forked from the worker before its threads start):
   heartbeat hash and the (request id, attempt) pairs it runs (``{"fields": ...,
   "held": ...}``; ``"now": true`` asks for a beat at once);
 - the child runs ``heartbeat.lua`` every interval with the latest line, and writes the
-  reply as a JSON line on its stdout (joined, drain, Redis time, lost attempts), which
+  reply as a JSON line on its stdout (joined, drain, Redis time, lost attempts, pending
+  aborts), which
   the worker reads in a thread (:class:`HeartbeatProcess`);
 - when the worker sends nothing for ``stall_s`` (default 30 s,
   :data:`~inferq.defaults.HEARTBEAT_STALL_S`), the child stops beating: a worker hung
@@ -138,6 +139,10 @@ class HeartbeatProcess:
                     bool(raw["drain"]),
                     int(raw["now_ms"]),
                     [(str(rid), int(a)) for rid, a in raw["lost"]],
+                    [
+                        (str(rid), int(a), str(action), str(reason))
+                        for rid, a, action, reason in raw.get("aborts", ())
+                    ],
                 )
             except (ValueError, KeyError, TypeError):
                 log.warning("heartbeat process wrote an unreadable line: %.200r", line)
@@ -312,6 +317,7 @@ def serve(stdin: IO[str], stdout: IO[str]) -> int:
             "drain": beat.drain,
             "now_ms": beat.now_ms,
             "lost": [list(p) for p in beat.lost],
+            "aborts": [list(a) for a in beat.aborts],
         }
         try:
             stdout.write(json.dumps(reply, separators=(",", ":")) + "\n")

@@ -151,6 +151,9 @@ class Engine:
         # result is written or they are handed back. Guarded by _held_lock.
         self._held: set[tuple[str, int]] = set()
         self._held_lock = threading.Lock()
+        # Attempts an abort is under way for (the control channel's command and the same
+        # abort delivered again by a beat may meet): one at a time. Guarded by _held_lock.
+        self._aborting: set[tuple[str, int]] = set()
         self.on_drain_requested: Callable[[], None] = lambda: os.kill(os.getpid(), signal.SIGTERM)
         self.finished = 0
         self.failed = 0
@@ -346,6 +349,8 @@ class Engine:
         self._beats += 1
         if beat.lost:
             self.forget_lost(beat.lost)
+        if beat.aborts:
+            self._abort_again(beat.aborts)
         if (
             beat.drain
             and self.state in (WorkerState.READY, WorkerState.UNHEALTHY)
@@ -455,18 +460,55 @@ class Engine:
             reason: the error text of a cancel/expire, the log line's reason otherwise.
 
         Returns:
-            ``aborted``, or ``not_running`` (this engine does not run that attempt).
+            ``aborted``, ``not_running`` (this engine does not run that attempt) or
+            ``under_way`` (another abort of that attempt is being carried out).
         """
-        deadline = time.monotonic() + ABORT_LAUNCH_WAIT_S
-        while True:
-            verdict: str = self._call(self._abort(request_id, attempt, action, reason))
-            if verdict != "launching" or time.monotonic() >= deadline:
-                break
-            time.sleep(0.02)
+        key = (request_id, attempt)
+        with self._held_lock:
+            if key in self._aborting:
+                return "under_way"
+            self._aborting.add(key)
+        try:
+            deadline = time.monotonic() + ABORT_LAUNCH_WAIT_S
+            while True:
+                verdict: str = self._call(self._abort(request_id, attempt, action, reason))
+                if verdict != "launching" or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.02)
+        finally:
+            with self._held_lock:
+                self._aborting.discard(key)
         if verdict == "aborted":
             log.info("aborted %s (attempt %d, %s): %s", request_id, attempt, action, reason)
             return verdict
         return "not_running"
+
+    def _abort_again(self, aborts: Iterable[tuple[str, int, str, str]]) -> None:
+        """Carry out aborts a beat reports pending for attempts this engine holds: their
+        control-channel command was lost, or is still on its way (then the first to arrive
+        acts and the other finds it under way or done). Each in a thread of its own, so
+        the beat never waits for an abort."""
+        for rid, attempt, action, reason in aborts:
+            if action not in ("requeue", "cancel", "expire"):
+                continue
+            with self._held_lock:
+                if (rid, attempt) in self._aborting:
+                    continue
+            log.info("abort of %s (attempt %d, %s) delivered again by a beat", rid, attempt, action)
+            threading.Thread(
+                target=self._abort_quietly,
+                args=(rid, attempt, action, reason),
+                name="abort",
+                daemon=True,
+            ).start()
+
+    def _abort_quietly(self, rid: str, attempt: int, action: AbortAction, reason: str) -> None:
+        try:
+            self.abort(rid, attempt, action, reason)
+        except CONNECTION_ERRORS as exc:  # the next beat delivers it again
+            log.warning("abort of %s failed: %s", rid, exc)
+        except Exception:
+            log.exception("abort of %s failed", rid)
 
     def _on_control(self, command: Abort) -> None:
         self.abort(command.request_id, command.attempt, command.action, command.reason)

@@ -3,13 +3,19 @@
 -- KEYS[1] worker:<w>   KEYS[2] inflight:<w>   KEYS[3] drain:<w>
 -- ARGV: 1 prefix, 2 worker id, 3 ttl_ms, 4 lease_ms, 5 events maxlen, 6 n (held attempts),
 --       7 .. 6+2n: (request id, attempt) pairs the worker runs, then field/value pairs
--- Returns {joined (1 if the hash was absent), drain_requested (1|0), now_ms,
---          lost id, lost attempt, ...}: lost = a held attempt that is no longer assigned to
---          or running on this worker under that attempt number (the worker was declared dead
---          and the request requeued, re-dispatched or finished elsewhere).
+-- Returns {joined (1 if the hash was absent), drain_requested (1|0), now_ms, n_lost,
+--          n_lost x (lost id, lost attempt), then (id, attempt, action, reason) of each
+--          held attempt with an abort pending}: lost = a held attempt that is no longer
+--          assigned to or running on this worker under that attempt number (the worker was
+--          declared dead and the request requeued, re-dispatched or finished elsewhere);
+--          an abort pending = abort.lua marked the attempt (abort_attempt) and the attempt
+--          still runs here: its control-channel command may have been lost (the list
+--          expired while the worker stalled, a reply lost to a dropped connection), so
+--          every beat delivers it again until the attempt ends.
 -- Invariant: a live worker's hash exists and is in the workers index with its last beat;
 -- while it beats, none of its requests' leases lapse; a silent worker's hash expires after ttl;
--- a worker running an attempt that is no longer its own learns it on its next beat.
+-- a worker running an attempt that is no longer its own learns it on its next beat, and
+-- one running an attempt marked for an abort learns that on every beat until it ends.
 -- include: clock, keys, events
 local p, w, ttl, lease_ms, maxlen = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local n = tonumber(ARGV[6])
@@ -28,13 +34,21 @@ if joined == 1 then
   local model = redis.call('HGET', KEYS[1], 'model') or ''
   emit(p, maxlen, 'worker_joined', 'worker', w, 'model', model)
 end
-local out = {joined, redis.call('EXISTS', KEYS[3]), now}
+local out = {joined, redis.call('EXISTS', KEYS[3]), now, 0}
+local aborts = {}
 for i = 7, 6 + 2 * n, 2 do
   local id, attempt = ARGV[i], ARGV[i + 1]
-  local r = redis.call('HMGET', k_req(p, id), 'state', 'attempts', 'worker')
+  local r = redis.call('HMGET', k_req(p, id), 'state', 'attempts', 'worker', 'abort_attempt',
+    'abort_action', 'abort_reason')
   if (r[1] ~= 'assigned' and r[1] ~= 'running') or r[2] ~= attempt or r[3] ~= w then
     out[#out + 1] = id
     out[#out + 1] = attempt
+    out[4] = out[4] + 1
+  elseif r[4] == attempt then
+    aborts[#aborts + 1] = {id, attempt, r[5] or 'cancel', r[6] or ''}
   end
+end
+for _, a in ipairs(aborts) do
+  for _, v in ipairs(a) do out[#out + 1] = v end
 end
 return out
