@@ -15,7 +15,9 @@ import json
 import math
 import os
 import platform
+import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -103,6 +105,31 @@ def purge(client: redis.Redis, namespace: str) -> int:
         if members:
             client.srem(set_key, *members)
     return deleted
+
+
+@contextmanager
+def baseline_tree(rev: str) -> Iterator[Path]:
+    """The repository at ``rev``, checked out into a temporary git worktree (removed on exit).
+
+    Raises:
+        subprocess.CalledProcessError: ``rev`` is not a commit of this repository.
+    """
+    root = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory(prefix="inferq-baseline-") as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(
+            ["git", "-C", str(root), "worktree", "add", "--detach", str(tree), rev],
+            check=True,
+            capture_output=True,
+        )
+        try:
+            yield tree
+        finally:
+            subprocess.run(
+                ["git", "-C", str(root), "worktree", "remove", "--force", str(tree)],
+                check=False,
+                capture_output=True,
+            )
 
 
 @contextmanager

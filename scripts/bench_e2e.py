@@ -34,6 +34,7 @@ rate::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -54,6 +55,7 @@ from rq.serializers import JSONSerializer
 from inferq.client import Client
 from inferq.config import Settings
 from inferq.delivery import rq_connection
+from inferq.embedded import EmbeddedRedis
 from inferq.store import Store
 
 MODEL = "llama-3.1-8b"
@@ -70,12 +72,13 @@ RQ_NOTES = {"SimpleWorker": " (no fork)", "Worker": " (RQ's default: forks per j
 class Procs:
     """Child processes with their output in temporary files; all stopped on close."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str] | None = None) -> None:
         self.procs: dict[str, tuple[subprocess.Popen[bytes], IO[bytes]]] = {}
+        self.env = env
 
     def start(self, name: str, cmd: list[str]) -> None:
         log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop())
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         self.procs[name] = (proc, log)
 
     def signal(self, name: str, signum: int) -> None:
@@ -162,13 +165,19 @@ def wait_until(what: str, done: Callable[[], bool], procs: Procs) -> None:
 
 
 class Stack:
-    """The inferq side: a dispatcher and workers as processes, a client in this one."""
+    """The inferq side: a dispatcher and workers as processes, a client in this one.
 
-    def __init__(self, url: str, ns: str, workers: int, slots: int) -> None:
+    With ``src``, the processes import inferq from that tree (first on ``PYTHONPATH``);
+    the client in this process is always this tree's.
+    """
+
+    def __init__(
+        self, url: str, ns: str, workers: int, slots: int, src: Path | None = None
+    ) -> None:
         self.settings = Settings.load(redis_url=url, namespace=ns)
         self.client = Client(settings=self.settings)
         self.store: Store = self.client.store
-        self.procs = Procs()
+        self.procs = Procs(None if src is None else {**os.environ, "PYTHONPATH": str(src)})
         base = [sys.executable, "-m", "inferq", "--redis-url", url, "--namespace", ns]
         self.worker_ids = [f"e2e-w{i}" for i in range(workers)]
         try:
@@ -238,17 +247,30 @@ def item(i: int) -> dict[str, Any]:
     }
 
 
-def latency(stack: Stack, n: int, rate: float, priority: str) -> dict[str, Any]:
-    """Submit ``n`` requests one by one at ``rate``/s to an idle fleet; ms percentiles."""
-    before = stack.store.stats().get("succeeded", 0)
-    ids = []
+def latency_interleaved(
+    stacks: dict[str, Stack], n: int, rate: float, priority: str
+) -> dict[str, dict[str, Any]]:
+    """Submit ``n`` requests one by one at ``rate``/s to each stack's idle fleet, the
+    submissions interleaved (one to each stack in turn) so a loaded machine moves all of
+    them alike; ms percentiles by stack name."""
+    names = list(stacks)
+    before = {name: st.store.stats().get("succeeded", 0) for name, st in stacks.items()}
+    ids: dict[str, list[str]] = {name: [] for name in names}
     t0 = time.perf_counter()
-    for i in range(n):
-        pause = t0 + i / rate - time.perf_counter()
+    for i in range(n * len(names)):
+        pause = t0 + i / (rate * len(names)) - time.perf_counter()
         if pause > 0:
             time.sleep(pause)
-        ids.append(stack.client.submit(**{**item(i), "priority": priority}).id)
-    stack.wait_finished(before + n)
+        name = names[i % len(names)]
+        ids[name].append(stacks[name].client.submit(**{**item(i), "priority": priority}).id)
+    for name, st in stacks.items():
+        st.wait_finished(before[name] + n)
+    return {name: latency_figures(stacks[name], ids[name], rate, priority) for name in names}
+
+
+def latency_figures(stack: Stack, ids: list[str], rate: float, priority: str) -> dict[str, Any]:
+    """Percentiles of the added latency and its two parts, from the requests' timestamps."""
+    n = len(ids)
     rows = stack.times(ids, ("submitted_ms", "dispatched_ms", "started_ms"))
     added = [float(s - sub) for sub, _, s in rows]
     dispatch = [float(d - sub) for sub, d, _ in rows]
@@ -258,6 +280,7 @@ def latency(stack: Stack, n: int, rate: float, priority: str) -> dict[str, Any]:
         out[f"{name}_ms_p50"] = _bench.percentile(values, 50)
         out[f"{name}_ms_p99"] = _bench.percentile(values, 99)
         out[f"{name}_ms_max"] = max(values)
+        out[f"{name}_ms_mean"] = sum(values) / len(values)
     out["goal_p50_met"] = out["added_ms_p50"] <= GOAL_P50_MS
     out["goal_p99_met"] = out["added_ms_p99"] <= GOAL_P99_MS
     return out
@@ -360,28 +383,87 @@ def main() -> None:
     p.add_argument("--latency-requests", type=_bench.positive, default=500)
     p.add_argument("--rate", type=float, default=50.0, help="submissions/s in the latency run")
     p.add_argument("--priority", default="realtime", help="class of the latency run's requests")
+    p.add_argument(
+        "--latency-only",
+        action="store_true",
+        help="run only the added-latency phase (no throughput run, no RQ baselines)",
+    )
+    p.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also run the latency phase on this commit's dispatcher and workers (a "
+        "temporary git worktree), submissions interleaved with this tree's",
+    )
+    p.add_argument(
+        "--private-redis",
+        action="store_true",
+        help="run on a private redis-server instead of --redis-url (no other clients)",
+    )
     args = p.parse_args()
 
-    with _bench.namespace(args.redis_url) as ns:
-        stack = Stack(args.redis_url, ns, args.workers, args.slots)
-        try:
-            lat = latency(stack, args.latency_requests, args.rate, args.priority)
+    thr: dict[str, Any] | None = None
+    rq: dict[str, dict[str, Any]] = {}
+    with contextlib.ExitStack() as on_exit:
+        url = args.redis_url
+        if args.private_redis:
+            url = on_exit.enter_context(EmbeddedRedis(prefer="redis-server")).url
+        stacks: dict[str, Stack] = {}
+        if args.baseline:
+            src = on_exit.enter_context(_bench.baseline_tree(args.baseline)) / "src"
+            base_ns = on_exit.enter_context(_bench.namespace(url))
+            stacks["baseline"] = Stack(url, base_ns, args.workers, args.slots, src=src)
+            on_exit.callback(stacks["baseline"].close)
+        ns = on_exit.enter_context(_bench.namespace(url))
+        stack = stacks["this tree"] = Stack(url, ns, args.workers, args.slots)
+        on_exit.callback(stack.close)
+        lats = latency_interleaved(stacks, args.latency_requests, args.rate, args.priority)
+        if not args.latency_only:
             thr = throughput(stack, args.requests)
-        finally:
-            stack.close()
-        rq = {
-            cls: rq_baseline(args.redis_url, ns, args.rq_jobs, args.workers, cls)
-            for cls in args.rq_workers.split(",")
-        }
-    report(args, lat, thr, rq)
+            for st in stacks.values():
+                st.close()
+            rq = {
+                cls: rq_baseline(url, ns, args.rq_jobs, args.workers, cls)
+                for cls in args.rq_workers.split(",")
+            }
+    report(args, lats, thr, rq)
 
 
 def report(
     args: argparse.Namespace,
-    lat: dict[str, Any],
-    thr: dict[str, Any],
+    lats: dict[str, dict[str, Any]],
+    thr: dict[str, Any] | None,
     rq: dict[str, dict[str, Any]],
 ) -> None:
+    verdicts = []
+    doc: dict[str, Any] = {"workers": args.workers, "slots_per_worker": args.slots}
+    if thr is not None:
+        met = report_throughput(args, thr, rq, doc)
+        verdicts.append(
+            f"throughput goal >= {GOAL_THROUGHPUT_RATIO:g}x RQ: "
+            + ", ".join(f"vs {cls} {'met' if ok else 'MISSED'}" for cls, ok in met.items())
+        )
+    lat = lats["this tree"]
+    report_latency(args, lats)
+    verdicts.append(
+        f"latency p50 <= {GOAL_P50_MS:g} ms: {'met' if lat['goal_p50_met'] else 'MISSED'}; "
+        f"p99 <= {GOAL_P99_MS:g} ms: {'met' if lat['goal_p99_met'] else 'MISSED'}"
+    )
+    _bench.note("; ".join(verdicts))
+    doc["latency"] = lat
+    doc["latency_goal_ms"] = {"p50": GOAL_P50_MS, "p99": GOAL_P99_MS}
+    doc["private_redis"] = args.private_redis
+    if "baseline" in lats:
+        doc["baseline"] = {"rev": args.baseline, "latency": lats["baseline"]}
+    _bench.write_json(args.json, args.redis_url, doc)
+
+
+def report_throughput(
+    args: argparse.Namespace,
+    thr: dict[str, Any],
+    rq: dict[str, dict[str, Any]],
+    doc: dict[str, Any],
+) -> dict[str, bool]:
+    """The throughput and CPU tables; fills ``doc``; returns the goal's verdict per RQ class."""
     ratios = {cls: _bench.ratio(thr["requests_per_s"], r["jobs_per_s"]) for cls, r in rq.items()}
     met = {cls: r is not None and r >= GOAL_THROUGHPUT_RATIO for cls, r in ratios.items()}
     rows = [
@@ -409,31 +491,6 @@ def report(
         ["system", "items", "span s", "per s", f"inferq / RQ (goal >= {GOAL_THROUGHPUT_RATIO:g}x)"],
         rows,
     )
-    rows = []
-    for name, label, goal in (
-        (
-            "added",
-            "submit -> started (added latency)",
-            f"p50 <= {GOAL_P50_MS:g}, p99 <= {GOAL_P99_MS:g}",
-        ),
-        ("dispatch", "submit -> claimed by the dispatcher", ""),
-        ("handoff", "claimed -> started (RQ hand-off)", ""),
-    ):
-        rows.append(
-            [
-                label,
-                _bench.fmt(lat[f"{name}_ms_p50"], 1),
-                _bench.fmt(lat[f"{name}_ms_p99"], 1),
-                _bench.fmt(lat[f"{name}_ms_max"], 1),
-                goal,
-            ]
-        )
-    _bench.table(
-        f"Added latency at {args.rate:g} {args.priority} submissions/s, idle capacity "
-        f"({lat['requests']} requests; Redis ms timestamps, +-1 ms)",
-        ["interval", "p50 ms", "p99 ms", "max ms", "goal"],
-        rows,
-    )
     cpu_rows = []
     runs = [("inferq, per 1,000 requests", thr)]
     runs += [(f"RQ {cls}, per 1,000 jobs", r) for cls, r in rq.items()]
@@ -453,28 +510,53 @@ def report(
         ["", "dispatcher", "workers", "redis-server", "total"],
         cpu_rows,
     )
-    verdicts = (
-        f"throughput goal >= {GOAL_THROUGHPUT_RATIO:g}x RQ: "
-        + ", ".join(f"vs {cls} {'met' if ok else 'MISSED'}" for cls, ok in met.items())
-        + "; "
-        f"latency p50 <= {GOAL_P50_MS:g} ms: {'met' if lat['goal_p50_met'] else 'MISSED'}; "
-        f"p99 <= {GOAL_P99_MS:g} ms: {'met' if lat['goal_p99_met'] else 'MISSED'}"
-    )
-    _bench.note(verdicts)
-    _bench.write_json(
-        args.json,
-        args.redis_url,
+    doc.update(
         {
-            "workers": args.workers,
-            "slots_per_worker": args.slots,
             "throughput": thr,
             "rq_baselines": rq,
             "throughput_ratio_to_rq": ratios,
             "throughput_goal_ratio": GOAL_THROUGHPUT_RATIO,
             "throughput_goal_met": met,
-            "latency": lat,
-            "latency_goal_ms": {"p50": GOAL_P50_MS, "p99": GOAL_P99_MS},
-        },
+        }
+    )
+    return met
+
+
+def report_latency(args: argparse.Namespace, lats: dict[str, dict[str, Any]]) -> None:
+    """The added-latency table (with the baseline's figures and the ratios, if any)."""
+    lat = lats["this tree"]
+    base = lats.get("baseline")
+    rows = []
+    for name, label, goal in (
+        (
+            "added",
+            "submit -> started (added latency)",
+            f"p50 <= {GOAL_P50_MS:g}, p99 <= {GOAL_P99_MS:g}",
+        ),
+        ("dispatch", "submit -> claimed by the dispatcher", ""),
+        ("handoff", "claimed -> started (RQ hand-off)", ""),
+    ):
+        row = [label]
+        for q in ("p50", "mean", "p99", "max"):
+            row.append(_bench.fmt(lat[f"{name}_ms_{q}"], 1))
+            if base is not None:
+                theirs = base[f"{name}_ms_{q}"]
+                ratio = _bench.ratio(lat[f"{name}_ms_{q}"], theirs)
+                row.append(f"{_bench.fmt(theirs, 1)} ({_bench.fmt(ratio)})")
+        rows.append([*row, goal])
+    header = ["interval"]
+    for q in ("p50", "mean", "p99", "max"):
+        header.append(f"{q} ms")
+        if base is not None:
+            header.append(f"{q} baseline (ratio)")
+    where = "private redis-server" if args.private_redis else "--redis-url"
+    against = f"; baseline {args.baseline}, interleaved" if base is not None else ""
+    _bench.table(
+        f"Added latency at {args.rate:g} {args.priority} submissions/s, idle capacity "
+        f"({lat['requests']} requests on {where}{against}; Redis ms timestamps, +-1 ms "
+        "each, exact on average)",
+        [*header, "goal"],
+        rows,
     )
 
 

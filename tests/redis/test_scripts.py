@@ -131,6 +131,32 @@ def test_bench_e2e(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("no_leftovers")
+def test_bench_e2e_latency_against_a_baseline(tmp_path: Path) -> None:
+    stdout, doc = run_script(
+        "bench_e2e.py",
+        tmp_path,
+        *("--workers", "1", "--latency-only", "--latency-requests", "4", "--rate", "50"),
+        *("--baseline", "HEAD", "--private-redis"),
+    )
+    assert "Added latency" in stdout and "baseline HEAD" in stdout
+    assert "throughput" not in doc
+    assert doc["latency"]["requests"] == 4 and doc["baseline"]["latency"]["requests"] == 4
+    assert doc["baseline"]["rev"] == "HEAD" and doc["private_redis"] is True
+
+
+def test_trace_latency(tmp_path: Path) -> None:
+    stdout, doc = run_script("trace_latency.py", tmp_path, "--requests", "6", "--gap-ms", "40")
+    assert "Path of a realtime request" in stdout
+    assert doc["requests"] >= 3  # a path cut by the end of the trace is left out
+    marks = doc["milestones"]
+    assert 0 < marks["wake"]["at_ms_p50"] < marks["assign"]["at_ms_p50"]
+    assert marks["assign"]["at_ms_p50"] < marks["start"]["at_ms_p50"]
+    # The worker's way from the enqueue to the start: RQ's dequeue of the job and the
+    # start script (a dequeue that timed out meanwhile adds its own round trip).
+    assert 2 <= doc["round_trips"]["worker enqueue -> start"] <= 3
+
+
+@pytest.mark.usefixtures("no_leftovers")
 def test_bench_memory(tmp_path: Path) -> None:
     stdout, doc = run_script(
         "bench_memory.py", tmp_path, "--queued", "200", "--prompt-bytes", "100"
@@ -163,6 +189,7 @@ def test_help_names_the_size_options() -> None:
         ("bench_e2e.py", "--rate"),
         ("bench_memory.py", "--prompt-bytes"),
         ("bench_redis_ops.py", "--requests"),
+        ("trace_latency.py", "--gap-ms"),
     ):
         proc = subprocess.run(
             [sys.executable, str(SCRIPTS / name), "--help"], capture_output=True, text=True
