@@ -225,7 +225,22 @@ def test_dropped_connection_is_retryable(standin: StandIn) -> None:
     error = generate_error(backend(standin), prompt_request())
     assert error.retryable
     assert "connection" in str(error)
-    assert len(standin.posts()) == 1
+    assert len(standin.posts()) == 2  # sent once more at once (a stale kept-alive connection)
+
+
+def test_a_connection_closed_before_the_answer_is_sent_again_at_once(standin: StandIn) -> None:
+    """A server that closes a kept-alive connection as the request goes out (llama.cpp
+    after a few requests): the request is sent again on a new connection, in the same
+    attempt, streamed or not."""
+    for stream in (False, True):
+        standin.requests.clear()
+        standin.mode = "drop"
+        standin.fail_posts = 1
+        result = asyncio.run(
+            backend(standin, stream=stream).generate(prompt_request(), concurrency=1)
+        )
+        assert result.completion_tokens == standin.completion_tokens
+        assert len(standin.posts()) == 2
 
 
 def test_refused_connection_is_retryable() -> None:

@@ -195,6 +195,19 @@ class OpenAIServer(ModelServer):
         answered: list[bool] = []  # non-empty once the answer began (status line received)
         try:
             async with asyncio.timeout(request.timeout_s):
+                try:
+                    if stream:
+                        return await self._post_stream(request, path, body, start, answered)
+                    return await self._post(request, path, body, answered)
+                except httpx.RemoteProtocolError:
+                    if answered:
+                        raise
+                # The server closed the connection without a byte of answer: a kept-alive
+                # connection it had just closed (llama.cpp's HTTP server ends one after a
+                # few requests or seconds idle, racing the pool's reuse; found by
+                # scripts/bench_gateway.py: 3 of 40 streams reset). The request did not
+                # start there: send it once more, on a fresh connection, before counting
+                # a failed attempt.
                 if stream:
                     return await self._post_stream(request, path, body, start, answered)
                 return await self._post(request, path, body, answered)
