@@ -442,11 +442,15 @@ class ServerTelemetry(BaseModel):
 
     @property
     def kv_free_tokens(self) -> int | None:
-        """KV tokens free: ``kv_tokens x kv_free_fraction``; None when either is unknown."""
-        free = self.kv_free_fraction
-        if self.kv_tokens is None or free is None:
+        """KV tokens free: ``kv_tokens - kv_used_tokens``, else ``kv_tokens x
+        (1 - kv_usage)``; None when the total or both uses are unknown."""
+        if self.kv_tokens is None:
             return None
-        return round(self.kv_tokens * free)
+        if self.kv_used_tokens is not None:
+            return max(0, self.kv_tokens - self.kv_used_tokens)
+        if self.kv_usage is not None:
+            return round(self.kv_tokens * (1.0 - self.kv_usage))
+        return None
 
 
 class WorkerInfo(BaseModel):

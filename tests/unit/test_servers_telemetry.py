@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from inferq import defaults
 from inferq.config import Settings
@@ -329,3 +331,24 @@ def test_the_poller_warns_when_the_server_has_fewer_slots_and_drops_stale_reads(
     later = module.time.monotonic() + 0.5 * 3 + 0.1  # older than 3 intervals
     monkeypatch.setattr(module.time, "monotonic", lambda: later)
     assert poller.latest == ServerTelemetry()
+
+
+@given(
+    total=st.integers(1, 10**7),
+    data=st.data(),
+    usage=st.one_of(st.none(), st.floats(0, 1)),
+)
+def test_free_kv_tokens_and_share_agree(
+    total: int, data: st.DataObject, usage: float | None
+) -> None:
+    used = data.draw(st.one_of(st.none(), st.integers(0, total)))
+    t = ServerTelemetry(kv_tokens=total, kv_used_tokens=used, kv_usage=usage)
+    if used is None and usage is None:
+        assert t.kv_free_tokens is None and t.kv_free_fraction is None
+        return
+    free, share = t.kv_free_tokens, t.kv_free_fraction
+    assert free is not None and share is not None
+    assert 0 <= free <= total and 0.0 <= share <= 1.0
+    assert abs(free - share * total) <= 0.5 + 1e-6 * total  # tokens win when both are known
+    if used is not None:
+        assert free == total - used
