@@ -125,7 +125,7 @@ def render_fragment(state: dict[str, Any]) -> str:
                 _td(w["model"]),
                 _td(w["state"]),
                 _td(f"{w['slots_used']}/{w['slots']}", "num"),
-                _td(f"{w['kv_used_mib']:.0f}/{w['kv_cache_mib']} MiB", "num"),
+                _td(_kv(w), "num"),
                 _td(_s(w["heartbeat_age_s"]), "num"),
                 _td(w["health"], w["health"]),
             ]
@@ -218,3 +218,10 @@ def create_app(store: Store) -> Starlette:
             Mount("/static", app=static, name="static"),
         ]
     )
+
+
+def _kv(worker: dict[str, Any]) -> str:
+    """A worker's KV cell: reserved / booked MiB, and the free room it measured, if any."""
+    text = f"{worker['kv_used_mib']:.0f}/{worker['kv_cache_mib']} MiB"
+    measured = worker.get("kv_measured_free_mib")
+    return text if measured is None else f"{text}, {measured:.0f} free measured"

@@ -75,6 +75,9 @@ def dashboard_state(store: Store, window_s: float = SLA_WINDOW_S) -> dict[str, A
                 "slots": w.slots,
                 "kv_used_mib": round(kv_used, 1),
                 "kv_cache_mib": w.kv_cache_mib,
+                "kv_measured_free_mib": None
+                if w.kv_measured_free_mib is None
+                else round(w.kv_measured_free_mib, 1),
                 "heartbeat_age_s": round(age, 2),
                 "health": "ok" if age <= late_s else "late",
             }
