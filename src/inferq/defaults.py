@@ -125,6 +125,14 @@ BATCH_TOKEN_BUDGET = 65_536
 #: Weight of an output token against an input token in the tenant fair-share
 #: counter: VTC (Sheng et al., OSDI 2024) uses w_p=1, w_q=2.
 VTC_OUTPUT_WEIGHT = 2.0
+#: Preemptions of one request at most (issue 12 attack): a victim is chosen by least
+#: progress, so the request just dispatched again after its last preemption is the next
+#: victim too; a light realtime stream (a request a second on a one-slot worker) aborted
+#: one batch request 30 times in 30 s and it finished only when the stream stopped. A
+#: request preempted this often is no longer a victim: it finishes, and the realtime
+#: request behind it waits at most that request's run. 3 keeps preemption for the rare
+#: hog and bounds the recomputation one request can be made to pay to 3 runs.
+MAX_PREEMPTIONS = 3
 #: A tenant neither backlogged nor served for this long loses its VTC counter (folded),
 #: seconds: longer than a standard request's timeout (300 s) x 3, so a tenant cannot shed
 #: its debt by pausing for a request's lifetime; shorter than a day, so 10,000 one-off

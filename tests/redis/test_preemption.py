@@ -162,3 +162,29 @@ def test_a_large_realtime_request_gets_the_kv_room_small_batch_requests_keep_tak
     assert stack.store.stats().get("preempted", 0) >= 1
     for rid in batch:
         assert client.result(rid, timeout=180).status == "succeeded"
+
+
+def test_a_victim_is_not_preempted_again_and_again(stack: Stack) -> None:
+    """A light realtime stream (one short request a second, a fraction of the worker's
+    time) against one slot held by a batch request: each realtime request preempts it
+    0.5 s after arriving, the batch request is dispatched again in the gap, and with no
+    bound it is aborted in every gap and never finishes (its 1.5 s of decoding never fit
+    between two realtime arrivals). A victim preempted ``max_preemptions`` times is no
+    longer preemptible: it finishes while the stream goes on, and the realtime requests
+    still all succeed."""
+    stack.worker("w1", vram_mib=24576, slots=1, time_scale=0.2)
+    client = stack.client
+    victim = client.submit("long", priority="batch", max_tokens=600, timeout=600)
+    wait_for(lambda: client.status(victim.id).state is RequestState.RUNNING, what="victim running")
+    realtime = []
+    stop_at = time.monotonic() + 30
+    while (
+        time.monotonic() < stop_at and client.status(victim.id).state is not RequestState.SUCCEEDED
+    ):
+        realtime.append(client.submit("rt", priority="realtime", max_tokens=16, timeout=60))
+        time.sleep(1.0)
+    result = victim.result(timeout=5)
+    assert result.status == "succeeded"
+    preemptions = int(stack.store.redis.hget(stack.store.keys.req(victim.id), "preemptions") or 0)
+    assert 1 <= preemptions <= stack.dispatcher.policy.max_preemptions
+    assert all(h.result(timeout=60).status == "succeeded" for h in realtime)

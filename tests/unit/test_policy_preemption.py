@@ -121,6 +121,28 @@ def test_no_preemption_for_non_preemptible_classes_or_when_it_would_not_help() -
     assert choose_victims(decision.reservations, {"w1": realtime}, snap, pol) == ()
 
 
+def test_a_request_preempted_often_is_no_victim_and_fewer_preemptions_go_first() -> None:
+    """Least progress alone picks the request just dispatched again after its last
+    preemption: a light realtime stream would abort it in every gap for ever."""
+    pol = dispatch_policy()
+    assert pol.max_preemptions == 3
+    w = worker_view("w1", slots=2, kv=6798, used_slots=2, used_mib=280)
+    snap = snapshot([request("rt", "realtime", waited=1.0)], [w], now=NOW)
+    decision = decide(snap, pol)
+    # "new" started last but was preempted twice already; "old" never was
+    held = [running("new", started=NOW - 1, preemptions=2), running("old", started=NOW - 9)]
+    [victim] = choose_victims(decision.reservations, {"w1": held}, snap, pol)
+    assert victim.request_id == "old"
+    # preempted max_preemptions times: it finishes; the realtime request waits for room
+    held = [running("a", preemptions=3), running("b", preemptions=3)]
+    assert choose_victims(decision.reservations, {"w1": held}, snap, pol) == ()
+    never = dataclasses.replace(pol, max_preemptions=0)
+    assert (
+        choose_victims(decision.reservations, {"w1": [running("a"), running("b")]}, snap, never)
+        == ()
+    )
+
+
 def test_an_abort_on_its_way_counts_as_freed_room() -> None:
     pol = dispatch_policy()
     w = worker_view("w1", slots=2, kv=6798, used_slots=2, used_mib=280)

@@ -26,8 +26,12 @@ by lower-class work (slots, KV cache) is covered by three rules, each per class:
 4. **Preemption** (vLLM's recompute preemption): on a reserved worker that still lacks
    room, running requests of lower, ``preemptible`` classes are aborted and requeued at
    their original position (no attempt spent; :mod:`inferq.store`'s ``abort.lua``):
-   the lowest class first, then the least progress (the latest start), and never more
-   than the room the reserved request needs. Requests already being aborted count as
+   the lowest class first, then the fewest preemptions so far, then the least progress
+   (the latest start), and never more than the room the reserved request needs. A
+   request already preempted ``max_preemptions`` times is no victim (least progress
+   alone picks the request just dispatched again after its last preemption, so a
+   light realtime stream aborted one batch request in every gap and it never
+   finished). Requests already being aborted count as
    freed room, so a slow abort is never answered with a second victim. When even every
    preemptible request would not make room, none is preempted (a pointless abort only
    costs the victim).
@@ -250,8 +254,10 @@ def choose_victims(
         batches: the decision's batches (room they took on a reserved worker counts as used).
 
     Returns:
-        The preemptions, per reservation the lowest class first, then the latest start;
-        none for a reservation that preempting every eligible request would not satisfy.
+        The preemptions, per reservation the lowest class first, then the fewest
+        preemptions so far, then the latest start; none for a reservation that preempting
+        every eligible request (those preempted fewer than ``policy.max_preemptions``
+        times) would not satisfy.
     """
     workers = {w.id: w for w in snapshot.workers}
     took: dict[str, tuple[int, float]] = {}
@@ -279,8 +285,9 @@ def choose_victims(
             if not r.aborting
             and rank.get(r.priority, -1) > res.rank
             and policy.class_by_name[r.priority].preemptible
+            and r.preemptions < policy.max_preemptions
         ]
-        eligible.sort(key=lambda r: (-rank[r.priority], -r.started_at, r.id))
+        eligible.sort(key=lambda r: (-rank[r.priority], r.preemptions, -r.started_at, r.id))
         chosen: list[RunningRequest] = []
         for r in eligible:
             if short_slots <= 0 and short_mib <= 0:

@@ -129,6 +129,8 @@ class RunningRequest:
         started_at: when it started (or was assigned, if not started), epoch seconds.
         need_mib: the KV-cache MiB reserved for it on the worker.
         aborting: an abort of this attempt was already sent (its room is on its way).
+        preemptions: times the request was preempted before (``max_preemptions``
+            bounds it: a request preempted that often is no longer a victim).
     """
 
     id: str
@@ -142,6 +144,7 @@ class RunningRequest:
     prompt_tokens: int
     max_tokens: int
     aborting: bool = False
+    preemptions: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +258,8 @@ class DispatchPolicy:
         vtc_output_weight: weight of an output token in a tenant's counter
             (VTC's w_q; an input token weighs 1).
         tenant_weights: tenant -> fair-share weight (> 0; missing = 1).
+        max_preemptions: preemptions of one request at most; a request preempted this
+            often is never chosen as a victim again (:mod:`inferq.policy.preemption`).
         chars_per_token: the fast prompt-token estimate's characters per token.
         class_by_name: classes by name, in priority order (derived).
         model_by_name: registry models by name (derived).
@@ -270,6 +275,7 @@ class DispatchPolicy:
     batch_token_budget: int = defaults.BATCH_TOKEN_BUDGET
     vtc_output_weight: float = defaults.VTC_OUTPUT_WEIGHT
     tenant_weights: Mapping[str, float] = field(default_factory=dict, hash=False)
+    max_preemptions: int = defaults.MAX_PREEMPTIONS
     chars_per_token: float = defaults.CHARS_PER_TOKEN
     class_by_name: Mapping[str, PriorityClass] = field(init=False, repr=False, compare=False)
     model_by_name: Mapping[str, ModelSpec] = field(init=False, repr=False, compare=False)
@@ -283,6 +289,7 @@ class DispatchPolicy:
         _check_min("max_batch", self.max_batch, 1)
         _check_min("batch_token_budget", self.batch_token_budget, 1)
         _check_min("vtc_output_weight", self.vtc_output_weight, 0)
+        _check_min("max_preemptions", self.max_preemptions, 0)
         if self.chars_per_token <= 0:
             raise ConfigError(f"policy.chars_per_token must be > 0, got {self.chars_per_token}")
         for tenant, weight in self.tenant_weights.items():

@@ -631,6 +631,7 @@ class _Sim:
             prompt_tokens=r.prompt_tokens,
             max_tokens=r.max_tokens,
             aborting=request_id in self.aborting,
+            preemptions=o.preemptions,
         )
 
     def _aborted(self, worker_id: str, request_id: str) -> None:

@@ -344,6 +344,7 @@ RUNNING_FIELDS = (
     "prompt_tokens",
     "max_tokens",
     "abort_attempt",
+    "preemptions",
 )
 
 
@@ -387,6 +388,7 @@ def read_running(
                         prompt_tokens=int(str(f["prompt_tokens"])),
                         max_tokens=int(str(f["max_tokens"])),
                         aborting=f["abort_attempt"] == str(attempt),
+                        preemptions=int(f["preemptions"] or 0),
                     )
                 )
             except (TypeError, ValueError):
