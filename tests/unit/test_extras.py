@@ -62,6 +62,8 @@ def test_the_core_install_pulls_no_optional_dependency() -> None:
     assert {_name(r) for r in extras["gateway"]} == {
         "starlette",
         "uvicorn",
+        "uvloop",
+        "httptools",
         "sse-starlette",
         "limits",
     }
