@@ -57,11 +57,15 @@ SAME_WRITE_S = 25e-6
 
 
 class Monitor:
-    """Every command the server runs, with its server timestamp, while open."""
+    """Every command the server runs, with its server timestamp, while open.
+
+    The reader thread only stores the raw lines (parsed after, in :meth:`parsed`): it
+    shares the machine with the processes it watches.
+    """
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.lines: list[tuple[float, str, list[str]]] = []
+        self.raw: list[bytes | str] = []
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="monitor", daemon=True)
@@ -76,13 +80,9 @@ class Monitor:
         client = redis.Redis.from_url(self.url)
         with client.monitor() as m:
             self._ready.set()
+            read, keep = m.connection.read_response, self.raw.append
             while not self._stop.is_set():
-                raw = m.connection.read_response()
-                text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
-                match = LINE.match(text)
-                if match is not None:
-                    ts, source, command = match.groups()
-                    self.lines.append((float(ts), source, WORD.findall(command)))
+                keep(read())
         client.close()
 
     def __exit__(self, *exc: object) -> None:
@@ -91,6 +91,17 @@ class Monitor:
         poke.ping()
         poke.close()
         self._thread.join(5)
+
+    def parsed(self) -> list[tuple[float, str, list[str]]]:
+        """(server time s, source: client address or ``lua``, command words) per line."""
+        lines = []
+        for raw in self.raw:
+            text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+            match = LINE.match(text)
+            if match is not None:
+                ts, source, command = match.groups()
+                lines.append((float(ts), source, WORD.findall(command)))
+        return lines
 
 
 def path_of(commands: list[Command]) -> dict[str, Any] | None:
@@ -189,7 +200,7 @@ def trace(url: str, n: int, gap_s: float, src: Path | None) -> list[dict[str, An
                 roles.update(ports_of(pids))
         finally:
             stack.close()
-    paths = [path_of(cmds) for cmds in split(mon.lines, roles)]
+    paths = [path_of(cmds) for cmds in split(mon.parsed(), roles)]
     return [p for p in paths if p is not None]
 
 

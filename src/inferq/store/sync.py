@@ -203,14 +203,16 @@ class Store(AdminCalls):
         """Ids in the workers index whose last beat is at or before ``since`` (epoch s)."""
         return list(self.redis.zrangebyscore(self.keys.workers, "-inf", round(since * 1000)))
 
-    def wait_for_work(self, timeout_s: float) -> None:
+    def wait_for_work(self, timeout_s: float) -> bool:
         """Block until a submission, a requeue or a freed slot pushes the wake token, at
         most ``timeout_s`` (BLPOP: every dispatcher replica shares the one token), in
-        chunks that fit the connection's socket timeout (:meth:`block_s`)."""
+        chunks that fit the connection's socket timeout (:meth:`block_s`). Returns True
+        when the token woke it, False when the time ran out."""
         deadline = time.monotonic() + timeout_s
         while (left := deadline - time.monotonic()) >= MIN_BLOCK_S:
             if self.redis.blpop([self.keys.wake], timeout=self.block_s(left)) is not None:
-                return
+                return True
+        return False
 
     def dispatch_view(
         self,
