@@ -59,6 +59,29 @@ def test_batch_job_refuses_any_other_function(store: Store) -> None:
         _ = loaded.func
 
 
+@pytest.mark.parametrize("woken", [False, True])
+def test_a_woken_step_claims_before_its_housekeeping(
+    store: Store, client: Client, monkeypatch: pytest.MonkeyPatch, woken: bool
+) -> None:
+    """A step the wake token started claims first and housekeeps after (issue 17: the
+    submission does not wait for it); a timer-driven step housekeeps first. Both do."""
+    ready_worker(store, "w1", slots=4)
+    calls: list[str] = []
+    for name in ("expire_due", "reap_leases", "assign"):
+        real = getattr(store, name)
+
+        def spy(*args, _real=real, _name=name, **kwargs):  # type: ignore[no-untyped-def]
+            calls.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(store, name, spy)
+    client.submit("hi", priority="realtime", max_tokens=8)
+    report = Dispatcher(store).step(woken=woken)
+    assert report.dispatched == 1
+    expected = ["assign", "expire_due", "reap_leases"]
+    assert calls == (expected if woken else expected[1:] + expected[:1])
+
+
 def test_routes_to_the_smallest_adequate_model(store: Store, client: Client) -> None:
     ready_worker(store, "big", model="llama-3.1-70b-awq", params_b=70, slots=8)
     ready_worker(store, "mid", model="llama-2-13b", params_b=13, slots=8)
