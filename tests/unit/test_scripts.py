@@ -55,3 +55,39 @@ def test_eval_adversarial_reports_the_inversion_and_what_preemption_cost(tmp_pat
     assert ours["others"]["e2e_p99_delta_s"] > 0  # the requeued batch request finished later
     assert plain["others"]["e2e_p99_delta_s"] == 0 and strict["preemptions"] == 0
     assert "Adversarial workloads" in done.stdout
+
+
+def test_bench_gateway_parses_its_options_and_reads_sse_streams() -> None:
+    """scripts/bench_gateway.py stays out of CI (a model server, LiteLLM and a whole
+    stack); this checks its options and its SSE reading on a canned stream."""
+    import json
+    import subprocess
+
+    import httpx
+
+    out = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_gateway.py"), "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "--litellm-venv" in out and "--zero-requests" in out
+    import bench_gateway
+
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]},
+        {"choices": [{"index": 0, "delta": {"content": "Red"}}]},
+        {"choices": [{"index": 0, "delta": {"content": ", blue"}}]},
+        {"choices": [], "usage": {"completion_tokens": 2}},
+    ]
+    text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    seen: list[dict[str, object]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
+
+    http = httpx.Client(transport=httpx.MockTransport(answer))
+    ttft, deltas = bench_gateway.ttft_http(http, "http://x/v1", bench_gateway.body("m", 2))
+    assert deltas == 2 and ttft >= 0  # the role-only chunk is not the first token
+    assert seen[0]["stream"] is True and seen[0]["ignore_eos"] is True
