@@ -198,6 +198,7 @@ class ScalingSettings(BaseModel):
     trend_level_s: float = Field(default=defaults.SCALE_TREND_LEVEL_S, gt=0)
     trend_slope_s: float = Field(default=defaults.SCALE_TREND_SLOPE_S, gt=0)
     service_smoothing_s: float = Field(default=defaults.SCALE_SERVICE_SMOOTHING_S, gt=0)
+    down_window_s: float = Field(default=defaults.SCALE_DOWN_WINDOW_S, gt=0)
 
 
 def _merge_named(field: str, tables: dict[str, Any], base: list[Any]) -> list[Any]:

@@ -260,6 +260,13 @@ SCALE_REVERSAL_DWELL_S = 600.0
 #: the capacity the need asks for (need / down_threshold workers), while a scale-up goes to
 #: ceil(need) at once: shrinking is cheap to postpone, growing late misses the SLA.
 SCALE_DOWN_THRESHOLD = 0.8
+#: A scale-down is judged on the need averaged over this window (an EWMA of this time
+#: constant, after this much has been seen) and a busy worker is drained once the surplus
+#: has lasted this long. The Kubernetes HPA damps scale-down the same way (its
+#: stabilization window, 300 s by default); 120 s keeps a worker for two minutes of
+#: bursts (the Azure code trace swings 1-16 req/s minute to minute) yet follows a
+#: 20-minute wave down while it falls (issue 16's sinusoid).
+SCALE_DOWN_WINDOW_S = 120.0
 #: Share of a worker's KV cache the capacity model fills (inferq.policy.capacity): vLLM
 #: preempts sequences when its cache is full, so sizing for 90% leaves room for the
 #: spread of request sizes around the window's mean; with SCALE_DOWN_THRESHOLD the

@@ -28,7 +28,9 @@ def test_kv_cache_limits_a_long_context_mix() -> None:
     cap = worker_capacity(SPEC, KV_MIB, 256, 30_000, 200, tpot_s=None, occupancy=0.9)
     assert cap.limited_by == "kv_cache"
     assert cap.kv_share == pytest.approx(0.9)
-    assert cap.concurrency == pytest.approx(0.9 * 901_120 / 30_100)
+    # what the dispatcher reserves (prompt + output), not the 30,100 resident on average
+    assert cap.concurrency == pytest.approx(0.9 * 901_120 / 30_200)
+    assert cap.kv_tokens == pytest.approx(cap.concurrency * 30_100)
 
 
 def test_tpot_limits_when_the_cache_is_not_the_bottleneck() -> None:

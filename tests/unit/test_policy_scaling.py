@@ -359,11 +359,13 @@ def test_lasting_surplus_drains_the_least_busy_worker() -> None:
     spread = load(ready=4, busy={"a": 3, "b": 1, "c": 2, "d": 2}, idle_workers={}, arrival_rate=0.5)
     _, fresh = decide_scale([spread], ScalerState(), ScalingConfig(), CLASSES, NOW)
     assert fresh.model("m").surplus_since == NOW
-    early = one(spread, state=fresh, now=NOW + 299)
+    window = ScalingConfig().down_window_s
+    early = one(spread, state=fresh, now=NOW + window - 1)
     assert (early.action, early.drain) == ("hold", ())
-    late = one(spread, state=fresh, now=NOW + 300)
+    late = one(spread, state=fresh, now=NOW + window)
     assert (late.action, late.desired, late.drain) == ("down", 3, ("b",))
-    assert has(late, "surplus for 300 s >= 300 s and no idle worker: draining the least busy (b")
+    w = f"{window:.0f} s"
+    assert has(late, f"surplus for {w} >= {w} and no idle worker: draining the least busy (b")
     _, reset = decide_scale(
         [load(ready=4, arrival_rate=40.0)], fresh, ScalingConfig(), CLASSES, NOW + 1
     )

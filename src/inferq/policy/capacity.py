@@ -7,11 +7,18 @@ and hand its ``rate`` to :func:`inferq.policy.scaling.decide_scale` as
 
 For the mean request of the last window (``prompt`` and ``output`` tokens), each running
 sequence holds ``prompt + output / 2`` KV tokens on average over its decode
-(:func:`inferq.latency.resident_kv_tokens`). A worker may run ``c`` of them where all
-three limits hold:
+(:func:`inferq.latency.resident_kv_tokens`: what a decode step reads), but the
+dispatcher admits it only where ``prompt + max_tokens`` fit
+(:func:`inferq.policy.routing.need_mib`, reserved for its whole run), so its
+``reserved = prompt + output`` tokens (``max_tokens`` is at least the output; the
+window knows only the output) are what fills a worker. A worker may run ``c`` of them
+where all three limits hold:
 
-- KV cache: ``c x per_seq <= occupancy x kv_cache_tokens`` (vLLM preempts past the
-  cache; ``occupancy`` leaves headroom for the spread of request sizes);
+- KV cache: ``c x reserved <= occupancy x kv_cache_tokens`` (the dispatcher places no
+  request past its free KV cache; ``occupancy`` leaves headroom for the spread of
+  request sizes). Sizing on the resident half-output instead over-counted a worker by
+  8% on the conversation trace (1,155 + 211 tokens) and more where outputs are long:
+  the fleet it chose queued at the crest of a wave;
 - TPOT: the decode step at ``c`` stays within the strictest class's per-token target
   (:mod:`inferq.sla`): ``step_s(c, c x per_seq) <= tpot`` solved for ``c`` in the
   roofline form of :mod:`inferq.latency`;
@@ -42,8 +49,8 @@ class WorkerCapacity:
 
     Attributes:
         concurrency: sequences it runs at once (>= 1, may be fractional).
-        kv_tokens: KV tokens resident at that concurrency.
-        kv_share: ``kv_tokens`` over the worker's whole KV cache (0..1).
+        kv_tokens: KV tokens resident at that concurrency (what a decode step reads).
+        kv_share: KV tokens reserved at that concurrency over the whole KV cache (0..1).
         rate: requests/s it completes (Little's law).
         limited_by: which limit set ``concurrency``.
     """
@@ -103,10 +110,11 @@ def worker_capacity(
     if not 0 < occupancy <= 1:
         raise ValueError(f"occupancy must be in (0, 1], got {occupancy}")
     per_seq = max(1.0, resident_kv_tokens(round(prompt_tokens), round(output_tokens), 1))
+    reserved = max(1.0, prompt_tokens + output_tokens)
     kv_room = kv_cache_mib * _MIB / spec.kv_bytes_per_token
     limits: list[tuple[float, Limit]] = [(float(slots), "slots")]
     if kv_room > 0:
-        limits.append((occupancy * kv_room / per_seq, "kv_cache"))
+        limits.append((occupancy * kv_room / reserved, "kv_cache"))
     if tpot_s is not None:
         limits.append((tpot_concurrency(spec, per_seq, tpot_s), "tpot"))
     c, limit = min(limits, key=lambda x: x[0])
@@ -117,7 +125,7 @@ def worker_capacity(
     return WorkerCapacity(
         concurrency=c,
         kv_tokens=c * per_seq,
-        kv_share=c * per_seq / kv_room if kv_room > 0 else 0.0,
+        kv_share=c * reserved / kv_room if kv_room > 0 else 0.0,
         rate=c / total if total > 0 else math.inf,
         limited_by=limit,
     )

@@ -25,8 +25,9 @@ is ``ready + starting``: capacity on its way counts, so a burst never cascades
 launches. Then, in order:
 
 1. tolerance band: hold while ``|need / current - 1| <= tolerance`` (the HPA rule);
-   below it, scale down only to ``ceil(need / down_threshold)`` (asymmetric: up at
-   ``need``, down only with ``1 / down_threshold`` of headroom);
+   below it, scale down only to ``ceil(need_avg / down_threshold)`` (asymmetric: up at
+   the moment's ``need``, down on ``need_avg``, the need averaged over ``down_window_s``,
+   with ``1 / down_threshold`` of headroom); ``mu`` is smoothed like the service time;
 2. SLA: when a class's oldest wait passes ``target_wait_fraction x SLA``, want
    at least ``ready + 1`` (a worker already starting satisfies it);
 3. bounds: ``min_workers <= desired <= max_workers`` (these override cooldowns);
@@ -36,8 +37,8 @@ launches. Then, in order:
    ``reversal_dwell_s`` have passed since the model's previous reversal, so any
    ``reversal_dwell_s`` window holds at most one reversal, on any workload; only the
    bounds (``min_workers``, ``max_workers``) override it (a lost worker is replaced);
-6. scale-down drains only workers with nothing in flight, idle ``>= idle_s``
-   (longest idle first); fewer idle workers mean a smaller step;
+6. scale-down drains workers with nothing in flight, idle ``>= idle_s`` (longest
+   idle first), else, once the surplus has lasted ``down_window_s``, the least busy;
 7. GPU budget: scale-ups are granted in model priority order, minimum pools
    first, while ``sum (ready + starting + draining) x gpus_per_worker <= gpu_budget``.
 
@@ -112,6 +113,9 @@ class ScalingConfig:
         tolerance: relative band around the current count inside which nothing changes.
         down_threshold: scale down only to ``ceil(need / down_threshold)`` (0 < x <= 1).
         reversal_dwell_s: seconds after a direction reversal before the next one.
+        down_window_s: a scale-down is judged on the need averaged over this many
+            seconds (and only once that much has been seen), and a busy worker is
+            drained once the surplus has lasted that long.
         target_wait_fraction: fraction of a class's SLA its oldest wait may reach
             before a worker is added.
         backlog_drain_s: seconds in which extra capacity should clear the weighted backlog.
@@ -137,6 +141,7 @@ class ScalingConfig:
     tolerance: float = defaults.SCALE_TOLERANCE
     down_threshold: float = defaults.SCALE_DOWN_THRESHOLD
     reversal_dwell_s: float = defaults.SCALE_REVERSAL_DWELL_S
+    down_window_s: float = defaults.SCALE_DOWN_WINDOW_S
     target_wait_fraction: float = defaults.SCALE_TARGET_WAIT_FRACTION
     backlog_drain_s: float = defaults.SCALE_BACKLOG_DRAIN_S
     class_weights: Mapping[str, float] = field(
@@ -162,7 +167,13 @@ class ScalingConfig:
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0 seconds, got {getattr(self, name)}")
-        for name in ("backlog_drain_s", "trend_level_s", "trend_slope_s", "service_smoothing_s"):
+        for name in (
+            "backlog_drain_s",
+            "trend_level_s",
+            "trend_slope_s",
+            "service_smoothing_s",
+            "down_window_s",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
         if not 0 <= self.tolerance < 1:
@@ -200,6 +211,7 @@ class ScalingConfig:
             trend_level_s=scaling.trend_level_s,
             trend_slope_s=scaling.trend_slope_s,
             service_smoothing_s=scaling.service_smoothing_s,
+            down_window_s=scaling.down_window_s,
         )
 
     def limits_for(self, model: str) -> ModelLimits:
@@ -318,6 +330,10 @@ class ModelScaleState:
         surplus_since: since when the model has had more workers than it needs,
             without a break, s (None while it has not).
         service_s: smoothed service time, s (None before the first observation).
+        capacity: smoothed ``capacity_rate``, requests/s per worker (None before the first).
+        need_avg: the need averaged over ``down_window_s`` (an exponential moving
+            average), workers (None before the first decision).
+        need_since: time of the first need in ``need_avg``, s.
     """
 
     last_up_at: float | None = None
@@ -330,6 +346,9 @@ class ModelScaleState:
     checked_at: float | None = None
     surplus_since: float | None = None
     service_s: float | None = None
+    capacity: float | None = None
+    need_avg: float | None = None
+    need_since: float | None = None
 
     @property
     def last_action_at(self) -> float | None:
@@ -432,9 +451,14 @@ def decide_scale(
     plans: list[ScaleDecision] = []
     for load in loads:
         ms = _update_trend(state.model(load.model), load.arrival_rate, now, config)
-        ms = _smooth_service(ms, load.mean_service_s, now, config)
+        ms = _smooth_service(ms, load.mean_service_s, load.capacity_rate, now, config)
         assert ms.service_s is not None
-        plan, ms = _plan(replace(load, mean_service_s=ms.service_s), ms, config, sla, now)
+        smoothed = replace(
+            load,
+            mean_service_s=ms.service_s,
+            capacity_rate=ms.capacity if load.capacity_rate else None,
+        )
+        plan, ms = _plan(smoothed, ms, config, sla, now)
         models[load.model] = ms
         plans.append(plan)
     decisions = grant_budget(plans, loads, config)
@@ -451,11 +475,14 @@ def _plan(
     limits = config.limits_for(load.model)
     current = load.current
     need, reasons = _need(load, ms, config, sla)
-    want = _within_tolerance(need, current, config, reasons)
+    first = ms.need_since is None  # no history at all: the moment is all there is
+    ms = _average_need(ms, need, now, config)
+    settled = first or (ms.need_since is not None and now - ms.need_since >= config.down_window_s)
+    want = _within_tolerance(need, ms.need_avg if settled else None, current, config, reasons)
     floor = _sla_floor(load, config, sla, reasons)
     want = max(want, floor)
     target = bounded(want, limits, reasons)
-    surplus = target < current and load.starting == 0
+    surplus = target < current and load.starting == 0 and settled
     ms = replace(ms, surplus_since=(ms.surplus_since or now) if surplus else None)
     forced = current < limits.min_workers or current > limits.max_workers
     if target != current and not forced:
@@ -468,9 +495,12 @@ def _plan(
             )
             return ScaleDecision(load.model, current, current, "hold", tuple(reasons)), ms
     if target > current:
-        return _scale_up(load, ms, config, limits, target, now, reasons), ms
+        decision = _scale_up(load, ms, config, limits, target, now, reasons)
+        if decision.action == "up":  # a new regime: the window's mean starts afresh
+            ms = replace(ms, need_avg=need, need_since=now)
+        return decision, ms
     if target < current:
-        return _scale_down(load, ms, config, limits, target, now, reasons), ms
+        return _scale_down(load, ms, config, limits, target, now, reasons, settled), ms
     return ScaleDecision(load.model, current, current, "hold", tuple(reasons)), ms
 
 
@@ -524,7 +554,36 @@ def _weighted_backlog(load: ModelLoad, config: ScalingConfig, sla: Mapping[str, 
     return total
 
 
-def _within_tolerance(need: float, current: int, config: ScalingConfig, reasons: list[str]) -> int:
+def _average_need(
+    ms: ModelScaleState, need: float, now: float, config: ScalingConfig
+) -> ModelScaleState:
+    """Fold ``need`` into the exponential moving average of time constant ``down_window_s``."""
+    if ms.need_avg is None or ms.need_since is None or ms.checked_at is None:
+        return replace(ms, need_avg=need, need_since=now)
+    dt = max(0.0, now - ms.checked_at)
+    a = 1.0 - math.exp(-dt / config.down_window_s) if dt > 0 else 0.0
+    return replace(ms, need_avg=a * need + (1.0 - a) * ms.need_avg)
+
+
+def _within_tolerance(
+    need: float,
+    need_avg: float | None,
+    current: int,
+    config: ScalingConfig,
+    reasons: list[str],
+) -> int:
+    """Up to ``ceil(need)`` at once; down only to what the need averaged over the down
+    window asks, with ``1 / down_threshold`` of headroom (None: less than a window seen
+    since the first decision or the last scale-up: the moment's need, and
+    :func:`_scale_down` drains only idle workers then; the first minutes' finishes are
+    the short requests, so their need is biased low).
+
+    Up follows the moment (an arrival burst, a backlog: growing late misses the SLA);
+    down follows the window's load, as the issue asks ("when the fleet could carry the
+    last window's load with one worker fewer at the target occupancy"): on bursty
+    traffic (the Azure code trace: 1-16 req/s from one minute to the next) a down rule
+    on the moment is reset by every burst and never gives a worker back.
+    """
     tolerance = config.tolerance
     if current > 0 and abs(need / current - 1.0) <= tolerance:
         reasons.append(f"within tolerance {tolerance:.0%} of {current}")
@@ -532,13 +591,20 @@ def _within_tolerance(need: float, current: int, config: ScalingConfig, reasons:
     up = max(0, math.ceil(need - _EPS))
     if up >= current:
         return up
-    down = max(up, math.ceil(need / config.down_threshold - _EPS))
+    basis, window = need, "now; too little seen for its mean: only idle workers may go"
+    if need_avg is not None:
+        basis, window = need_avg, f"mean of {config.down_window_s:.0f} s"
+    down = max(up, math.ceil(basis / config.down_threshold - _EPS))
     if down >= current:
         reasons.append(
-            f"need {need:.2f} fits {current - 1} workers only above "
+            f"need {basis:.2f} ({window}) fits {current - 1} workers only above "
             f"{config.down_threshold:.0%} of their capacity: hold {current}"
         )
         return current
+    reasons.append(
+        f"need {basis:.2f} ({window}) fits {down} workers at "
+        f"{config.down_threshold:.0%} of their capacity"
+    )
     return down
 
 
@@ -622,6 +688,7 @@ def _scale_down(
     target: int,
     now: float,
     reasons: list[str],
+    settled: bool = True,
 ) -> ScaleDecision:
     current = load.current
     idle = drain_order(load)
@@ -639,7 +706,7 @@ def _scale_down(
                 f">= {config.idle_s:.0f} s"
             )
     drain = tuple(idle[: max(forced, wanted)])
-    if not drain and left <= 0 and current - target > 0:
+    if not drain and left <= 0 and current - target > 0 and settled:
         drain = _least_busy_after_surplus(load, ms, config, now, reasons)
     if not drain:
         return ScaleDecision(load.model, current, current, "hold", tuple(reasons))
@@ -656,12 +723,12 @@ def _least_busy_after_surplus(
     an idle-only rule would never give GPUs back. A drain finishes the
     worker's in-flight requests before it leaves, so the least busy one may go.
     """
-    if ms.surplus_since is None or now - ms.surplus_since < config.idle_s or not load.busy:
+    if ms.surplus_since is None or now - ms.surplus_since < config.down_window_s or not load.busy:
         return ()
     worker = min(load.busy, key=lambda w: (load.busy[w], w))
     reasons.append(
-        f"surplus for {now - ms.surplus_since:.0f} s >= {config.idle_s:.0f} s and no idle "
-        f"worker: draining the least busy ({worker}, {load.busy[worker]} in flight, "
+        f"surplus for {now - ms.surplus_since:.0f} s >= {config.down_window_s:.0f} s and no "
+        f"idle worker: draining the least busy ({worker}, {load.busy[worker]} in flight, "
         "finished before it leaves)"
     )
     return (worker,)
@@ -726,19 +793,34 @@ def _update_trend(
 
 
 def _smooth_service(
-    ms: ModelScaleState, measured_s: float, now: float, config: ScalingConfig
+    ms: ModelScaleState,
+    measured_s: float,
+    capacity: float | None,
+    now: float,
+    config: ScalingConfig,
 ) -> ModelScaleState:
-    """Exponential smoothing of the measured service time (time constant ``service_smoothing_s``).
+    """Exponential smoothing of the measured service time and of the per-worker capacity
+    (time constant ``service_smoothing_s``).
 
     A 10 s window of finishes holds a handful of requests on a light or bursty
     trace; one 7,000-token prompt then doubles the mean, and sizing on it launches
-    workers for a load that is not there (seen on the Azure code trace).
+    workers for a load that is not there (seen on the Azure code trace). The capacity
+    rate rests on the same window's mean request (its KV tokens and service time): on
+    the conversation trace it swung 1.3-3.8 req/s per worker between 10 s windows, and
+    the need with it (2.3-5.3 workers for a steady load), so one high window launched
+    workers and a high window every few minutes kept the surplus from ever lasting.
     """
     if ms.service_s is None or ms.observed_at is None:
-        return replace(ms, service_s=measured_s)
+        return replace(ms, service_s=measured_s, capacity=capacity)
     dt = max(0.0, now - (ms.checked_at or ms.observed_at))
     a = 1.0 - math.exp(-dt / config.service_smoothing_s) if dt > 0 else 0.0
-    return replace(ms, service_s=a * measured_s + (1.0 - a) * ms.service_s)
+    if capacity is None:
+        smoothed = ms.capacity
+    elif ms.capacity is None:
+        smoothed = capacity
+    else:
+        smoothed = a * capacity + (1.0 - a) * ms.capacity
+    return replace(ms, service_s=a * measured_s + (1.0 - a) * ms.service_s, capacity=smoothed)
 
 
 def stamp_decisions(
