@@ -116,7 +116,16 @@ def test_no_preemption_for_non_preemptible_classes_or_when_it_would_not_help() -
     snap = snapshot([request("rt", "realtime", waited=1.0)], [w], now=NOW)
     decision = decide(snap, pol)
     standard = [running("a", "standard"), running("b", "standard")]
-    assert choose_victims(decision.reservations, {"w1": standard}, snap, pol) == ()
+    # standard is preemptible by realtime by default (a standard slot hog is a hog too)
+    [victim] = choose_victims(decision.reservations, {"w1": standard}, snap, pol)
+    assert victim.priority == "standard"
+    kept = dispatch_policy(
+        [
+            c.model_copy(update={"preemptible": False}) if c.name == "standard" else c
+            for c in pol.classes
+        ]
+    )
+    assert choose_victims(decision.reservations, {"w1": standard}, snap, kept) == ()
     realtime = [running("a", "realtime"), running("b", "realtime")]
     assert choose_victims(decision.reservations, {"w1": realtime}, snap, pol) == ()
 
