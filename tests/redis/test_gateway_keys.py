@@ -151,6 +151,10 @@ tokens_per_minute = 100
 [keys."sk-requests"]
 tenant = "req"
 requests_per_minute = 3
+
+[keys."sk-small"]
+tenant = "small"
+tokens_per_minute = 50
 """
 
 
@@ -190,6 +194,15 @@ def test_tokens_and_requests_per_minute_are_shared_by_replicas(  # type: ignore[
             )
         error = limited.value.body
         assert "tenant 'req' may use 3 requests per minute" in error["message"]  # type: ignore[index]
+        # A request larger than the whole limit fits only an empty window, where it counts
+        # as the whole limit (it could never be admitted otherwise).
+        small = sdk(one, "sk-small")
+        small.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=500, extra_body={"sim_output_tokens": 1}
+        )
+        with pytest.raises(openai.RateLimitError) as limited:
+            small.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=1)
+        assert "50 tokens per minute" in limited.value.body["message"]  # type: ignore[index]
     # The windows live in Redis, under the deployment's prefix.
     windows = list(store.redis.scan_iter(match=f"{store.keys.rate_limits}*"))
     assert any("tok" in w for w in windows) and any("req" in w for w in windows)
