@@ -286,3 +286,42 @@ def test_purging_a_lost_workers_rq_queue_clears_its_started_registry(store: Stor
     conn.zadd(registry.key, {f"{job.id}:e1": time.time() + 60})  # as a SIGKILLed worker leaves it
     assert purge_worker_queue(conn, store.keys, "gone") >= 1
     assert registry.get_job_ids() == [] and not conn.exists(f"rq:job:{job.id}")
+
+
+@pytest.mark.parametrize("started", [False, True], ids=["assigned", "running"])
+def test_a_weighted_tenant_preempted_keeps_only_what_it_used_in_virtual_time(
+    store: Store, client: Client, started: bool
+) -> None:
+    """The tenant counter lives in Redis as virtual time (tokens / the tenant's weight).
+    A preemption's refund must be in the same unit: a weight-4 tenant's refund in raw
+    tokens gave it back 4x its charge (credit for being preempted); a weight-0.5 one
+    got half back (charged for tokens it never used)."""
+    from inferq.policy.snapshot import DispatchPolicy
+
+    for weight in (4.0, 0.5):
+        store.redis.delete(store.keys.fair_vtc("batch"), store.keys.fair_live("batch"))
+        tenant = f"w{weight}"
+        policy = DispatchPolicy.from_settings(store.settings, tenant_weights={tenant: weight})
+        dispatcher = Dispatcher(store, policy=policy)
+        ready_worker(store, "w1", slots=1)
+        victim = client.submit("x" * 400, priority="batch", tenant=tenant, max_tokens=1000)
+        assert dispatcher.step().dispatched == 1
+        charged = store.redis.zscore(store.keys.fair_vtc("batch"), tenant)
+        assert charged and charged > 0
+        rid, attempt = victim.id, 1  # its first attempt
+        if started:
+            assert store.start("w1", [(rid, attempt)]) == ["run"]
+        rt = client.submit("hi", priority="realtime", tenant="rt", max_tokens=8)
+        time.sleep(0.6)  # realtime's may_preempt_after_s is 0.5 s
+        assert dispatcher.step().preempted == 1
+        prompt = int(store.redis.hget(store.keys.req(rid), "prompt_tokens"))
+        if started:  # aborted after 10 generated tokens: the prompt and 10 outputs used
+            assert store.requeue_preempted("w1", [(rid, attempt, 10)]) == ["queued"]
+            used = (prompt + policy.vtc_output_weight * 10) / weight
+        else:  # never started: nothing used
+            used = 0.0
+        left = store.redis.zscore(store.keys.fair_vtc("batch"), tenant)
+        assert left == pytest.approx(used), (weight, charged, left)
+        client.cancel(rt.id)
+        client.cancel(rid)
+        store.remove_worker("w1", reason="test", dead=False)

@@ -261,7 +261,15 @@ class Dispatcher:
         if not victims:
             return
         aborts = [
-            Abort(v.request_id, v.attempt, v.worker_id, "requeue", v.reason, v.charged)
+            Abort(
+                v.request_id,
+                v.attempt,
+                v.worker_id,
+                "requeue",
+                v.reason,
+                v.charged,
+                tenant_weight=self.policy.tenant_weight(v.tenant),
+            )
             for v in victims
         ]
         verdicts = self.store.abort(aborts, output_weight=self.policy.vtc_output_weight)

@@ -502,8 +502,11 @@ class Abort:
         action: ``requeue`` (a preemption: back to its queue at its original position,
             no attempt spent), ``cancel`` or ``expire`` (made final with ``reason``).
         reason: why, for the event and (cancel/expire) the result's error.
-        charged: virtual-token-counter tokens its dispatch charged the tenant; a requeue
+        charged: tokens its dispatch charged the tenant's counter (``prompt +
+            output_weight x estimated output``, before the tenant's weight); a requeue
             gives back what the attempt did not use.
+        tenant_weight: the tenant's fair-share weight: the counter lives in Redis as
+            virtual time (tokens / weight), so the refund is divided by it too.
     """
 
     request_id: str
@@ -512,6 +515,7 @@ class Abort:
     action: Literal["requeue", "cancel", "expire"]
     reason: str
     charged: float = 0.0
+    tenant_weight: float = 1.0
 
 
 #: Control-channel commands outlive a worker's silence by this factor of the lease, then
@@ -530,7 +534,15 @@ def abort_call(
     ttl_ms = round(s.lease_s * 1000 * CONTROL_TTL_LEASES)
     argv: list[Any] = [keys.prefix, s.result_ttl_s, s.events_maxlen, ttl_ms, repr(output_weight)]
     for a in aborts:
-        argv += [a.request_id, a.attempt, a.worker_id, a.action, a.reason, repr(a.charged)]
+        argv += [
+            a.request_id,
+            a.attempt,
+            a.worker_id,
+            a.action,
+            a.reason,
+            repr(a.charged),
+            repr(a.tenant_weight),
+        ]
     return Call("abort", [], argv)
 
 

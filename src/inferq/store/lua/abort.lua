@@ -1,9 +1,10 @@
 -- abort: stop a request a worker holds (assigned or running), for a preemption or a cancel.
 -- ARGV: 1 prefix, 2 result ttl s, 3 events maxlen, 4 control channel ttl ms,
 --       5 the counter's weight of an output token (VTC's w_q, for the refund),
---       then 6-tuples: id, attempt, worker, action ('requeue'|'cancel'|'expire'), reason,
+--       then 7-tuples: id, attempt, worker, action ('requeue'|'cancel'|'expire'), reason,
 --       charged (VTC tokens its dispatch charged the tenant; refunded on a requeue
---       beyond what it used, see requeue_preempted.lua)
+--       beyond what it used, see requeue_preempted.lua), the tenant's weight (the
+--       counter is virtual time, tokens / weight: a refund is divided by it too)
 -- Returns one verdict per tuple: 'done' (it had not started: requeued or made final here),
 -- 'sent' (running: an abort command is on ctl:<worker> for the worker to carry out),
 -- 'pending' (an abort of this attempt was already sent) or 'stale' (not this attempt's).
@@ -16,9 +17,9 @@
 local p, ttl, maxlen, ctl_ttl, weight = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local now = now_ms()
 local out = {}
-for i = 6, #ARGV, 6 do
-  local id, attempt, w, action, reason, charged =
-    ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
+for i = 6, #ARGV, 7 do
+  local id, attempt, w, action, reason, charged, tw =
+    ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6]
   local key = k_req(p, id)
   local r = redis.call('HMGET', key, 'state', 'attempts', 'worker', 'need_mib', 'priority',
     'model', 'tenant', 'submitted_ms', 'abort_attempt')
@@ -31,7 +32,8 @@ for i = 6, #ARGV, 6 do
     if action == 'requeue' then
       redis.call('HINCRBY', key, 'attempt_base', 1)
       redis.call('HINCRBY', key, 'preemptions', 1)
-      vtc_refund(p, r[5], r[7], tonumber(charged))  -- nothing generated: the whole charge back
+      -- nothing generated: the whole charge back, in virtual time
+      vtc_refund(p, r[5], r[7], tonumber(charged) / tonumber(tw))
       enqueue_again(p, id, {r[5], r[6], r[7], r[8]})
       stat(p, 'preempted')
       emit(p, maxlen, 'preempt', 'id', id, 'worker', w, 'attempt', attempt, 'class', r[5],
@@ -45,7 +47,7 @@ for i = 6, #ARGV, 6 do
     out[#out + 1] = 'done'
   else
     redis.call('HSET', key, 'abort_attempt', attempt, 'abort_action', action,
-      'abort_charged', charged, 'abort_weight', weight, 'abort_reason', reason)
+      'abort_charged', charged, 'abort_weight', weight, 'abort_tw', tw, 'abort_reason', reason)
     local ctl = k_ctl(p, w)
     redis.call('RPUSH', ctl, cjson.encode({id = id, attempt = tonumber(attempt),
       action = action, reason = reason}))

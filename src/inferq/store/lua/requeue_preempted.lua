@@ -6,7 +6,8 @@
 -- with its deadline, spends no attempt (attempt_base + 1, so max_attempts counts only
 -- failures), is counted in stats.preempted and a 'preempt' event, and its tenant's virtual
 -- token counter keeps only what it used (prompt + weight x generated tokens): the rest of
--- its dispatch charge is given back (never below zero, never to a counter already dropped).
+-- its dispatch charge is given back (never below zero, never to a counter already dropped),
+-- divided by the tenant's weight (abort_tw) as the counter is virtual time.
 -- include: clock, keys, counts, wake, events, release, finalize, requeue
 local p, ttl, maxlen, w = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local now = now_ms()
@@ -15,15 +16,16 @@ for i = 5, #ARGV, 3 do
   local id, attempt, generated = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
   local key = k_req(p, id)
   local r = redis.call('HMGET', key, 'state', 'attempts', 'worker', 'need_mib', 'priority',
-    'model', 'tenant', 'submitted_ms', 'deadline_ms', 'prompt_tokens', 'abort_charged', 'abort_weight')
+    'model', 'tenant', 'submitted_ms', 'deadline_ms', 'prompt_tokens', 'abort_charged', 'abort_weight',
+    'abort_tw')
   if r[1] ~= 'running' or r[2] ~= attempt or r[3] ~= w then
     out[#out + 1] = 'stale'
   else
     release(p, id, w, r[4])
     redis.call('HDEL', key, 'abort_attempt', 'abort_action', 'abort_charged', 'abort_weight',
-      'abort_reason')
+      'abort_tw', 'abort_reason')
     local used = (tonumber(r[10]) or 0) + (tonumber(r[12]) or 0) * generated
-    local refund = (tonumber(r[11]) or 0) - used
+    local refund = ((tonumber(r[11]) or 0) - used) / (tonumber(r[13]) or 1)
     vtc_refund(p, r[5], r[7], refund)
     if tonumber(r[9]) <= now then
       finalize(p, id, 'expired', now, ttl, maxlen,

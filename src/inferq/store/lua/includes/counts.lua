@@ -20,8 +20,8 @@ local function vtc_activate(p, class, tenant)
 end
 
 -- Give back `tokens` of a tenant's VTC charge (a preempted request keeps only what it
--- used): never below zero, never to a tenant already folded. In virtual time at weight 1:
--- a weighted tenant's refund is not divided by its weight (the scripts do not know it).
+-- used): never below zero, never to a tenant already folded. `tokens` is virtual time
+-- (tokens / the tenant's weight, which the caller passes: abort.lua, requeue_preempted.lua).
 local function vtc_refund(p, class, tenant, tokens)
   if not tokens or tokens <= 0 then return end
   local vtc = p .. 'fair:vtc:' .. class

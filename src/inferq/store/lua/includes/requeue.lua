@@ -44,7 +44,7 @@ local function requeue_one(p, id, attempt, worker, err, penalize, max_attempts, 
   release(p, id, r[3], r[4])
   if r[11] and r[11] == r[2] then
     redis.call('HDEL', key, 'abort_attempt', 'abort_action', 'abort_charged', 'abort_weight',
-      'abort_reason')
+      'abort_tw', 'abort_reason')
     local action, reason = r[12], r[13] or ('aborted: ' .. err)
     if action == 'cancel' or action == 'expire' then
       local final = 'cancelled'
