@@ -513,7 +513,8 @@ def dashboard(obj: Context, host: str, port: int) -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     envvar="INFERQ_GATEWAY_KEYS",
     help="API keys file (TOML or JSON): key -> tenant, classes, limits. "
-    "Without one the gateway is open (every caller is the default tenant).",
+    "Without one, and without --redis-keys, the gateway is open (every caller is the "
+    "default tenant).",
 )
 @click.option(
     "--redis-keys",
