@@ -168,9 +168,11 @@ class Held:
 class Bench:
     """A dispatcher whose store calls are timed, and the untimed worker stand-in around it."""
 
-    def __init__(self, settings: Settings, client: Client) -> None:
+    def __init__(self, settings: Settings, client: Client, full_fleet: bool = False) -> None:
         self.client = client
         self.store = Store(connect(settings.redis_url), settings)
+        if full_fleet:
+            self.store.fleet.full_every_s = 0.0  # every step reads every heartbeat
         self.dispatcher = Dispatcher(self.store)
         self.sw = _bench.Stopwatch()
         self.held = Held()
@@ -235,6 +237,9 @@ class Scenario:
     #: how the fleet was filled first (busy and full): seconds, slots left free.
     fill: dict[str, float] = field(default_factory=dict)
     per_batch_dispatch_s: list[float] = field(default_factory=list)
+    #: heartbeats read (HMGET) and full fleet reads over the measured steps.
+    workers_read: int = 0
+    full_reads: int = 0
 
     def summary(self) -> dict[str, Any]:
         working = [r for r, _ in self.steps if r.batches]
@@ -254,6 +259,8 @@ class Scenario:
             "requests_per_s": sum(sizes) / total_s if total_s else 0.0,
             "step_ms_p50": _bench.percentile(step_ms, 50),
             "step_ms_p99": _bench.percentile(step_ms, 99),
+            "heartbeats_read_per_step": self.workers_read / max(1, len(self.steps)),
+            "full_fleet_reads": self.full_reads,
             "piece_ms_per_step_mean": {
                 name: sum(p[name] for _, p in self.steps) / len(self.steps) * 1000
                 for name in PIECES
@@ -281,11 +288,15 @@ class Scenario:
 def run(bench: Bench, name: str, steps: int, free_workers: int | None) -> Scenario:
     """``steps`` measured steps, freeing ``free_workers`` workers (None = all) before each."""
     scenario = Scenario(name)
+    cache = bench.store.fleet
     for _ in range(steps):
         bench.free(free_workers)
+        read, full = cache.workers_read, cache.full_reads
         report, pieces = bench.step()
         scenario.steps.append((report, pieces))
         scenario.per_batch_dispatch_s += bench.sw.samples["dispatch"]
+        scenario.workers_read += cache.workers_read - read
+        scenario.full_reads += cache.full_reads - full
     return scenario
 
 
@@ -326,13 +337,13 @@ def rq_enqueue_s(url: str, ns: str, n: int, tag: str) -> list[float]:
 
 
 def measure(
-    args: argparse.Namespace, ns: str, profile: cProfile.Profile | None
+    args: argparse.Namespace, ns: str, profile: cProfile.Profile | None, workers: int
 ) -> tuple[list[Scenario], list[float]]:
     settings = bench_settings(args.redis_url, ns)
     client = Client(settings=settings)
-    bench = Bench(settings, client)
+    bench = Bench(settings, client, full_fleet=args.full_fleet)
     ttl = settings.heartbeat_interval_s * defaults.HEARTBEAT_TTL_INTERVALS
-    for info in fleet(settings, args.workers, args.slots):
+    for info in fleet(settings, workers, args.slots):
         bench.store.heartbeat(info, ttl_s=ttl)
     beater = subprocess.Popen(
         [
@@ -343,7 +354,7 @@ def measure(
             "--beat",
             ns,
             "--workers",
-            str(args.workers),
+            str(workers),
             "--slots",
             str(args.slots),
         ]
@@ -380,7 +391,7 @@ def measure(
 
 
 def report(
-    args: argparse.Namespace, scenarios: list[Scenario], baseline_s: list[float]
+    args: argparse.Namespace, scenarios: list[Scenario], baseline_s: list[float], workers: int
 ) -> dict[str, Any]:
     summaries = {s.name: s.summary() for s in scenarios}
     rq_ms = _bench.median(baseline_s) * 1000
@@ -388,7 +399,8 @@ def report(
     for name, s in summaries.items():
         step = f"{s['step_ms_p50']:.1f} / {s['step_ms_p99']:.1f}"
         if "ms_per_batch_p50" not in s:
-            rows.append([name, "-", "-", "-", "-", "-", "-", step, "-", "no batch"])
+            reads = _bench.fmt(s["heartbeats_read_per_step"], 1)
+            rows.append([name, "-", "-", "-", "-", "-", "-", step, reads, "-", "no batch"])
             continue
         rows.append(
             [
@@ -400,13 +412,15 @@ def report(
                 _bench.fmt(s["batches_per_step_mean"], 1),
                 f"{s['batch_size_mean']:.1f} / {s['batch_size_max']}",
                 step,
+                _bench.fmt(s["heartbeats_read_per_step"], 1),
                 _bench.fmt(_bench.ratio(s["ms_per_batch_p50"], rq_ms)),
                 "yes" if s["goal_met"] else "NO",
             ]
         )
     _bench.table(
         f"Dispatcher: {args.queued:,} queued, 3 classes, {TENANTS} tenants, "
-        f"{args.workers} heartbeating workers x {args.slots} slots",
+        f"{workers:,} heartbeating workers x {args.slots} slots"
+        + (" (every heartbeat read every step)" if args.full_fleet else ""),
         [
             "scenario",
             "ms/batch p50",
@@ -416,6 +430,7 @@ def report(
             "batches/step",
             "batch size mean/max",
             "step ms p50 / p99",
+            "heartbeats read/step",
             f"p50 / RQ enqueue ({rq_ms:.3f} ms)",
             f"<= {GOAL_MS_PER_BATCH:g} ms",
         ],
@@ -427,15 +442,28 @@ def report(
         total = sum(ms.values()) or 1.0
         piece_rows.append([name, *(f"{ms[p]:.2f} ({ms[p] / total:.0%})" for p in PIECES)])
     _bench.table(
-        "Where a step's time goes (mean ms per step, share)", ["scenario", *PIECES], piece_rows
+        f"Where a step's time goes (mean ms per step, share), {workers:,} workers",
+        ["scenario", *PIECES],
+        piece_rows,
     )
-    return {"rq_enqueue_ms_p50": rq_ms, "scenarios": summaries}
+    return {"workers": workers, "rq_enqueue_ms_p50": rq_ms, "scenarios": summaries}
 
 
 def main() -> None:
     p = _bench.parser(__doc__.split("\n\n")[0])
     p.add_argument("--queued", type=_bench.positive, default=10_000, help="backlog kept queued")
-    p.add_argument("--workers", type=_bench.positive, default=500, help="heartbeating workers")
+    p.add_argument(
+        "--workers",
+        type=_bench.positive,
+        nargs="+",
+        default=[500, 5000],
+        help="heartbeating workers: one run per fleet size",
+    )
+    p.add_argument(
+        "--full-fleet",
+        action="store_true",
+        help="read every heartbeat every step (before issue 17) instead of the changed ones",
+    )
     p.add_argument("--slots", type=_bench.positive, default=8, help="slots per worker")
     p.add_argument("--idle-steps", type=_bench.positive, default=30, help="measured, idle fleet")
     p.add_argument("--busy-steps", type=_bench.positive, default=200, help="measured, full fleet")
@@ -453,20 +481,29 @@ def main() -> None:
     p.add_argument("--beat", metavar="NAMESPACE", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.beat:
-        beat_forever(args.redis_url, args.beat, args.workers, args.slots)
+        beat_forever(args.redis_url, args.beat, args.workers[0], args.slots)
         return
 
     profile = cProfile.Profile() if args.profile else None
-    with _bench.namespace(args.redis_url) as ns:
-        scenarios, baseline = measure(args, ns, profile)
-    figures = report(args, scenarios, baseline)
-    for name, s in figures["scenarios"].items():
-        if "goal_met" in s:
-            verdict = "met" if s["goal_met"] else "MISSED"
-            _bench.note(
-                f"{name}: goal <= {GOAL_MS_PER_BATCH:g} ms per batch {verdict} "
-                f"(p50 {s['ms_per_batch_p50']:.3f} ms)"
-            )
+    fleets = []
+    for workers in args.workers:
+        with _bench.namespace(args.redis_url) as ns:
+            scenarios, baseline = measure(args, ns, profile, workers)
+        fleets.append(report(args, scenarios, baseline, workers))
+    for figures in fleets:
+        for name, s in figures["scenarios"].items():
+            if "goal_met" in s:
+                p50 = s["ms_per_batch_p50"]
+                verdict = (
+                    "met"
+                    if s["goal_met"]
+                    else f"MISSED by {p50 - GOAL_MS_PER_BATCH:.3f} ms "
+                    f"({p50 / GOAL_MS_PER_BATCH:.1f}x the goal)"
+                )
+                _bench.note(
+                    f"{figures['workers']:,} workers, {name}: goal <= {GOAL_MS_PER_BATCH:g} ms "
+                    f"per batch {verdict} (p50 {p50:.3f} ms)"
+                )
     if profile:
         out = io.StringIO()
         pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(args.profile)
@@ -477,12 +514,14 @@ def main() -> None:
         args.redis_url,
         {
             "queued": args.queued,
-            "workers": args.workers,
             "slots_per_worker": args.slots,
             "classes": len(CLASSES),
             "tenants": TENANTS,
             "free_workers_per_busy_step": args.free_workers,
-            **figures,
+            "full_fleet": args.full_fleet,
+            # The first fleet size at the top level, as before; every size under "fleets".
+            **fleets[0],
+            "fleets": fleets,
         },
     )
 

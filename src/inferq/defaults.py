@@ -159,6 +159,13 @@ ESTIMATES_MAX = 1024
 #: index is read in submit order of the tenants' heads): the snapshot sees every tenant
 #: of a queue with fewer backlogged tenants, whatever their backlogs.
 SNAPSHOT_MIN_TENANTS = 32
+#: The dispatcher re-reads the heartbeats of only the workers marked changed since its
+#: last step (``P wchanged``, issue 17), and the whole fleet this often as a safety net
+#: (a change written outside the scripts, a clock step back).
+SNAPSHOT_FULL_REFRESH_S = 5.0
+#: How long ``P wchanged`` keeps a mark (``CHANGES_KEEP_MS`` in ``lua/includes/changed.lua``);
+#: a dispatcher that has not read the marks for half of it reads the whole fleet.
+WORKER_CHANGES_KEEP_S = 60.0
 
 # --- scaler ---
 SCALER_INTERVAL_S = 5.0

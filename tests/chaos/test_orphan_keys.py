@@ -20,6 +20,7 @@ DEPLOYMENT_KEYS = {
     "events",  # capped stream (MAXLEN)
     "fair:classes",  # one credit per class
     "wake",  # at most one token
+    "wchanged",  # one member per worker live or removed within a minute (changed.lua)
 }
 #: Prefixes of keys bounded by an owner's folding (fairness.lua, estimates.lua).
 FOLDED = ("fair:vtc:", "fair:seen:", "estimates")

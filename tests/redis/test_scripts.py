@@ -75,7 +75,7 @@ def test_bench_dispatch(tmp_path: Path) -> None:
     stdout, doc = run_script(
         "bench_dispatch.py",
         tmp_path,
-        *("--queued", "60", "--workers", "6", "--slots", "4", "--idle-steps", "2"),
+        *("--queued", "60", "--workers", "6", "9", "--slots", "4", "--idle-steps", "2"),
         *("--busy-steps", "2", "--full-steps", "1", "--free-workers", "2", "--warmup", "0"),
         *("--baseline-jobs", "3"),
     )
@@ -86,6 +86,8 @@ def test_bench_dispatch(tmp_path: Path) -> None:
     assert scenarios["full"]["batches"] == 0
     assert isinstance(scenarios["busy"]["goal_met"], bool)
     assert doc["rq_enqueue_ms_p50"] > 0
+    assert [f["workers"] for f in doc["fleets"]] == [6, 9] and "9 heartbeating workers" in stdout
+    assert scenarios["busy"]["heartbeats_read_per_step"] < 6  # only the changed workers
 
 
 @pytest.mark.usefixtures("no_leftovers")

@@ -7,8 +7,11 @@ from importlib import resources
 
 import pytest
 
+from inferq import defaults
 from inferq.store import scripts
+from inferq.store.keys import Keys
 from inferq.store.scripts import SCRIPTS, includes_of, script_source
+from inferq.store.snapshot import WORKER_FIELDS
 
 LUA = resources.files("inferq.store") / "lua"
 FRAGMENTS = sorted(p.name.removesuffix(".lua") for p in (LUA / "includes").iterdir())
@@ -98,3 +101,17 @@ def test_unknown_and_circular_includes_are_refused(monkeypatch: pytest.MonkeyPat
     with pytest.raises(ValueError, match="'nowhere'"):
         scripts.script_source.__wrapped__("t")
     assert includes_of("-- include: a, b\n-- include: c") == ["a", "b", "c"]
+
+
+def test_the_changed_workers_marks_agree_with_the_snapshot() -> None:
+    """``includes/changed.lua`` marks a worker when a field the snapshot reads changes:
+    its list is WORKER_FIELDS but the id, its key ``Keys.worker_changes``, and it keeps
+    marks as long as the dispatcher assumes (issue 17's incremental snapshot)."""
+    text = (LUA / "includes" / "changed.lua").read_text()
+    listed = re.search(r"ROUTING_FIELDS = \{([^}]*)\}", text)
+    assert listed is not None
+    assert re.findall(r"'(\w+)'", listed.group(1)) == [f for f in WORKER_FIELDS if f != "id"]
+    keep = re.search(r"CHANGES_KEEP_MS = (\d+)", text)
+    assert keep is not None and int(keep.group(1)) == defaults.WORKER_CHANGES_KEEP_S * 1000
+    assert Keys("n").worker_changes == Keys("n").prefix + "wchanged" and "'wchanged'" in text
+    assert defaults.SNAPSHOT_FULL_REFRESH_S < defaults.WORKER_CHANGES_KEEP_S / 2

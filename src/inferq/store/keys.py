@@ -33,6 +33,7 @@ P counts                        hash    queued counts: ``c:<class>``, ``t:<class
                                         ``q:<class>|<route>`` (ids in that queue's sub-queues)
 P stats                         hash    lifetime counters (submitted, succeeded, ...)
 P workers                       zset    live worker ids, score = last heartbeat ms
+P wchanged                      zset    worker id -> ms of its last routing change (``changed.lua``)
 P worker:<id>                   hash    heartbeat (expires after 3 intervals)
 P load:<id>                     hash    reserved ``slots`` and ``mib`` of assigned work
 P inflight:<id>                 set     request ids assigned to the worker
@@ -143,6 +144,12 @@ class Keys:
     @property
     def workers(self) -> str:
         return f"{self.prefix}workers"
+
+    @property
+    def worker_changes(self) -> str:
+        """Zset worker id -> Redis ms of the last change a dispatcher's snapshot reads
+        (routing fields, reservation, join, removal): ``lua/includes/changed.lua``."""
+        return f"{self.prefix}wchanged"
 
     def worker(self, worker_id: str) -> str:
         return f"{self.prefix}worker:{worker_id}"

@@ -9,6 +9,8 @@ hand-rolled check instead of the pydantic models: it runs on every dispatcher st
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -89,13 +91,16 @@ def read_dispatch_view(
     *,
     tenant_weight: Callable[[str], float] = lambda _: 1.0,
     models: Sequence[str] | None = None,
+    cache: FleetCache | None = None,
 ) -> DispatchView:
     """Read everything one dispatch decision needs, in at most six pipelined round trips.
 
     What is read does not grow with the backlog nor with the tenants that ever existed:
 
-    1. the clock, the queue names, the workers index, the SWRR credits;
-    2. per worker its heartbeat fields and reservation; per queue the tenant index
+    1. the clock, the queue names, the SWRR credits, and the workers index (a full
+       read) or the workers marked changed since the last read and the index's size;
+    2. per worker read its heartbeat fields and reservation, the workers whose beat is
+       older than the TTL (stale: left out of the view); per queue the tenant index
        (tenants with queued requests, oldest head first) and per class the least-served
        backlogged tenants;
     3. the heads of the sub-queues of the first ``max(SNAPSHOT_MIN_TENANTS, window)``
@@ -122,23 +127,36 @@ def read_dispatch_view(
             counter the policy compares.
         models: the registry's model names, whose estimates are read for the task types
             in view; None reads the whole (bounded) estimates hash.
+        cache: the fleet as of the previous call (updated in place): only the workers
+            marked changed since are read (:class:`FleetCache`); None reads every worker.
     """
     k = keys
+    fleet = cache if cache is not None else FleetCache()
+    full_read = fleet.full_due(time.monotonic())
     pipe = client.pipeline(transaction=False)
     pipe.time()
     pipe.smembers(k.queues)
-    pipe.zrange(k.workers, 0, -1, withscores=True)
     pipe.hgetall(k.fair_classes)
-    time_reply, queues, beats, credits = pipe.execute()
+    if full_read:
+        pipe.zrange(k.workers, 0, -1)
+    else:
+        pipe.zrangebyscore(k.worker_changes, fleet.since_ms, "+inf")
+        pipe.zcard(k.workers)
+    time_reply, queues, credits, *fleet_reply = pipe.execute()
     now = redis_time(time_reply)
+    now_ms = round(now * 1000)
     names = sorted(tuple(q.split("|", 1)) for q in queues if q.split("|", 1)[0] in classes)
-    workers = [wid for wid, _ in beats]
-    stale = [wid for wid, ms in beats if from_ms(ms) < now - heartbeat_ttl_s]
+    # Full: every worker of the index; else only those marked changed since the last read.
+    workers: list[str] = list(dict.fromkeys(fleet_reply[0]))
 
     pipe = client.pipeline(transaction=False)
+    pipe.zrangebyscore(k.workers, "-inf", f"({now_ms - round(heartbeat_ttl_s * 1000)}")
+    per_worker = 2 if full_read else 3
     for wid in workers:
         pipe.hmget(k.worker(wid), WORKER_FIELDS)
         pipe.hmget(k.load(wid), ("slots", "mib", "isolated"))
+        if not full_read:
+            pipe.zscore(k.workers, wid)
     for cls, route in names:
         pipe.zrange(k.tenant_index(cls, route), 0, head - 1)
     # The least-served backlogged tenants of each class (virtual time order): a tenant
@@ -148,20 +166,29 @@ def read_dispatch_view(
     for cls in live_classes:
         pipe.zrange(k.fair_live(cls), 0, head - 1)
     replies = pipe.execute()
-    fleet = replies[: 2 * len(workers)]
-    indexes = replies[2 * len(workers) : 2 * len(workers) + len(names)]
-    least_served = dict(zip(live_classes, replies[2 * len(workers) + len(names) :], strict=True))
+    stale = replies[0]
+    n = per_worker * len(workers)
+    rows = replies[1 : 1 + n]
+    indexes = replies[1 + n : 1 + n + len(names)]
+    least_served = dict(zip(live_classes, replies[1 + n + len(names) :], strict=True))
+    if full_read:
+        fleet.reset(workers, rows, now_ms)
+    else:
+        fleet.update(workers, rows, now_ms)
+        if fleet.size != int(fleet_reply[1]):
+            # A worker joined or left without a mark (a write outside the scripts):
+            # read the whole fleet now (two more round trips, rare).
+            fleet.read_full(client, k, now_ms)
 
-    corrupt: list[Corrupt] = []
-    views: list[WorkerView] = []
-    for i, wid in enumerate(workers):
-        fields, load = fleet[2 * i], fleet[2 * i + 1]
-        if all(v is None for v in fields):
-            continue  # heartbeat expired (no field, not even its id); the reaper removes it
-        try:
-            views.append(worker_view(wid, fields, load))
-        except ValueError as exc:
-            corrupt.append((k.worker(wid), f"heartbeat: {exc}", [(k.workers, wid)]))
+    corrupt: list[Corrupt] = [
+        (k.worker(wid), reason, [(k.workers, wid)]) for wid, reason in fleet.bad.items()
+    ]
+    gone = set(stale)
+    views = (
+        [v for wid, v in fleet.views.items() if wid not in gone]
+        if gone
+        else list(fleet.views.values())
+    )
 
     # Read the policy fields of only as many requests per queue as the free slots
     # could take, x4 and at least a few dozen (unschedulable work is reported even on
@@ -197,18 +224,18 @@ def read_dispatch_view(
         deeper: list[tuple[str, int, int]] = []  # (sub-queue, start, stop) of a second read
         for tqs, depth in zip(per_queue, depths, strict=True):
             got = 0
-            full = []
+            filled = []
             for tq in tqs:
                 ids = next(reads)
                 got += len(ids)
                 for rid in ids:
                     queue_of[rid] = tq
                 if len(ids) == depth:
-                    full.append(tq)
+                    filled.append(tq)
             # One tenant's backlog behind few others': the window's unread share goes
             # to the tenants whose read came back full (one more round trip, only then).
-            extra = (window - got) // max(1, len(full))
-            deeper += [(tq, depth, depth + extra - 1) for tq in full if extra > 0]
+            extra = (window - got) // max(1, len(filled))
+            deeper += [(tq, depth, depth + extra - 1) for tq in filled if extra > 0]
         virtual = replies[sum(len(tqs) for tqs in per_queue) :]
         if deeper:
             pipe = client.pipeline(transaction=False)
@@ -269,6 +296,109 @@ def read_dispatch_view(
         output_estimates=estimates,
     )
     return DispatchView(snapshot, queue_of, corrupt, stale)
+
+
+class FleetCache:
+    """The dispatcher's view of the fleet kept between steps (issue 17's busy fleet).
+
+    A step re-reads the heartbeat fields (:data:`WORKER_FIELDS`, HMGET) and the
+    reservation of only the workers marked in ``P wchanged`` since its last read (the
+    scripts mark a worker when a routing field of its heartbeat changes, when it
+    joins, when its ``load:<w>`` changes and when it is removed:
+    ``lua/includes/changed.lua``), plus the size of the workers index. It reads the
+    whole fleet, as every step did before, on the first step, every
+    ``full_every_s`` seconds (a safety net: a change written outside the scripts, a
+    Redis clock step back), when its marks may have been trimmed (it did not read
+    them for half of ``WORKER_CHANGES_KEEP_S``), and when the index's size disagrees
+    with what it holds (a worker planted or removed by hand).
+
+    Attributes:
+        views: worker id -> its policy view (workers in the index whose heartbeat parses).
+        bad: worker id -> why its heartbeat does not parse (quarantined by the dispatcher).
+        blank: ids in the index without a heartbeat hash (expired; the reaper removes them).
+        since_ms: Redis ms of the last read of the marks (None: nothing read yet).
+        full_reads, partial_reads, workers_read: counters for benchmarks.
+    """
+
+    def __init__(self, full_every_s: float = defaults.SNAPSHOT_FULL_REFRESH_S) -> None:
+        self.full_every_s = full_every_s
+        self.views: dict[str, WorkerView] = {}
+        self.bad: dict[str, str] = {}
+        self.blank: set[str] = set()
+        self.since_ms: int | None = None
+        self._full_at = -math.inf
+        self._read_at = -math.inf
+        self.full_reads = 0
+        self.partial_reads = 0
+        self.workers_read = 0
+
+    @property
+    def size(self) -> int:
+        """Workers of the index this cache accounts for."""
+        return len(self.views) + len(self.bad) + len(self.blank)
+
+    def full_due(self, mono: float) -> bool:
+        """Whether the next read must be a full one (monotonic seconds ``mono``)."""
+        keep = defaults.WORKER_CHANGES_KEEP_S / 2
+        return (
+            self.since_ms is None
+            or mono - self._full_at >= self.full_every_s
+            or mono - self._read_at >= keep
+        )
+
+    def _set(self, wid: str, fields: Sequence[str | None], load: Sequence[str | None]) -> None:
+        if all(v is None for v in fields):
+            self.views.pop(wid, None)
+            self.bad.pop(wid, None)
+            self.blank.add(wid)
+            return
+        try:
+            view = worker_view(wid, fields, load)
+        except ValueError as exc:
+            self.views.pop(wid, None)
+            self.blank.discard(wid)
+            self.bad[wid] = f"heartbeat: {exc}"
+            return
+        self.bad.pop(wid, None)
+        self.blank.discard(wid)
+        self.views[wid] = view  # in place when known: the fleet's order stays stable
+
+    def _drop(self, wid: str) -> None:
+        self.views.pop(wid, None)
+        self.bad.pop(wid, None)
+        self.blank.discard(wid)
+
+    def reset(self, workers: Sequence[str], rows: Sequence[Any], now_ms: int) -> None:
+        """Replace the cache with a full read: ``rows`` = (heartbeat fields, load) per worker."""
+        self.views, self.bad, self.blank = {}, {}, set()
+        for i, wid in enumerate(workers):
+            self._set(wid, rows[2 * i], rows[2 * i + 1])
+        self.since_ms = now_ms
+        self._full_at = self._read_at = time.monotonic()
+        self.full_reads += 1
+        self.workers_read += len(workers)
+
+    def update(self, workers: Sequence[str], rows: Sequence[Any], now_ms: int) -> None:
+        """Apply the marked workers: ``rows`` = (heartbeat fields, load, index score) each."""
+        for i, wid in enumerate(workers):
+            if rows[3 * i + 2] is None:
+                self._drop(wid)  # no longer in the workers index
+            else:
+                self._set(wid, rows[3 * i], rows[3 * i + 1])
+        # Marks written from now on score >= now_ms (Redis TIME, read before them).
+        self.since_ms = now_ms
+        self._read_at = time.monotonic()
+        self.partial_reads += 1
+        self.workers_read += len(workers)
+
+    def read_full(self, client: Any, keys: Keys, now_ms: int) -> None:
+        """A full read in two round trips of its own (the index, then every worker)."""
+        workers = list(client.zrange(keys.workers, 0, -1))
+        pipe = client.pipeline(transaction=False)
+        for wid in workers:
+            pipe.hmget(keys.worker(wid), WORKER_FIELDS)
+            pipe.hmget(keys.load(wid), ("slots", "mib", "isolated"))
+        self.reset(workers, pipe.execute(), now_ms)
 
 
 def worker_view(wid: str, fields: Sequence[str | None], load: Sequence[str | None]) -> WorkerView:

@@ -22,8 +22,8 @@ from inferq.policy.snapshot import Decision, RunningRequest
 from inferq.store import calls, repair
 from inferq.store.admin import AdminCalls
 from inferq.store.calls import Abort, Chunk, Completion, Submitted
-from inferq.store.connection import MIN_BLOCK_S, REPLY_ERRORS, connect
-from inferq.store.snapshot import DispatchView, read_dispatch_view, read_running
+from inferq.store.connection import MIN_BLOCK_S, REPLY_ERRORS, Connection, connect
+from inferq.store.snapshot import DispatchView, FleetCache, read_dispatch_view, read_running
 
 log = logging.getLogger("inferq.store")
 
@@ -35,6 +35,12 @@ class Store(AdminCalls):
         client: a redis-py client created with ``decode_responses=True`` (see :func:`connect`).
         settings: limits, TTLs and the namespace.
     """
+
+    def __init__(self, client: Connection, settings: Settings) -> None:
+        super().__init__(client, settings)
+        #: The fleet as the last :meth:`dispatch_view` read it (only changed workers
+        #: are read again: :class:`~inferq.store.snapshot.FleetCache`).
+        self.fleet = FleetCache()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Store:
@@ -223,7 +229,8 @@ class Store(AdminCalls):
         tenant_weight: Callable[[str], float] = lambda _: 1.0,
         models: Sequence[str] | None = None,
     ) -> DispatchView:
-        """Everything one dispatch decision needs (see :func:`read_dispatch_view`)."""
+        """Everything one dispatch decision needs (see :func:`read_dispatch_view`); the
+        fleet is read incrementally through this store's :attr:`fleet` cache."""
         return read_dispatch_view(
             self.redis,
             self.keys,
@@ -232,6 +239,7 @@ class Store(AdminCalls):
             heartbeat_ttl_s,
             tenant_weight=tenant_weight,
             models=models,
+            cache=self.fleet,
         )
 
     def running_on(self, worker_ids: Sequence[str]) -> dict[str, list[RunningRequest]]:

@@ -12,7 +12,8 @@
 -- is claimed only alone, by a worker with nothing reserved, and while it holds the worker
 -- (load:<w> field `isolated` = its id) nothing else is assigned there; so one request that
 -- crashes its worker cannot take others with it again.
--- include: clock, keys, queue, counts, events
+-- A claim marks the worker in wchanged (its load changed, includes/changed.lua).
+-- include: clock, keys, queue, counts, events, changed
 local p, w, batch, lease_ms, maxlen = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 if redis.call('HGET', KEYS[1], 'state') ~= 'ready' or redis.call('EXISTS', KEYS[4]) == 1
     or redis.call('HEXISTS', KEYS[2], 'isolated') == 1 then
@@ -50,6 +51,7 @@ for i = 6, #ARGV, 3 do
   end
 end
 if #ids > 0 then
+  worker_changed(p, w)
   stat(p, 'dispatched', #ids)
   emit(p, maxlen, 'dispatch', 'worker', w, 'batch', batch, 'n', #ids, 'ids', table.concat(ids, ','))
 end

@@ -16,14 +16,17 @@
 -- while it beats, none of its requests' leases lapse; a silent worker's hash expires after ttl;
 -- a worker running an attempt that is no longer its own learns it on its next beat, and
 -- one running an attempt marked for an abort learns that on every beat until it ends.
--- include: clock, keys, events
+-- A change of a routing field marks the worker in wchanged (includes/changed.lua).
+-- include: clock, keys, events, changed
 local p, w, ttl, lease_ms, maxlen = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local n = tonumber(ARGV[6])
 local now = now_ms()
 local joined = 1 - redis.call('EXISTS', KEYS[1])
 local fields = {}
 for i = 7 + 2 * n, #ARGV do fields[#fields + 1] = ARGV[i] end
+local changed = routing_changes(KEYS[1], fields)
 redis.call('HSET', KEYS[1], unpack(fields))
+if changed then worker_changed(p, w) end
 redis.call('HSET', KEYS[1], 'last_heartbeat_ms', now)
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('ZADD', p .. 'workers', now, w)

@@ -1,7 +1,8 @@
 -- release: give back what an assigned/running request reserved on its worker.
--- include: keys, wake
+-- include: keys, wake, changed
 -- Invariant: load:<w> holds exactly the slots and MiB of the ids in inflight:<w>, and its
--- `isolated` field names a suspect only while that suspect holds the worker.
+-- `isolated` field names a suspect only while that suspect holds the worker; a change of
+-- load:<w> marks the worker in wchanged (includes/changed.lua).
 
 local function release(p, id, worker, need_mib)
   redis.call('ZREM', p .. 'leases', id)
@@ -12,6 +13,7 @@ local function release(p, id, worker, need_mib)
       if redis.call('HGET', k_load(p, worker), 'isolated') == id then
         redis.call('HDEL', k_load(p, worker), 'isolated')
       end
+      worker_changed(p, worker)
       wake(p)
     end
   end
