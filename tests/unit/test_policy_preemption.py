@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from inferq.policy.dispatch import decide
 from inferq.policy.fairness import vtc_cost
-from inferq.policy.preemption import choose_victims, preemption_refund, refunded_counter
-from inferq.policy.routing import eligible, need_mib
+from inferq.policy.preemption import choose_victims, preemption_refund, refunded_counter, reserve
+from inferq.policy.routing import eligible, need_mib, serving_models
 from inferq.policy.snapshot import (
     Decision,
     DispatchPolicy,
@@ -320,3 +320,76 @@ def test_victims_are_lower_preemptible_and_no_more_than_needed(
             and pol.class_by_name[h.priority].preemptible
         ]
         assert not fits(eligible_all)
+
+
+def _reserve_reference(urgent, workers, policy, now):  # type: ignore[no-untyped-def]
+    """reserve() as first written (every worker scored for every request), the oracle of
+    the indexed version issue 17 made fast."""
+    rank = {c.name: i for i, c in enumerate(policy.classes)}
+    ordered = sorted(urgent, key=lambda r: (rank.get(r.priority, len(rank)), r.submitted_at, r.id))
+    taken: set[str] = set()
+    out = []
+    for req in ordered:
+        models = serving_models(req, policy, now)
+        order = {m: i for i, m in enumerate(models)}
+        best = None
+        for w in workers:
+            if not w.ready or w.id in taken or w.model not in order or w.slots < 1:
+                continue
+            need = need_mib(req, policy.model_by_name[w.model])
+            if need > w.kv_cache_mib:
+                continue
+            key = (
+                max(0.0, need - w.free_mib),
+                0 if w.free_slots >= 1 else 1,
+                order[w.model],
+                w.utilisation,
+                w.id,
+            )
+            if best is None or key < best[0]:
+                best = (key, w)
+        if best is not None:
+            taken.add(best[1].id)
+            out.append((req.id, best[1].id, best[0][0], best[0][1]))
+    return out
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["llama-3.1-8b", "llama-2-13b", "llama-3.1-70b-awq"]),
+            st.integers(1, 4),  # slots
+            st.integers(0, 4),  # used slots
+            st.sampled_from([2_000.0, 8_000.0, 16_384.0]),  # KV cache MiB
+            st.sampled_from([0.0, 500.0, 1_500.0, 7_000.0]),  # reserved MiB
+            st.booleans(),  # ready
+        ),
+        max_size=12,
+    ),
+    st.lists(
+        st.tuples(
+            st.sampled_from(["realtime", "standard"]),
+            st.sampled_from(["llama-3.1-8b", ">=13b", "llama-2-13b"]),
+            st.sampled_from([10, 2_000, 30_000]),  # prompt tokens
+            st.integers(0, 50),  # submitted (s)
+        ),
+        max_size=10,
+    ),
+)
+def test_reserve_picks_what_scoring_every_worker_picks(fleet, waiting) -> None:  # type: ignore[no-untyped-def]
+    policy = dispatch_policy()
+    workers = [
+        worker_view(
+            f"w{i}", m, slots=s, used_slots=min(u, s), kv=kv, used_mib=min(mib, kv), ready=r
+        )
+        for i, (m, s, u, kv, mib, r) in enumerate(fleet)
+    ]
+    urgent = [
+        queued_request(f"r{i}", c, route=route, prompt=prompt, submitted_at=float(at), now=100.0)
+        for i, (c, route, prompt, at) in enumerate(waiting)
+    ]
+    got = [
+        (r.request_id, r.worker_id, r.missing_mib, r.missing_slots)
+        for r in reserve(urgent, workers, policy, 100.0)
+    ]
+    assert got == _reserve_reference(urgent, workers, policy, 100.0)

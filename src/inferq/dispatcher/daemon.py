@@ -40,9 +40,11 @@ from dataclasses import dataclass, field, replace
 from inferq import defaults
 from inferq.config import Settings
 from inferq.delivery import BatchSender
+from inferq.errors import InvalidRequest
 from inferq.ids import new_id
 from inferq.policy.dispatch import decide
 from inferq.policy.preemption import choose_victims
+from inferq.policy.routing import route_models
 from inferq.policy.snapshot import Batch, Decision, DispatchPolicy
 from inferq.store import CONNECTION_ERRORS, REDIS_ERRORS, Abort, DispatchView, Store
 
@@ -197,6 +199,7 @@ class Dispatcher:
             self.heartbeat_ttl_s,
             tenant_weight=self.policy.tenant_weight,
             models=self.models,
+            route_models=self._route_models,
         )
         self._quarantine(view, report)
         snapshot = replace(view.snapshot, scaler_pools=self._pools)
@@ -234,6 +237,14 @@ class Dispatcher:
         if self._may_reap(stalled_s=time.monotonic() - started):
             self._recover(report)
         self._housekept_at = started
+
+    def _route_models(self, route: str) -> tuple[str, ...]:
+        """Models that may serve ``route``, fallbacks included (sizes a queue's read);
+        a route that does not parse is served by none (the policy reports it)."""
+        try:
+            return route_models(self.policy, route, degrade=True)
+        except InvalidRequest:
+            return ()
 
     def _promote(self) -> int:
         """Retries whose backoff has passed back to their queues; remembers the next due."""

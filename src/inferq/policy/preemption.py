@@ -199,6 +199,29 @@ def reserve(
     ordered = sorted(urgent, key=lambda r: (rank.get(r.priority, len(rank)), *_age_order(r)))
     taken: set[str] = set()
     out: list[Reservation] = []
+    # The key's worker parts, once per decision, by model, in two orders (it runs for up
+    # to 64 overdue requests per class against every worker: issue 17's busy fleet).
+    # The lowest key for a need: a worker with free_mib >= need (missing 0) first, the
+    # lowest (slot, utilisation, id) among those; else the most free MiB, then (slot,
+    # utilisation, id). So: the first row not taken in most-free order tells which case,
+    # and in the first case the first fitting row in (slot, utilisation, id) order wins.
+    Row = tuple[float, int, float, str, float, WorkerView]
+    by_free: dict[str, list[Row]] = {}
+    for w in workers:
+        if w.ready and w.slots >= 1:
+            row = (
+                w.free_mib,
+                0 if w.free_slots >= 1 else 1,
+                w.utilisation,
+                w.id,
+                w.kv_cache_mib,
+                w,
+            )
+            by_free.setdefault(w.model, []).append(row)
+    by_rest: dict[str, list[Row]] = {}
+    for model, rows in by_free.items():
+        rows.sort(key=lambda r: (-r[0], r[1], r[2], r[3]))
+        by_rest[model] = sorted(rows, key=lambda r: (r[1], r[2], r[3]))
     for req in ordered:
         try:
             models = serving_models(req, policy, now)
@@ -206,17 +229,24 @@ def reserve(
             continue
         order = {m: i for i, m in enumerate(models)}
         best: tuple[tuple[float, int, int, float, str], WorkerView, float] | None = None
-        for w in workers:
-            if not w.ready or w.id in taken or w.model not in order or w.slots < 1:
+        for model, pref in order.items():
+            cands = by_free.get(model)
+            if not cands:
                 continue
-            spec = policy.model_by_name[w.model]
-            need = need_mib(req, spec)
-            if need > w.kv_cache_mib:
+            need = need_mib(req, policy.model_by_name[model])
+            top = next((r for r in cands if need <= r[4] and r[3] not in taken), None)
+            if top is None:
                 continue
-            missing_mib = max(0.0, need - w.free_mib)
-            key = (missing_mib, 0 if w.free_slots >= 1 else 1, order[w.model], w.utilisation, w.id)
+            if top[0] < need:
+                pick, missing = top, need - top[0]
+            else:
+                pick = next(
+                    r for r in by_rest[model] if need <= r[0] and need <= r[4] and r[3] not in taken
+                )
+                missing = 0.0
+            key = (missing, pick[1], pref, pick[2], pick[3])
             if best is None or key < best[0]:
-                best = (key, w, need)
+                best = (key, pick[5], need)
         if best is None:
             continue
         (missing_mib, missing_slot, *_), w, need = best

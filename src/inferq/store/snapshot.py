@@ -92,6 +92,7 @@ def read_dispatch_view(
     tenant_weight: Callable[[str], float] = lambda _: 1.0,
     models: Sequence[str] | None = None,
     cache: FleetCache | None = None,
+    route_models: Callable[[str], Sequence[str]] | None = None,
 ) -> DispatchView:
     """Read everything one dispatch decision needs, in at most six pipelined round trips.
 
@@ -105,7 +106,8 @@ def read_dispatch_view(
        backlogged tenants;
     3. the heads of the sub-queues of the first ``max(SNAPSHOT_MIN_TENANTS, window)``
        tenants of each index, the least served and the newest (``window`` =
-       ``max(SNAPSHOT_MIN_WINDOW, 4 x free slots)``, at most ``head``),
+       ``max(SNAPSHOT_MIN_WINDOW, 4 x free slots)`` of the workers that may serve the
+       queue's route, at most ``head``),
        ``max(1, window // tenants)`` ids each, and those tenants' VTC
        virtual time (one ZMSCORE per class); when a queue's window is not filled that
        way (one tenant's backlog behind few others'), one more round trip reads deeper
@@ -129,6 +131,9 @@ def read_dispatch_view(
             in view; None reads the whole (bounded) estimates hash.
         cache: the fleet as of the previous call (updated in place): only the workers
             marked changed since are read (:class:`FleetCache`); None reads every worker.
+        route_models: route -> the models that may serve it (fallbacks included); a
+            queue's window then counts the free slots of those models' workers only.
+            None: every free slot counts for every queue.
     """
     k = keys
     fleet = cache if cache is not None else FleetCache()
@@ -194,13 +199,25 @@ def read_dispatch_view(
     # could take, x4 and at least a few dozen (unschedulable work is reported even on
     # a full fleet), spread over the tenants' sub-queues, so a tenant behind another's
     # flood is seen at once: a wake-up costs ~100 reads instead of thousands.
-    free = sum(w.free_slots for w in views if w.ready)
-    window = min(head, max(SNAPSHOT_MIN_WINDOW, 4 * free))
-    ntenants = min(head, max(defaults.SNAPSHOT_MIN_TENANTS, window))
+    # With ``route_models``, a queue's window counts only the free slots of the workers
+    # that may serve its route (fallbacks included): 16 freed 8B workers do not make
+    # the 70B queues read 4 x 128 requests each.
+    free_of: dict[str, int] = {}
+    for w in views:
+        if w.ready:
+            free_of[w.model] = free_of.get(w.model, 0) + w.free_slots
+    free = sum(free_of.values())
     queue_of: dict[str, str] = {}
     tenants_of = {c: set[str]() for c in classes}
     per_queue: list[list[str]] = []  # sub-queue keys read, per queue
+    windows: list[int] = []
     for (cls, route), tenants in zip(names, indexes, strict=True):
+        served = (
+            free if route_models is None else sum(free_of.get(m, 0) for m in route_models(route))
+        )
+        window = min(head, max(SNAPSHOT_MIN_WINDOW, 4 * served))
+        windows.append(window)
+        ntenants = min(head, max(defaults.SNAPSHOT_MIN_TENANTS, window))
         # The oldest heads (aging), the least served (VTC) and the newest heads (a tenant
         # that just became active: VTC lifts it to the minimum, where ties with many
         # tenants sort by name), each bounded: the cost does not grow with the backlog.
@@ -210,7 +227,7 @@ def read_dispatch_view(
         tenants_of[cls].update(picked)
         per_queue.append([k.tenant_queue(cls, route, tenant) for tenant in picked])
     counted = [c for c in classes if tenants_of[c]]
-    depths = [max(1, window // max(1, len(tqs))) for tqs in per_queue]
+    depths = [max(1, w // max(1, len(tqs))) for tqs, w in zip(per_queue, windows, strict=True)]
     virtual: list[Any] = []
     if any(per_queue):
         pipe = client.pipeline(transaction=False)
@@ -222,7 +239,7 @@ def read_dispatch_view(
         replies = pipe.execute()
         reads = iter(replies)
         deeper: list[tuple[str, int, int]] = []  # (sub-queue, start, stop) of a second read
-        for tqs, depth in zip(per_queue, depths, strict=True):
+        for tqs, depth, window in zip(per_queue, depths, windows, strict=True):
             got = 0
             filled = []
             for tq in tqs:

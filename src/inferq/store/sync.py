@@ -228,6 +228,7 @@ class Store(AdminCalls):
         *,
         tenant_weight: Callable[[str], float] = lambda _: 1.0,
         models: Sequence[str] | None = None,
+        route_models: Callable[[str], Sequence[str]] | None = None,
     ) -> DispatchView:
         """Everything one dispatch decision needs (see :func:`read_dispatch_view`); the
         fleet is read incrementally through this store's :attr:`fleet` cache."""
@@ -240,6 +241,7 @@ class Store(AdminCalls):
             tenant_weight=tenant_weight,
             models=models,
             cache=self.fleet,
+            route_models=route_models,
         )
 
     def running_on(self, worker_ids: Sequence[str]) -> dict[str, list[RunningRequest]]:
