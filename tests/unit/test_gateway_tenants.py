@@ -11,7 +11,7 @@ import pytest
 from inferq.config import Settings
 from inferq.errors import ConfigError, InvalidRequest
 from inferq.gateway import openai_api as api
-from inferq.gateway.tenants import KeyRing, digest
+from inferq.gateway.tenants import ApiKey, KeyRing, digest
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 CLASSES = [c.name for c in Settings.load().classes]
@@ -122,3 +122,11 @@ def test_stored_keys_are_cached_briefly_and_corrupt_entries_refused() -> None:
         assert len(fetched) == 4
 
     asyncio.run(scenario())
+
+
+def test_a_key_with_one_class_implies_it_when_a_request_names_none() -> None:
+    assert ApiKey(tenant="t", classes=("batch",)).implied_class == "batch"
+    assert ApiKey(tenant="t", classes=("batch", "standard")).implied_class is None
+    assert ApiKey(tenant="t").implied_class is None
+    both = ApiKey(tenant="t", classes=("batch", "standard"), default_class="standard")
+    assert both.implied_class == "standard"

@@ -330,7 +330,7 @@ class Gateway:
         fields["tenant"] = key.tenant
         priority = request.headers.get(api.PRIORITY_HEADER) or sub.priority
         if priority is None:
-            priority = key.default_class
+            priority = key.implied_class
         if isinstance(priority, str) and priority.isdigit():
             priority = int(priority)
         if priority is not None:

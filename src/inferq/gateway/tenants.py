@@ -67,7 +67,8 @@ class ApiKey(BaseModel):
     Attributes:
         tenant: the tenant its requests are charged to (fairness, queue and rate limits).
         classes: the priority classes it may use; empty = all configured classes.
-        default_class: the class of a request that names none; None = the classifier's.
+        default_class: the class of a request that names none; None = the key's only
+            class if it allows one, else the classifier's (:attr:`implied_class`).
         requests_per_minute / tokens_per_minute: rate limits (None = unlimited).
     """
 
@@ -82,6 +83,15 @@ class ApiKey(BaseModel):
     def allows(self, priority: str) -> bool:
         """True when the key may submit to class ``priority``."""
         return not self.classes or priority in self.classes
+
+    @property
+    def implied_class(self) -> str | None:
+        """The class of a request that names none: ``default_class``, else the key's only
+        class when it allows one (the classifier's choice could only be refused), else
+        None (the classifier's)."""
+        if self.default_class is not None:
+            return self.default_class
+        return self.classes[0] if len(self.classes) == 1 else None
 
 
 #: The open gateway's caller (no keys file).
