@@ -42,7 +42,10 @@ def keys() -> None:
     metavar="CLASS",
     help="A priority class the key may use (repeat; omitted: every class).",
 )
-@click.option("--default-class", help="Class of a request that names none (default: classifier).")
+@click.option(
+    "--default-class",
+    help="Class of a request that names none (default: the only --class, else the classifier).",
+)
 @click.option("--requests-per-minute", "rpm", type=int, help="Rate limit (omitted: none).")
 @click.option(
     "--tokens-per-minute",
