@@ -197,6 +197,12 @@ RETRY_BACKOFF_BASE_S = 0.25
 #: Largest backoff ceiling, seconds (issue 13: "the backoff capped, e.g. 30 s"): a server
 #: back from an outage is found within ~30 s by requests already waiting.
 RETRY_BACKOFF_CAP_S = 30.0
+#: Longest ``Retry-After`` honoured, seconds, for a retry and for the pause between two
+#: health probes: a server (or a proxy before it) that asks for more is asked again after
+#: this long. Issue 13 attack: ``Retry-After: 1000000000`` on a probe kept a worker
+#: ``unhealthy`` for 31 years after its server recovered, and its request waited out its
+#: deadline in the delayed set.
+RETRY_AFTER_CAP_S = RETRY_BACKOFF_CAP_S
 #: Pause between two probes of a model server the worker holds unhealthy, seconds:
 #: recovery is noticed within a second, at the cost of one cheap request per second.
 HEALTH_PROBE_INTERVAL_S = 1.0

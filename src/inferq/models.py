@@ -405,6 +405,11 @@ class RequestRecord(BaseModel):
             raise CorruptRecord(key, _first_error(exc)) from None
 
 
+#: Largest count a model server's telemetry may report (:class:`ServerTelemetry`): 2**53,
+#: the largest integer a float holds exactly.
+MAX_TELEMETRY_COUNT = 2**53
+
+
 class ServerTelemetry(BaseModel):
     """What a model server says of itself (its own slots, KV cache and queue); None: not said.
 
@@ -419,16 +424,24 @@ class ServerTelemetry(BaseModel):
         kv_usage: the share of the KV cache in use, 0..1, when the server reports a share
             rather than tokens (vLLM's ``kv_cache_usage_perc``).
         running / waiting: requests the server runs now, and queues inside itself.
+
+    Counts are at most :data:`MAX_TELEMETRY_COUNT` (2**53, the largest integer a float
+    holds exactly): a server that reports more is broken, and its figure must not reach
+    float arithmetic (issue 13 attack: a ``/slots`` whose ``n_ctx`` was a 400-digit
+    integer, valid JSON, overflowed the KV room in the heartbeat and killed the worker).
+
+    Raises:
+        pydantic.ValidationError: a count below 0 or above the bound, a share outside 0..1.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    slots: int | None = Field(default=None, ge=0)
-    kv_tokens: int | None = Field(default=None, ge=0)
-    kv_used_tokens: int | None = Field(default=None, ge=0)
+    slots: int | None = Field(default=None, ge=0, le=MAX_TELEMETRY_COUNT)
+    kv_tokens: int | None = Field(default=None, ge=0, le=MAX_TELEMETRY_COUNT)
+    kv_used_tokens: int | None = Field(default=None, ge=0, le=MAX_TELEMETRY_COUNT)
     kv_usage: float | None = Field(default=None, ge=0, le=1)
-    running: int | None = Field(default=None, ge=0)
-    waiting: int | None = Field(default=None, ge=0)
+    running: int | None = Field(default=None, ge=0, le=MAX_TELEMETRY_COUNT)
+    waiting: int | None = Field(default=None, ge=0, le=MAX_TELEMETRY_COUNT)
 
     @property
     def kv_free_fraction(self) -> float | None:

@@ -143,7 +143,18 @@ def test_llama_cpp_without_metrics_or_busy_slots() -> None:
 
 @pytest.mark.parametrize(
     "slots",
-    [{"error": "slots endpoint is disabled"}, [{"id": 0}], [{"id": 0, "n_ctx": "x"}], ["slot"]],
+    [
+        {"error": "slots endpoint is disabled"},
+        [{"id": 0}],
+        [{"id": 0, "n_ctx": "x"}],
+        ["slot"],
+        [{"id": 0, "n_ctx": -4096}],
+        # a 400-digit integer (valid JSON, read exactly): it overflowed the heartbeat's KV
+        # room (float) and killed the worker
+        json.loads('[{"id": 0, "n_ctx": 1' + "0" * 400 + "}]"),
+        json.loads('[{"id": 0, "n_ctx": 1e400}]'),  # infinity
+        json.loads('[{"id": 0, "n_ctx": NaN}]'),
+    ],
 )
 def test_llama_cpp_slots_that_do_not_parse_are_refused(slots: Any) -> None:
     with pytest.raises(ValueError, match="slots"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -53,5 +54,14 @@ def test_backoff_grows_exponentially_on_average() -> None:
 
 @given(st.floats(min_value=0, max_value=600), st.integers(min_value=1, max_value=50))
 def test_retry_after_is_a_floor_on_the_delay(retry_after: float, failures: int) -> None:
+    """Honoured up to RETRY_AFTER_CAP_S (30 s): a longer one was honoured in full until an
+    attack with ``Retry-After: 1000000000`` parked a request until its deadline."""
     retry = plan(error(429, retry_after_s=retry_after), failures, rng=random.Random(0))
-    assert retry.delay_s >= retry_after
+    assert retry.delay_s >= min(retry_after, defaults.RETRY_AFTER_CAP_S)
+
+
+@pytest.mark.parametrize("retry_after", [1e9, 1e300, 31.0, -5.0, 0.0])
+def test_an_absurd_retry_after_is_capped(retry_after: float) -> None:
+    for failures in (1, 5, 60):
+        retry = plan(error(503, retry_after_s=retry_after), failures, rng=random.Random(1))
+        assert 0.0 <= retry.delay_s <= defaults.RETRY_AFTER_CAP_S

@@ -23,9 +23,9 @@ server still ends in the dead letter after ``max_attempts``.
 Retries wait before they may be dispatched again: exponential backoff with *full jitter*
 (``uniform(0, min(cap, base * 2**n))``, AWS Architecture Blog, "Exponential Backoff And
 Jitter", M. Brooker, 2015: of the schemes compared it does the least work and spreads
-retries best), never less than the server's ``Retry-After``. The delay is kept in Redis
-as a not-before time on Redis TIME (``requeue.lua``'s delayed set, ``promote.lua``), so
-no worker clock is involved.
+retries best), never less than the server's ``Retry-After`` (honoured up to
+``RETRY_AFTER_CAP_S``). The delay is kept in Redis as a not-before time on Redis TIME
+(``requeue.lua``'s delayed set, ``promote.lua``), so no worker clock is involved.
 """
 
 from __future__ import annotations
@@ -94,17 +94,23 @@ def backoff_s(
     return (rng or random).uniform(0.0, ceiling)
 
 
+def honoured_retry_after_s(retry_after_s: float) -> float:
+    """A server's ``Retry-After`` as honoured: within ``[0, RETRY_AFTER_CAP_S]`` (an
+    absurd value, ``1e9`` or negative, must not park a request or a worker)."""
+    return min(defaults.RETRY_AFTER_CAP_S, max(0.0, retry_after_s))
+
+
 def plan(error: ServerError, failures: int, *, rng: random.Random | None = None) -> RetryPlan:
     """The retry of a request that failed with ``error`` after ``failures`` failures
     (this one included): kind, whether it spends an attempt, and its delay — the jittered
-    backoff, at least the server's ``Retry-After``, at most the backoff cap unless the
-    server asked for more."""
+    backoff, at least the server's ``Retry-After`` (:func:`honoured_retry_after_s`), at
+    most the backoff cap unless the server asked for more."""
     kind = classify(error)
     if kind is FailureKind.REQUEST:
         return RetryPlan(kind, retry=False, spend_attempt=True, delay_s=0.0)
     delay = backoff_s(failures, rng=rng)
     if error.retry_after_s is not None:
-        delay = max(delay, error.retry_after_s)
+        delay = max(delay, honoured_retry_after_s(error.retry_after_s))
     return RetryPlan(
         kind,
         retry=True,

@@ -6,8 +6,9 @@ truncated) the worker probes its model server (:meth:`ModelServer.probe`: for th
 ``ready`` worker ``unhealthy`` in its next heartbeat (published at once): ``assign.lua``
 and routing give work only to ``ready`` workers, so the dispatcher sends it nothing and
 the scaler counts it as no capacity. It keeps probing every ``HEALTH_PROBE_INTERVAL_S``
-(or the server's ``Retry-After``, when longer) and returns to ``ready`` by itself when a
-probe passes. Each transition is logged once at WARNING; nothing is logged per probe.
+(or the server's ``Retry-After``, when longer, up to ``RETRY_AFTER_CAP_S``) and returns
+to ``ready`` by itself when a probe passes. Each transition is logged once at WARNING;
+nothing is logged per probe.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable
 
 from inferq import defaults
 from inferq.models import WorkerState
+from inferq.workers import failures
 from inferq.workers.servers import ModelServer, ServerError
 
 log = logging.getLogger(__name__)
@@ -85,7 +87,8 @@ class HealthMonitor:
                 await asyncio.to_thread(self._set_state, WorkerState.UNHEALTHY)
             elif state is not WorkerState.UNHEALTHY:
                 return  # draining or starting: the drain or the load decides
-            await asyncio.sleep(max(self.interval_s, error.retry_after_s or 0.0))
+            wait_s = failures.honoured_retry_after_s(error.retry_after_s or 0.0)
+            await asyncio.sleep(max(self.interval_s, wait_s))
 
     async def close(self) -> None:
         """Stop probing (at shutdown)."""

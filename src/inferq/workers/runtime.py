@@ -428,7 +428,10 @@ class Engine:
 
     def _beat_forever(self) -> None:
         while not self._beat_stop.wait(self.config.heartbeat_interval_s):
-            self._pulse_or_beat()
+            try:
+                self._pulse_or_beat()
+            except Exception:  # a heartbeat that cannot be built must not end the beating
+                log.exception("heartbeat failed")
             try:
                 self.recover_orphans()
             except CONNECTION_ERRORS as exc:

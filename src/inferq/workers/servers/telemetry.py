@@ -37,6 +37,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+from pydantic import ValidationError
 
 from inferq.models import ServerTelemetry
 
@@ -74,8 +75,9 @@ def llama_cpp(slots: Any, metrics: str | None) -> ServerTelemetry:
     overwrites them for the next request.
 
     Raises:
-        ValueError: ``slots`` is not a list of slot objects with ``n_ctx``, or
-            ``metrics`` is not Prometheus text.
+        ValueError: ``slots`` is not a list of slot objects with ``n_ctx``, a figure is
+            out of range (:class:`ServerTelemetry`'s bounds), or ``metrics`` is not
+            Prometheus text.
     """
     if not isinstance(slots, list) or not all(isinstance(s, dict) for s in slots):
         raise ValueError(f"/slots is not a list of slots: {str(slots)[:200]}")
@@ -83,16 +85,20 @@ def llama_cpp(slots: Any, metrics: str | None) -> ServerTelemetry:
         kv_tokens = sum(int(s["n_ctx"]) for s in slots)
         busy = [s for s in slots if s.get("is_processing")]
         used = sum(int(s.get("n_prompt_tokens") or 0) for s in busy)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise ValueError(f"/slots entry without a readable n_ctx: {exc!r}") from None
     waiting = _sum(samples(metrics).get("llamacpp:requests_deferred")) if metrics else None
-    return ServerTelemetry(
-        slots=len(slots),
-        kv_tokens=kv_tokens,
-        kv_used_tokens=min(used, kv_tokens),
-        running=len(busy),
-        waiting=waiting,
-    )
+    try:
+        return ServerTelemetry(
+            slots=len(slots),
+            kv_tokens=kv_tokens,
+            kv_used_tokens=min(used, kv_tokens),
+            running=len(busy),
+            waiting=waiting,
+        )
+    except ValidationError as exc:  # a negative or absurd n_ctx (a 400-digit integer)
+        fields = ", ".join(f"{'.'.join(map(str, e['loc']))} {e['msg']}" for e in exc.errors())
+        raise ValueError(f"/slots figures out of range: {fields[:300]}") from None
 
 
 def vllm(metrics: str) -> ServerTelemetry:

@@ -1,0 +1,67 @@
+"""Hostile model servers under real workers (issue 13 attack): answers no honest server
+sends, but a broken or misconfigured one, or a proxy before it, may.
+
+``inferq worker --backend openai`` subprocesses against
+:class:`tests.fakes.standin_openai.StandIn` servers, a dispatcher thread and the real
+Redis: an absurd ``Retry-After``, telemetry with numbers no float can hold. The worker
+must neither park itself for ever nor stop beating.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from inferq.client import Client
+from tests.fakes.standin_openai import StandIn
+
+from ..helpers import wait_for
+from .fleet import Fleet
+from .test_worker_failures import openai_worker
+
+
+def test_an_absurd_retry_after_neither_parks_the_worker_nor_its_requests(
+    fleet: Fleet, client: Client
+) -> None:
+    """``Retry-After: 1000000000`` (31 years) on a request and on the probe that follows:
+    the worker slept the probe's interval as long as the server asked and stayed
+    ``unhealthy`` for ever after the server recovered, and the request waited in the
+    delayed set until its deadline. Both are capped (the backoff cap, 30 s)."""
+    with StandIn(mode="error", error_status=429, retry_after="1000000000", fail_posts=2) as server:
+        openai_worker(fleet, "w", server.url)
+        handle = client.submit("absurd", priority="standard", max_tokens=4, timeout=120)
+        wait_for(lambda: fleet.state("w") == "unhealthy", what="the worker unhealthy", timeout=20)
+        result = handle.result(timeout=110)
+        assert result.status == "succeeded", result.error
+        wait_for(lambda: fleet.state("w") == "ready", what="the worker ready again", timeout=60)
+    assert fleet.store.dead_letters() == []
+
+
+def test_telemetry_with_numbers_no_float_holds_does_not_stop_the_heartbeat(
+    fleet: Fleet, client: Client
+) -> None:
+    """A ``/slots`` whose ``n_ctx`` is a 400-digit integer (valid JSON; Python reads it
+    exactly): the KV room computed from it overflowed a float in the heartbeat."""
+    huge = "1" + "0" * 400
+    slots = f'[{{"id": 0, "n_ctx": {huge}, "is_processing": false}}]'
+    pages = {
+        "/props": ("application/json", json.dumps({"total_slots": 4})),
+        "/slots": ("application/json", slots),
+    }
+    with StandIn(pages=pages) as server:
+        openai_worker(fleet, "w", server.url)
+        key = fleet.store.keys.worker("w")
+        first = fleet.store.redis.hget(key, "last_heartbeat_ms")
+        time.sleep(1.5)  # several beats and a telemetry read
+        wait_for(
+            lambda: fleet.store.redis.hget(key, "last_heartbeat_ms") != first,
+            what="a newer heartbeat",
+            timeout=10,
+        )
+        handles = [client.submit(f"h{i}", max_tokens=4, timeout=30) for i in range(4)]
+        assert [h.result(timeout=40).status for h in handles] == ["succeeded"] * 4
+        assert fleet.procs["w"].poll() is None
+        assert fleet.state("w") == "ready"
+        in_flight = fleet.store.redis.hget(key, "in_flight")
+        assert in_flight == "0", fleet.output("w")
+    assert "Traceback" not in fleet.output("w"), fleet.output("w")
