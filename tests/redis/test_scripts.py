@@ -146,6 +146,15 @@ def test_bench_e2e_latency_against_a_baseline(tmp_path: Path) -> None:
     assert doc["baseline"]["rev"] == "HEAD" and doc["private_redis"] is True
 
 
+def test_bench_handoff(tmp_path: Path) -> None:
+    stdout, doc = run_script(
+        "bench_handoff.py", tmp_path, "--handoffs", "5", "--rounds", "1", "--gap-ms", "10"
+    )
+    assert "Hand-off" in stdout
+    assert set(doc["transports"]) == {"rq", "list", "floor"}
+    assert all(t["handoffs"] == 5 and t["ms_p50"] > 0 for t in doc["transports"].values())
+
+
 def test_trace_latency(tmp_path: Path) -> None:
     stdout, doc = run_script("trace_latency.py", tmp_path, "--requests", "6", "--gap-ms", "40")
     assert "Path of a realtime request" in stdout
@@ -192,6 +201,7 @@ def test_help_names_the_size_options() -> None:
         ("bench_memory.py", "--prompt-bytes"),
         ("bench_redis_ops.py", "--requests"),
         ("trace_latency.py", "--gap-ms"),
+        ("bench_handoff.py", "--handoffs"),
     ):
         proc = subprocess.run(
             [sys.executable, str(SCRIPTS / name), "--help"], capture_output=True, text=True
