@@ -139,6 +139,7 @@ def test_rq_heartbeat_is_one_round_trip_and_not_repeated_at_once(store: Store) -
 
         def counted(*a: Any, **k: Any) -> Any:
             sent.append([c[0][0] for c in pipe.command_stack])
+            assert not pipe.transaction  # no MULTI/EXEC around the two commands
             return execute(*a, **k)
 
         pipe.execute = counted

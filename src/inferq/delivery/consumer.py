@@ -97,7 +97,9 @@ class InferqWorker(SimpleWorker):
         last_at, last_ttl = self._last_beat
         if ttl == last_ttl and now - last_at < RQ_BEAT_SKIP_S:
             return
-        with self.connection.pipeline() as pipe:
+        # No MULTI/EXEC: two commands on one key, nothing to make atomic (issue 17 counts
+        # every command the server runs).
+        with self.connection.pipeline(transaction=False) as pipe:
             super().heartbeat(timeout, pipeline=pipe)
             pipe.execute()
         self._last_beat = (now, ttl)
