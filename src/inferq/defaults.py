@@ -278,8 +278,11 @@ SCALE_TOLERANCE = 0.1
 SCALE_REVERSAL_DWELL_S = 600.0
 #: Asymmetric threshold: scale down only to a count that would run at most this share of
 #: the capacity the need asks for (need / down_threshold workers), while a scale-up goes to
-#: ceil(need) at once: shrinking is cheap to postpone, growing late misses the SLA.
-SCALE_DOWN_THRESHOLD = 0.8
+#: ceil(need) at once: shrinking is cheap to postpone, growing late misses the SLA. 0.9
+#: since scale-down follows the need averaged over SCALE_DOWN_WINDOW_S (the average is
+#: already the damping): on issue 16's L4 runs 0.8 -> 0.9 saved 1-4% of GPU-seconds at
+#: the same flat SLA (1.0: 3-7%, with 0.6 points less SLO on the diurnal day).
+SCALE_DOWN_THRESHOLD = 0.9
 #: A scale-down is judged on the need averaged over this window (an EWMA of this time
 #: constant, after this much has been seen) and a busy worker is drained once the surplus
 #: has lasted this long. The Kubernetes HPA damps scale-down the same way (its
@@ -290,7 +293,7 @@ SCALE_DOWN_WINDOW_S = 120.0
 #: Share of a worker's KV cache the capacity model fills (inferq.policy.capacity): vLLM
 #: preempts sequences when its cache is full, so sizing for 90% leaves room for the
 #: spread of request sizes around the window's mean; with SCALE_DOWN_THRESHOLD the
-#: fleet settles between 72% and 90% (issue 16's goal: at least 70%).
+#: fleet settles between 81% and 90% of it (issue 16's goal: at least 70%).
 SCALE_TARGET_OCCUPANCY = 0.9
 #: Add a worker once a class's oldest wait reaches this fraction of its SLA, so
 #: capacity is on its way (cold start 15-45 s) before the SLA is missed.

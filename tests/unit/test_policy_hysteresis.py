@@ -112,7 +112,9 @@ def test_reversal_wait_counts_from_the_last_reversal_only() -> None:
 
 
 def test_down_needs_headroom_up_does_not() -> None:
-    config = ScalingConfig(limits={MODEL: ModelLimits(1, 12, 1)}, down_cooldown_s=0.0, idle_s=0.0)
+    config = ScalingConfig(
+        limits={MODEL: ModelLimits(1, 12, 1)}, down_cooldown_s=0.0, idle_s=0.0, down_threshold=0.8
+    )
 
     def decide(rate: float, ready: int) -> tuple[str, int]:
         load = ModelLoad(

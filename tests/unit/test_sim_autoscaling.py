@@ -36,14 +36,14 @@ def test_shaped_load_reverses_at_most_once_per_10_minutes_and_saves_gpus(tmp_pat
         assert lost <= bound, (cls, lost)
 
 
-#: inferq's GPU-seconds over the peak-provisioned fleet's on this workload: 7,273 / 9,452
-#: = 0.769 measured with this seed (was 0.83 before the scale-down followed the window's
+#: inferq's GPU-seconds over the peak-provisioned fleet's on this workload: 7,257 / 9,452
+#: = 0.768 measured with this seed (was 0.83 before the scale-down followed the window's
 #: mean need; a 20-minute day has less trough than the 30-minute runs of
 #: docs/evaluation.md, where the ratio is 0.67).
 GPU_RATIO_BOUND = 0.78
 
 #: Attainment (flat SLA) inferq may lose against the peak fleet here, per class: the
-#: measurement with this seed rounded up (realtime 1.5 points, standard 1.0), not the
+#: measurement with this seed rounded up (realtime 0.6 points, standard 1.0), not the
 #: issue's goal of 0.5, which this 20-minute day misses: its first crest comes before the
 #: scaler has two minutes of finished requests to size on (docs/evaluation.md).
-SLA_POINTS_LOST = {"realtime": 0.016, "standard": 0.011}
+SLA_POINTS_LOST = {"realtime": 0.007, "standard": 0.011}
