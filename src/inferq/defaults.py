@@ -208,6 +208,12 @@ RETRY_AFTER_CAP_S = RETRY_BACKOFF_CAP_S
 HEALTH_PROBE_INTERVAL_S = 1.0
 #: Longest wait for one health probe (health endpoint or 1-token request), seconds.
 HEALTH_PROBE_TIMEOUT_S = 5.0
+#: Seconds an answer of the ``openai`` backend may stay silent (no byte of a stream, no
+#: answer at all) before the server's ``/health`` is checked (its ``stall_s`` option). A
+#: decoding server sends a token every few ms to ~100 ms; silence is a long prefill, a
+#: queue inside the server, or a hung server (SIGSTOP, a hung GPU): only a ``/health``
+#: that does not answer either tells the last apart (issue 13 attack).
+SERVER_STALL_S = 10.0
 
 # --- measured capacity (issue 13; inferq.workers.telemetry, inferq.workers.gpu) ---
 #: Pause between two reads of the model server's own telemetry (llama.cpp /slots, vLLM and

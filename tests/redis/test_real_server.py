@@ -12,6 +12,7 @@ stops after a few tokens; tests that need a fixed length pass llama.cpp's
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -27,6 +28,7 @@ from inferq.config import Settings
 from inferq.dispatcher.daemon import Dispatcher
 from inferq.models import Result, WorkerInfo, WorkerState
 from inferq.store import Store
+from tests.fakes.standin_openai import StandIn
 
 from ..conftest import REDIS_URL
 from ..helpers import wait_for
@@ -285,6 +287,61 @@ def test_a_server_killed_and_restarted_under_load_loses_nothing(
         f"{stats.get('retried_infra', 0)}, retried {stats.get('retried', 0)}, attempts "
         f"max {max(r.attempt for r in results)}"
     )
+
+
+def test_a_frozen_server_hands_its_requests_to_a_healthy_worker(
+    fast_settings: Settings, redis_client: Any, client: Client
+) -> None:
+    """The model server stops answering without closing anything (SIGSTOP: a hung GPU, a
+    paused VM): no byte and no error ever comes. Its worker's requests waited until
+    their deadlines and expired while a healthy worker stood idle, and the worker stayed
+    ``ready``. A stream silent for ``stall_s`` has the server's ``/health`` checked; when
+    that does not answer either, the requests go back (no attempt spent) and the worker
+    turns ``unhealthy``."""
+    require()
+    with LlamaServer() as server, StandIn() as spare:
+        stack = Stack(fast_settings, Store(redis_client, fast_settings), server.url)
+        assert server.proc is not None
+        try:
+            stack.worker("frozen", "stream=true", "stall_s=3")
+            handles = [
+                client.submit(
+                    messages=[{"role": "user", "content": f"Tell story {i} about a dragon."}],
+                    model=MODEL,
+                    max_tokens=400,
+                    params={"ignore_eos": True},
+                    timeout=90,
+                )
+                for i in range(SLOTS)
+            ]
+            key = stack.store.keys.req(handles[0].id)
+            wait_for(
+                lambda: stack.store.redis.hget(key, "state") == "running",
+                what="the requests running",
+            )
+            time.sleep(1.0)
+            os.kill(server.proc.pid, signal.SIGSTOP)
+            frozen = time.monotonic()
+            stack.server_url = spare.url
+            stack.worker("spare", "stream=true")
+            results = [h.result(timeout=85) for h in handles]
+            moved_after = time.monotonic() - frozen
+            # unhealthy at once, not after a probe's 5 s timeout
+            wait_for(
+                lambda: (
+                    stack.store.redis.hget(stack.store.keys.worker("frozen"), "state")
+                    == "unhealthy"
+                ),
+                what="the frozen worker unhealthy",
+                timeout=3,
+            )
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+            stack.close()
+    assert [r.status for r in results] == ["succeeded"] * SLOTS, [r.error for r in results]
+    assert {r.worker for r in results} == {"spare"}
+    assert stack.store.dead_letters() == []
+    print(f"\nfrozen server: {SLOTS}/{SLOTS} moved and succeeded {moved_after:.1f} s after SIGSTOP")
 
 
 def test_a_deadline_stops_the_generation_on_the_server(

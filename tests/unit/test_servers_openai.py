@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -573,3 +575,29 @@ def test_probe_passes_on_a_server_that_refuses_the_probe_itself(standin: StandIn
     standin.error_status = 429
     error = asyncio.run(probe(backend(standin)))
     assert error is not None and error.status == 429
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_silent_answer_from_a_live_server_is_waited_for(standin: StandIn, stream: bool) -> None:
+    """Silence alone (a long prefill, a non-streamed answer) is no failure: the server's
+    /health answers, so the request goes on."""
+    standin.mode, standin.delay_s = "slow", 1.0
+    result = generate(backend(standin, stall_s=0.2, stream=stream), prompt_request())
+    assert result.output == "w0 w1 w2 w3 w4"
+    assert any(r.path == "/health" for r in standin.requests)
+
+
+def test_a_hung_server_is_an_infrastructure_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that accepts connections and never answers (SIGSTOP: the kernel still
+    completes handshakes into the backlog): the request fails soon after ``stall_s`` as an
+    infrastructure failure, not at its deadline."""
+    monkeypatch.setattr("inferq.defaults.HEALTH_PROBE_TIMEOUT_S", 0.3)
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(16)  # never accepted
+        url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        started = time.monotonic()
+        error = generate_error(backend(url, stall_s=0.3), prompt_request(timeout_s=30))
+    assert time.monotonic() - started < 5
+    assert classify(error) is FailureKind.INFRASTRUCTURE
+    assert "the server hangs" in str(error)

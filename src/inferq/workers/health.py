@@ -58,18 +58,23 @@ class HealthMonitor:
         """True while a probe loop runs."""
         return self._task is not None and not self._task.done()
 
-    def suspect(self) -> None:
+    def suspect(self, down: ServerError | None = None) -> None:
         """A request failed in a way the server may be to blame for: start probing
-        (once; a probe loop already running covers it). Call from the event loop."""
+        (once; a probe loop already running covers it). ``down``: the failure already
+        found the server not answering at all (:attr:`ServerError.server_down`), so the
+        worker turns ``unhealthy`` before its first probe. Call from the event loop."""
         if not self.probing:
-            self._task = asyncio.get_running_loop().create_task(self._probe_until_healthy())
+            self._task = asyncio.get_running_loop().create_task(self._probe_until_healthy(down))
 
-    async def _probe_until_healthy(self) -> None:
+    async def _probe_until_healthy(self, down: ServerError | None = None) -> None:
         while True:
-            try:
-                error = await self.server.probe()
-            except Exception as exc:  # a probe that raises says the server is not healthy
-                error = ServerError(f"probe raised {exc!r}", retryable=True)
+            error: ServerError | None = down
+            down = None
+            if error is None:
+                try:
+                    error = await self.server.probe()
+                except Exception as exc:  # a probe that raises says the server is not healthy
+                    error = ServerError(f"probe raised {exc!r}", retryable=True)
             state = self._get_state()
             if error is None:
                 if state is WorkerState.UNHEALTHY:

@@ -815,7 +815,7 @@ class Engine:
         if not retry.retry:
             self._queue(Completion(rid, attempt, "failed", error=str(exc)))
             return
-        self.health.suspect()
+        self.health.suspect(exc if exc.server_down else None)
         log.info(
             "request %s attempt %d: %s failure, retry in %.2f s%s: %s",
             rid,

@@ -94,6 +94,10 @@ class ServerError(InferqError):
         kind: what failed, when the model server knows (None: judged from ``status``
             and ``retryable`` by :func:`inferq.workers.failures.classify`).
         retry_after_s: the server's ``Retry-After``, seconds, when it sent one.
+        server_down: the model server was found not answering at all (its health
+            endpoint included): the worker turns ``unhealthy`` at once instead of
+            probing first (a probe of a hung server takes its whole timeout, and work
+            would be assigned meanwhile).
     """
 
     def __init__(
@@ -104,8 +108,10 @@ class ServerError(InferqError):
         status: int | None = None,
         kind: FailureKind | None = None,
         retry_after_s: float | None = None,
+        server_down: bool = False,
     ) -> None:
         self.retryable = retryable
+        self.server_down = server_down
         self.status = status
         self.kind = kind
         self.retry_after_s = retry_after_s

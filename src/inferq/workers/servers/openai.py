@@ -42,7 +42,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import httpx
@@ -92,6 +92,11 @@ class OpenAIServer(ModelServer):
         telemetry: which server's own figures :meth:`telemetry` reads: ``llamacpp``,
             ``vllm``, ``tgi``, ``off``, or ``auto`` (default: found on the first read,
             see :meth:`telemetry`).
+        stall_s: seconds an answer may stay silent (no byte of a stream, no answer at all
+            otherwise) before the server's ``GET /health`` is checked; when that does not
+            answer within ``HEALTH_PROBE_TIMEOUT_S`` either, the server hangs and the
+            request fails as an infrastructure failure (see :meth:`_watched`). Default
+            ``SERVER_STALL_S``.
 
     Raises:
         ConfigError: an option is out of range.
@@ -111,6 +116,7 @@ class OpenAIServer(ModelServer):
         load_timeout_s: float | str = defaults.SERVER_LOAD_TIMEOUT_S,
         load_poll_s: float | str = defaults.SERVER_LOAD_POLL_S,
         telemetry: str = "auto",
+        stall_s: float | str = defaults.SERVER_STALL_S,
     ) -> None:
         self.spec = spec
         self.base_url = base_url.rstrip("/")
@@ -123,6 +129,8 @@ class OpenAIServer(ModelServer):
                 f"option telemetry: expected one of {', '.join(TELEMETRY_KINDS)}, got {telemetry!r}"
             )
         self.telemetry_kind = telemetry
+        self.stall_s = float_option("stall_s", stall_s, ge=0.1)
+        self._liveness: asyncio.Task[str | None] | None = None  # one /health check at a time
         self._api_key = api_key
         self._http: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -193,12 +201,19 @@ class OpenAIServer(ModelServer):
         path, body = build_body(request, self.served_model_name, stream=stream)
         start = time.monotonic()
         answered: list[bool] = []  # non-empty once the answer began (status line received)
+        heard = [start]  # monotonic time of the last byte of answer (or of the send)
         try:
             async with asyncio.timeout(request.timeout_s):
                 try:
                     if stream:
-                        return await self._post_stream(request, path, body, start, answered)
-                    return await self._post(request, path, body, answered)
+                        return await self._watched(
+                            request,
+                            self._post_stream(request, path, body, start, answered, heard),
+                            heard,
+                        )
+                    return await self._watched(
+                        request, self._post(request, path, body, answered), heard
+                    )
                 except httpx.RemoteProtocolError:
                     if answered:
                         raise
@@ -208,9 +223,16 @@ class OpenAIServer(ModelServer):
                 # scripts/bench_gateway.py: 3 of 40 streams reset). The request did not
                 # start there: send it once more, on a fresh connection, before counting
                 # a failed attempt.
+                heard[0] = time.monotonic()
                 if stream:
-                    return await self._post_stream(request, path, body, start, answered)
-                return await self._post(request, path, body, answered)
+                    return await self._watched(
+                        request,
+                        self._post_stream(request, path, body, start, answered, heard),
+                        heard,
+                    )
+                return await self._watched(
+                    request, self._post(request, path, body, answered), heard
+                )
         except (TimeoutError, httpx.TimeoutException):
             raise self._timeout_error(request, answered=bool(answered)) from None
         except httpx.HTTPError as exc:
@@ -247,6 +269,65 @@ class OpenAIServer(ModelServer):
         output, usage, finish = _read_completion(request.id, data, chat=chat)
         return _result(request, output, usage, ttft_s=None, finish_reason=finish)
 
+    async def _watched(
+        self, request: ServerRequest, call: Coroutine[Any, Any, ServerResult], heard: list[float]
+    ) -> ServerResult:
+        """Run ``call``; each time the answer has been silent for ``stall_s`` (``heard[0]``:
+        the last byte), check that the server still answers ``GET /health``.
+
+        A server that stops without closing anything (SIGSTOP, a hung GPU, a paused VM)
+        sends no byte and no error: the request would wait for its deadline while other
+        workers could serve it (issue 13 attack). A silent answer alone proves nothing (a
+        long prompt's prefill, a non-streamed answer), so the judge is the health endpoint:
+        any HTTP answer within ``HEALTH_PROBE_TIMEOUT_S`` means the server lives.
+
+        Raises:
+            ServerError: infrastructure, when the answer was silent for ``stall_s`` and
+                ``/health`` did not answer either; whatever ``call`` raises.
+        """
+        task = asyncio.ensure_future(call)
+        check_at = 0.0  # after a check the server passed: the next one, monotonic
+        try:
+            while True:
+                wait_s = max(heard[0] + self.stall_s, check_at) - time.monotonic()
+                if wait_s > 0:
+                    await asyncio.wait({task}, timeout=wait_s)
+                    if task.done():
+                        return task.result()
+                    continue
+                silent_s = time.monotonic() - heard[0]
+                dead = await self._check_liveness()
+                if task.done():
+                    return task.result()
+                if dead is not None:
+                    raise ServerError(
+                        f"openai: request {request.id}: no answer from "
+                        f"{redact_url(self.base_url)} for {silent_s:.1f} s and its /health "
+                        f"does not answer either ({dead}): the server hangs",
+                        retryable=True,
+                        kind=FailureKind.INFRASTRUCTURE,
+                        server_down=True,
+                    )
+                check_at = time.monotonic() + self.stall_s
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    async def _check_liveness(self) -> str | None:
+        """None when ``GET /health`` gets any HTTP answer within ``HEALTH_PROBE_TIMEOUT_S``;
+        else why not. Requests silent at the same time share one check."""
+        if self._liveness is None or self._liveness.done():
+            self._liveness = asyncio.ensure_future(self._health_answers())
+        return await asyncio.shield(self._liveness)
+
+    async def _health_answers(self) -> str | None:
+        try:
+            await self._client().get("/health", timeout=defaults.HEALTH_PROBE_TIMEOUT_S)
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return None
+
     async def _post_stream(
         self,
         request: ServerRequest,
@@ -254,6 +335,7 @@ class OpenAIServer(ModelServer):
         body: dict[str, Any],
         start: float,
         answered: list[bool],
+        heard: list[float],
     ) -> ServerResult:
         client = self._client()
         chat = path.endswith("chat/completions")
@@ -266,10 +348,11 @@ class OpenAIServer(ModelServer):
         sent_finish = False
         async with client.stream("POST", path, json=body, timeout=request.timeout_s) as response:
             answered.append(True)
+            heard[0] = time.monotonic()
             if not response.is_success:
                 await response.aread()
                 raise status_error(request.id, response)
-            async for data in sse_data(response.aiter_lines()):
+            async for data in sse_data(_heard(response.aiter_lines(), heard)):
                 if data.strip() == "[DONE]":
                     done = True
                     break
@@ -536,6 +619,14 @@ def error_message(body: Any) -> str:
         if isinstance(body.get("message"), str):
             return str(body["message"])
     return json.dumps(body, separators=(",", ":"))
+
+
+async def _heard(lines: AsyncIterator[str], heard: list[float]) -> AsyncIterator[str]:
+    """``lines``, noting in ``heard[0]`` the monotonic time each one arrived (a keep-alive
+    comment included: the server lives)."""
+    async for line in lines:
+        heard[0] = time.monotonic()
+        yield line
 
 
 async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
