@@ -161,8 +161,9 @@ ESTIMATES_MAX = 1024
 SNAPSHOT_MIN_TENANTS = 32
 #: The dispatcher re-reads the heartbeats of only the workers marked changed since its
 #: last step (``P wchanged``, issue 17), and the whole fleet this often as a safety net
-#: (a change written outside the scripts, a clock step back).
-SNAPSHOT_FULL_REFRESH_S = 5.0
+#: (a change written outside the scripts, a clock step back); with 5,000 workers a full
+#: read costs ~50 ms, so every 5 s it was most of the busy fleet's snapshot.
+SNAPSHOT_FULL_REFRESH_S = 20.0
 #: How long ``P wchanged`` keeps a mark (``CHANGES_KEEP_MS`` in ``lua/includes/changed.lua``);
 #: a dispatcher that has not read the marks for half of it reads the whole fleet.
 WORKER_CHANGES_KEEP_S = 60.0

@@ -106,8 +106,9 @@ def read_dispatch_view(
        backlogged tenants;
     3. the heads of the sub-queues of the first ``max(SNAPSHOT_MIN_TENANTS, window)``
        tenants of each index, the least served and the newest (``window`` =
-       ``max(SNAPSHOT_MIN_WINDOW, 4 x free slots)`` of the workers that may serve the
-       queue's route, at most ``head``),
+       ``max(SNAPSHOT_MIN_WINDOW, 4 x free slots / queues of the route)``, counting
+       the free slots of the workers that may serve the route and the route's queues
+       with anything queued, at most ``head``),
        ``max(1, window // tenants)`` ids each, and those tenants' VTC
        virtual time (one ZMSCORE per class); when a queue's window is not filled that
        way (one tenant's backlog behind few others'), one more round trip reads deeper
@@ -211,11 +212,18 @@ def read_dispatch_view(
     tenants_of = {c: set[str]() for c in classes}
     per_queue: list[list[str]] = []  # sub-queue keys read, per queue
     windows: list[int] = []
+    # The classes' queues of one route share its free slots: 4 x those slots in all
+    # (the busiest fleet otherwise read 4 x free per class, 3x what any step can place).
+    sharing: dict[str, int] = {}
+    for (_, route), tenants in zip(names, indexes, strict=True):
+        if tenants:
+            sharing[route] = sharing.get(route, 0) + 1
     for (cls, route), tenants in zip(names, indexes, strict=True):
         served = (
             free if route_models is None else sum(free_of.get(m, 0) for m in route_models(route))
         )
-        window = min(head, max(SNAPSHOT_MIN_WINDOW, 4 * served))
+        share = -(-4 * served // max(1, sharing.get(route, 1)))
+        window = min(head, max(SNAPSHOT_MIN_WINDOW, share))
         windows.append(window)
         ntenants = min(head, max(defaults.SNAPSHOT_MIN_TENANTS, window))
         # The oldest heads (aging), the least served (VTC) and the newest heads (a tenant
