@@ -17,7 +17,7 @@ from inferq.config import Settings
 from inferq.delivery import BATCH_FUNC, BatchJob, ForbiddenJob, rq_connection, worker_queue
 from inferq.dispatcher.daemon import Dispatcher
 from inferq.models import RequestState, WorkerState
-from inferq.store import Completion, Store
+from inferq.store import Completion, DispatchView, Store
 
 from ..helpers import KeepAlive, plant_queued, queued_ids, ready_worker
 
@@ -335,27 +335,36 @@ def test_the_fleet_is_read_again_only_where_it_changed(store: Store, client: Cli
     infos = [ready_worker(store, f"w{i}", slots=4) for i in range(3)]
     fleet = store.fleet
     fleet.full_every_s = 3600  # no periodic full read while the test runs (a slow machine)
-    view = store.dispatch_view(["realtime"], 8, 30)
+
+    def read() -> DispatchView:
+        # Marks made in the millisecond of a read are read again by the next one (the
+        # bound is inclusive, so none is missed): keep the test's reads apart from them.
+        time.sleep(0.003)
+        view = store.dispatch_view(["realtime"], 8, 30)
+        time.sleep(0.003)
+        return view
+
+    view = read()
     assert fleet.full_reads == 1 and {w.id for w in view.snapshot.workers} == {"w0", "w1", "w2"}
-    read = fleet.workers_read
+    n_read = fleet.workers_read
     for info in infos:  # beats that change no routing field mark nothing
         store.heartbeat(info, ttl_s=30)
-    store.dispatch_view(["realtime"], 8, 30)
-    assert fleet.workers_read == read and fleet.partial_reads == 1
+    read()
+    assert fleet.workers_read == n_read and fleet.partial_reads == 1
     # A claim changes w1's reservation; a beat changes w2's state: both, and only they.
     h = client.submit("x", priority="realtime", max_tokens=4)
     assert store.assign(
         "w1", "b1", [(h.id, k.tenant_queue("realtime", "llama-3.1-8b", "default"), 1)]
     )
     store.heartbeat(infos[2].model_copy(update={"state": WorkerState.DRAINING}), ttl_s=30)
-    views = {w.id: w for w in store.dispatch_view(["realtime"], 8, 30).snapshot.workers}
-    assert fleet.workers_read == read + 2 and fleet.full_reads == 1
+    views = {w.id: w for w in read().snapshot.workers}
+    assert fleet.workers_read == n_read + 2 and fleet.full_reads == 1
     assert views["w1"].reserved_slots == 1 and not views["w2"].ready and views["w0"].ready
     # A removal drops the worker; a completion frees w1's slot again.
     store.remove_worker("w0", reason="test", dead=False)
     store.start("w1", [(h.id, 1)])
     store.complete("w1", [Completion(h.id, 1, "succeeded", completion_tokens=1)])
-    views = {w.id: w for w in store.dispatch_view(["realtime"], 8, 30).snapshot.workers}
+    views = {w.id: w for w in read().snapshot.workers}
     assert set(views) == {"w1", "w2"} and views["w1"].reserved_slots == 0
     assert fleet.full_reads == 1
     # A heartbeat hash written by hand (no script, no mark): the index's size tells.
@@ -363,9 +372,9 @@ def test_the_fleet_is_read_again_only_where_it_changed(store: Store, client: Cli
         k.worker("hand"), mapping=infos[0].model_copy(update={"id": "hand"}).to_fields()
     )
     store.redis.zadd(k.workers, {"hand": store.now() * 1000})
-    views = {w.id: w for w in store.dispatch_view(["realtime"], 8, 30).snapshot.workers}
+    views = {w.id: w for w in read().snapshot.workers}
     assert "hand" in views and fleet.full_reads == 2
     # A worker whose beat is older than the TTL is offered nothing.
     store.redis.zadd(k.workers, {"hand": 1})
-    view = store.dispatch_view(["realtime"], 8, 30)
+    view = read()
     assert "hand" in view.stale_workers and "hand" not in {w.id for w in view.snapshot.workers}
