@@ -193,3 +193,45 @@ def test_a_victim_is_not_preempted_again_and_again(stack: Stack) -> None:
     preemptions = int(stack.store.redis.hget(stack.store.keys.req(victim.id), "preemptions") or 0)
     assert 1 <= preemptions <= stack.dispatcher.policy.max_preemptions
     assert all(h.result(timeout=60).status == "succeeded" for h in realtime)
+
+
+def test_a_large_request_gets_the_room_another_tenants_small_stream_of_its_class_takes(
+    stack: Stack,
+) -> None:
+    """The KV hog inside one class: tenant ``small`` streams small realtime requests that
+    keep the KV cache nearly full; tenant ``big`` sends one realtime request needing most
+    of it. Nothing is preemptible (same class), but the reservation must hold the worker
+    against the younger small requests too, or ``big`` never fits while the stream goes
+    on: one tenant crowds another out of its own class."""
+    stack.worker("w1", vram_mib=18000, slots=16, time_scale=0.25)
+    client = stack.client
+    stop = threading.Event()
+    small: list[str] = []
+
+    def stream() -> None:  # one small realtime request every 0.2 s
+        while not stop.is_set():
+            small.append(
+                client.submit("y", priority="realtime", tenant="small", max_tokens=1000).id
+            )
+            stop.wait(0.2)
+
+    feeder = threading.Thread(target=stream, daemon=True)
+    feeder.start()
+    try:
+        wait_for(lambda: len(small) >= 15, what="the stream filled the KV cache")
+        prompt = "word " * 1600  # ~2,000 prompt tokens by the intake's estimate
+        big = client.submit(prompt, priority="realtime", tenant="big", max_tokens=4000)
+        started = time.monotonic()
+        # a small request runs ~3 s here: the reserved worker has room within that
+        wait_for(
+            lambda: client.status(big.id).state is not RequestState.QUEUED,
+            timeout=15,
+            what="the large request dispatched while the stream goes on",
+        )
+        waited = time.monotonic() - started
+    finally:
+        stop.set()
+        feeder.join(timeout=5)
+    assert big.result(timeout=60).status == "succeeded", waited
+    for rid in small:
+        assert client.result(rid, timeout=180).status == "succeeded"

@@ -153,8 +153,20 @@ def placeable_at_end(
     reqs = requests_of(snapshot)
     tokens = req.prompt_tokens + req.max_tokens
     rank = {c.name: i for i, c in enumerate(pol.classes)}
-    # A worker reserved for a waiting request of a higher class takes none of this one's.
-    held = {r.worker_id for r in decision.reservations if r.rank < rank[req.priority]}
+    # A worker reserved for a waiting request of a higher class, or for an older one of
+    # the same class that lacked room there, takes none of this one's.
+    age = (req.submitted_at, req.id)
+    held = {
+        r.worker_id
+        for r in decision.reservations
+        if r.rank < rank[req.priority]
+        or (
+            r.rank == rank[req.priority]
+            and r.request_id != req.id
+            and (r.missing_mib > 0 or r.missing_slots > 0)
+            and (reqs[r.request_id].submitted_at, r.request_id) < age
+        )
+    }
     for w in snapshot.workers:
         if w.id in held:
             continue

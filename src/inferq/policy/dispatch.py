@@ -245,16 +245,19 @@ class _Run:
 
     def _place(self, item: _Item) -> OpenBatch | None:
         blocked = None
+        group: object = None
         if self.urgency.active:
-            name = item.cls.name
-            blocked = lambda batch: self.urgency.blocks(batch, name)  # noqa: E731
+            held = self.urgency.blockers(item.req)
+            if held:
+                blocked = lambda batch: batch.worker.id in held  # noqa: E731
+                group = (item.cls.name, held)  # refusals hold for the same blockers only
         return self.index.place(
             item.models,
             item.tokens,
             item.req.excluded_worker,
             alone=item.req.alone,
             blocked=blocked,
-            group=item.cls.name if blocked is not None else None,
+            group=group,
         )
 
     def _drop(self, item: _Item) -> None:

@@ -18,7 +18,11 @@ by lower-class work (slots, KV cache) is covered by three rules, each per class:
    2001): an overdue request that fits no worker reserves one, the worker of its route
    whose capacity could hold it and that is closest to fitting it (least missing KV
    room, then a free slot, then route preference and id). No request of a lower class
-   is admitted onto a reserved worker until the reserved request has been placed. EASY
+   is admitted onto a reserved worker until the reserved request has been placed, nor,
+   while the reserved request lacks room there, a younger one of its own class
+   (holding it against lower classes only let another tenant's stream of small
+   requests of the same class keep a large one from ever fitting; a reserved request
+   that fits is left to the tenants' VTC order). EASY
    backfills jobs that finish before the reservation starts; inferq has no finish time
    it could promise (``max_tokens`` is a bound, the output estimate a mean), so on a
    reserved worker it backfills nothing of a lower class: the other workers take it.
@@ -156,13 +160,30 @@ class Urgency:
             if e.req.priority == priority:
                 e.placeable = False
 
-    def blocks(self, batch: OpenBatch, priority: str) -> bool:
-        """True when a request of class ``priority`` must not go into ``batch``: the
-        worker is reserved for an unplaced overdue request of a higher class (rule 3)."""
-        held = self._reserved_by.get(batch.worker.id)
-        if held is None or held.rank >= self.rank.get(priority, len(self.rank)):
-            return False
-        return self._by_id[held.request_id].pending
+    def blocks(self, batch: OpenBatch, req: QueuedRequest) -> bool:
+        """True when ``req`` must not go into ``batch``: the worker is reserved for an
+        unplaced overdue request ``req`` may not go before (rule 3, :meth:`blockers`)."""
+        return batch.worker.id in self.blockers(req)
+
+    def blockers(self, req: QueuedRequest) -> frozenset[str]:
+        """The reserved workers ``req`` may not be admitted to (rule 3): those whose
+        unplaced overdue request is of a higher class, or of its own class, older, and
+        short of room there at the snapshot (EASY backfilling holds the reserved worker
+        against every later job, not only lower priorities: a stream of small requests
+        of another tenant of the same class otherwise kept a large one from ever
+        fitting). A same-class request that fits is left to the tenants' VTC order."""
+        rank = self.rank.get(req.priority, len(self.rank))
+        out = set()
+        for res in self.reservations:
+            entry = self._by_id[res.request_id]
+            if not entry.pending or res.rank > rank or res.request_id == req.id:
+                continue
+            if res.rank < rank or (
+                (res.missing_mib > 0 or res.missing_slots > 0)
+                and _age_order(entry.req) < _age_order(req)
+            ):
+                out.add(res.worker_id)
+        return frozenset(out)
 
     def unplaced(self) -> tuple[Reservation, ...]:
         """Reservations whose request is still waiting (the preemption step's input)."""

@@ -200,7 +200,7 @@ class WorkerIndex:
                 (a refusal for that reason says nothing of other requests' room).
             blocked: batches this request may not join (the preemption rule's
                 reservations and headroom); they count as having no room.
-            group: what ``blocked`` depends on (the request's class): refusals are
+            group: what ``blocked`` depends on (the workers it blocks): refusals are
                 remembered per (models, group).
         """
         key: tuple[object, ...] = (*models, group)
