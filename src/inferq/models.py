@@ -259,7 +259,7 @@ class StreamChunk(BaseModel):
         finish_reason: on the last chunk of an attempt: ``stop`` or ``length`` (as the
             model server says); None before.
         first_token_at: on an attempt's first chunk: when the worker received the first
-            token (epoch seconds, the worker's clock); None on later chunks.
+            token (epoch seconds, on Redis TIME); None on later chunks.
         reset: the deltas yielded before this one are void (see above).
     """
 

@@ -65,3 +65,23 @@ def test_telemetry_with_numbers_no_float_holds_does_not_stop_the_heartbeat(
         in_flight = fleet.store.redis.hget(key, "in_flight")
         assert in_flight == "0", fleet.output("w")
     assert "Traceback" not in fleet.output("w"), fleet.output("w")
+
+
+def test_a_server_that_answers_429_for_ever_expires_its_request_with_the_reason(
+    fleet: Fleet, client: Client
+) -> None:
+    """429 + ``Retry-After: 1`` to everything: no attempt is spent (infrastructure), so the
+    deadline alone ends the request; it must end at its deadline, not dead-lettered, and
+    say why it never ran (the server's refusal), not only that its deadline passed."""
+    with StandIn(mode="error", error_status=429, retry_after="1") as server:
+        openai_worker(fleet, "w", server.url)
+        started = time.monotonic()
+        handle = client.submit("refused", priority="standard", max_tokens=4, timeout=6)
+        result = handle.result(timeout=30)
+        took = time.monotonic() - started
+    assert result.status == "expired", result
+    assert took < 12
+    assert result.error is not None
+    assert "429" in result.error, result.error
+    print(f"\n429 for ever: expired after {took:.1f} s: {result.error}")
+    assert fleet.store.dead_letters() == []

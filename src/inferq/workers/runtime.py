@@ -760,7 +760,9 @@ class Engine:
         time the worker received the first token.
         """
         seq = 0
-        ttl_s = max(1, math.ceil(deadline - time.time())) + self.store.settings.result_ttl_s
+        # On Redis TIME (self.clock), as every timing: the host's clock may be off by
+        # seconds (a first chunk stamped 15 s late on a skewed host, issue 13 attack).
+        ttl_s = max(1, math.ceil(deadline - self.clock.now())) + self.store.settings.result_ttl_s
 
         def on_chunk(delta: str, tokens: int, finish: str | None) -> None:
             nonlocal seq
@@ -778,7 +780,7 @@ class Engine:
                     ttl_s,
                 )
             else:
-                first = time.time() if seq == 0 else None
+                first = self.clock.now() if seq == 0 else None
                 self._chunks[key] = Chunk(rid, attempt, seq, delta, tokens, finish, first, ttl_s)
                 seq += 1
             assert self._chunk_wanted is not None

@@ -6,7 +6,9 @@
 -- told; a running one is left to its worker (which times it out) and leaves the index; the
 -- deadlines index holds only non-final requests. A queued request a dispatcher found
 -- unschedulable within note_fresh_ms (fields unschedulable, unschedulable_ms, written by
--- note_unschedulable.lua) expires with that reason, whoever expires it.
+-- note_unschedulable.lua) expires with that reason, whoever expires it. A request that ran
+-- and went back (a retry: last_error set by requeue) names its attempts and how the last
+-- one ended: a request refused by its server until its deadline (429 for ever) says so.
 -- include: clock, keys, events, withdraw, finalize
 local p, ttl, maxlen, limit, mode = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local fresh_ms = tonumber(ARGV[6])
@@ -15,7 +17,7 @@ local out = {}
 local function expire_one(id, reason)
   local key = k_req(p, id)
   local r = redis.call('HMGET', key, 'state', 'priority', 'model', 'tenant', 'worker', 'need_mib',
-    'submitted_ms', 'unschedulable', 'unschedulable_ms')
+    'submitted_ms', 'unschedulable', 'unschedulable_ms', 'last_error', 'attempts')
   if r[1] == 'queued' and r[8] and now - (tonumber(r[9]) or 0) <= fresh_ms then
     reason = 'deadline passed: ' .. r[8]
   end
@@ -24,7 +26,11 @@ local function expire_one(id, reason)
     return
   end
   local waited = now - tonumber(r[7])
-  finalize(p, id, 'expired', now, ttl, maxlen, {'error', reason .. ' (waited ' .. string.format('%.2f', waited / 1000) .. ' s)'})
+  local err = reason .. ' (waited ' .. string.format('%.2f', waited / 1000) .. ' s)'
+  if r[10] and r[10] ~= '' then
+    err = err .. ' after ' .. (r[11] or '?') .. ' attempts; the last ended: ' .. r[10]
+  end
+  finalize(p, id, 'expired', now, ttl, maxlen, {'error', err})
   emit(p, maxlen, 'expire', 'id', id, 'class', r[2], 'tenant', r[4], 'e2e_ms', waited,
     'reason', reason)
   out[#out + 1] = id
