@@ -139,3 +139,49 @@ def test_a_reaped_worker_stops_the_attempts_it_lost(deployment: Deployment) -> N
     log = d.log("w1", tail=20_000)
     assert "declared dead" in log, log
     assert "never reached the worker" not in log, log
+
+
+def _children(pid: int) -> list[int]:
+    """The child processes of ``pid``, whichever of its threads started them."""
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children += [int(p) for p in (task / "children").read_text().split()]
+    return children
+
+
+def test_a_killed_heartbeat_process_is_replaced(deployment: Deployment) -> None:
+    """``kill -9`` the heartbeat process alone (an OOM kill, an operator's mistake): the
+    worker fell back to beating from a thread of its own and never started another, so a
+    stall of the worker's process later got it reaped and its requests run again (issue 13
+    attack). A new heartbeat process is started; the stall then costs nothing."""
+    d = deployment
+    d.dispatcher()
+    d.worker("w1", slots=8, time_scale=TIME_SCALE)
+    pid = d.procs["w1"].pid
+    [pulse] = _children(pid)
+    os.kill(pulse, signal.SIGKILL)
+    wait_for(
+        lambda: [c for c in _children(pid) if c != pulse] != [],
+        20,
+        "a new heartbeat process",
+        lambda: d.log("w1"),
+    )
+    ids = _submit_four(d)
+    wait_for(
+        lambda: all(r is not None and r.state.value == "running" for r in d.store.records(ids)),
+        30,
+        "4 requests running on w1",
+        lambda: d.diagnose(ids),
+    )
+    time.sleep(1.0)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(STALL_S)
+        assert d.worker_state("w1") == WorkerState.READY.value, d.logs()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    d.wait_final(ids, timeout=60)
+    audit = d.audit(ids)
+    audit.check_exactly_once(ids)
+    assert audit.attempts == Counter({1: 4}), audit.attempts
+    assert "declared dead" not in d.log("w1"), d.log("w1")

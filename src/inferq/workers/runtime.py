@@ -67,6 +67,8 @@ ORPHAN_ERROR = "its batch job never reached the worker (lost or unreadable RQ jo
 
 #: What :meth:`Engine.abort` does with an aborted request.
 AbortAction = Literal["requeue", "cancel", "expire"]
+#: Shortest pause between two starts of a heartbeat process that exited, seconds.
+PULSE_RESTART_S = 5.0
 #: Longest wait of an abort for a request whose start was accepted but whose task is
 #: not launched yet (the engine loop schedules it right after ``start.lua``), seconds.
 ABORT_LAUNCH_WAIT_S = 1.0
@@ -121,6 +123,7 @@ class Engine:
         self.clock = RedisClock()  # every timing on Redis TIME (issue 13, fault 4)
         self.started_at = 0.0  # set on the first beat, on Redis TIME
         self._pulse: HeartbeatProcess | None = None
+        self._pulse_restart_at = 0.0  # monotonic: no new heartbeat process before this
         self._drain_asked = threading.Event()
         self._beats = 0
         self.kv_cache_mib = booked_kv_cache_mib(
@@ -198,14 +201,7 @@ class Engine:
             ServerError: the model server could not load the model.
         """
         if self.config.heartbeat_process:  # first: forked before this engine's threads
-            self._pulse = HeartbeatProcess(
-                self.store.settings,
-                self.config.worker_id,
-                ttl_s=self._ttl_s,
-                interval_s=self.config.heartbeat_interval_s,
-                on_beat=self._on_beat,
-            )
-            log.debug("heartbeat process %d", self._pulse.pid)
+            self._start_pulse()
         self._thread.start()
         self._call(self._init_loop())
         self.started_at = time.time()  # replaced by Redis TIME once the first beat replies
@@ -410,8 +406,23 @@ class Engine:
             except CONNECTION_ERRORS as exc:
                 log.warning("heartbeat failed: %s", exc)
 
+    def _start_pulse(self) -> None:
+        self._pulse = HeartbeatProcess(
+            self.store.settings,
+            self.config.worker_id,
+            ttl_s=self._ttl_s,
+            interval_s=self.config.heartbeat_interval_s,
+            on_beat=self._on_beat,
+        )
+        log.debug("heartbeat process %d", self._pulse.pid)
+
     def _pulse_or_beat(self) -> None:
-        """Hand the heartbeat to the heartbeat process, or beat here without one."""
+        """Hand the heartbeat to the heartbeat process, or beat here without one.
+
+        A heartbeat process that exited (killed alone: an OOM kill, a stray ``kill -9``)
+        is replaced, at most once per ``PULSE_RESTART_S``; this process beats meanwhile.
+        Without a new one a later stall of this process longer than the TTL got the
+        worker reaped (issue 13 attack)."""
         if self._pulse is not None:
             try:
                 fields = self.info().to_fields()
@@ -422,9 +433,21 @@ class Engine:
                 if not self._pulse.ready:
                     self._safe_beat()
                 return
-            log.warning("heartbeat process exited; beating from the worker process")
+            log.warning(
+                "heartbeat process %d exited; beating from the worker process until another runs",
+                self._pulse.pid,
+            )
+            self._pulse.close(timeout_s=0.0)  # reap it
             self._pulse = None
         self._safe_beat()
+        if self.config.heartbeat_process and not self._beat_stop.is_set():
+            now = time.monotonic()
+            if now >= self._pulse_restart_at:
+                self._pulse_restart_at = now + PULSE_RESTART_S
+                try:
+                    self._start_pulse()
+                except Exception:  # beat from here; try again later
+                    log.exception("could not start a heartbeat process")
 
     def _beat_forever(self) -> None:
         while not self._beat_stop.wait(self.config.heartbeat_interval_s):
