@@ -16,6 +16,7 @@ from inferq.policy.routing import eligible, need_mib, serving_models
 from inferq.policy.snapshot import (
     Decision,
     DispatchPolicy,
+    FairnessState,
     QueuedRequest,
     Reservation,
     RunningRequest,
@@ -150,6 +151,31 @@ def test_a_request_preempted_often_is_no_victim_and_fewer_preemptions_go_first()
         choose_victims(decision.reservations, {"w1": [running("a"), running("b")]}, snap, never)
         == ()
     )
+
+
+def test_a_reservation_holds_its_worker_against_its_own_class_only_behind_in_vtc() -> None:
+    """A large realtime request lacks KV room on its reserved worker. A younger small
+    realtime request of a tenant served more (or as much) does not take the room it
+    waits for; one of a tenant VTC serves first still does (else one tenant's flood of
+    large requests would hold a new tenant behind all of it)."""
+    pol = dispatch_policy()
+    big = request("big", "realtime", waited=2.0, prompt=10_000, max_tokens=13_000, tenant="b")
+    small = request("small", "realtime", waited=1.0, prompt=50, max_tokens=50, tenant="s")
+    w = worker_view("w1", slots=16, kv=4000, used_slots=10, used_mib=3800)
+
+    def decide_with(counters: dict[str, float]) -> Decision:
+        state = FairnessState(
+            tenant_counter={"realtime": counters},
+            active_tenants={"realtime": frozenset(counters)},
+        )
+        return decide(snapshot([big, small], [w], now=NOW, fairness=state), pol)
+
+    held = decide_with({"b": 100.0, "s": 9000.0})  # s was served far more: it waits
+    assert held.batches == () and [r.request_id for r in held.reservations] == ["big"]
+    tied = decide_with({"b": 500.0, "s": 500.0})  # a tie goes to the older request
+    assert tied.batches == ()
+    ahead = decide_with({"b": 9000.0, "s": 100.0})  # VTC serves s first: not held back
+    assert assigned(ahead) == {"small": "w1"}
 
 
 def test_an_abort_on_its_way_counts_as_freed_room() -> None:

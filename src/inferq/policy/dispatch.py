@@ -122,6 +122,7 @@ class _Run:
         self.fillable: dict[str, dict[str, int]] = {}
         self.pending: dict[str, int] = {}
         self.vtc: dict[str, VirtualTokenCounter] = {}
+        self.start_vt: dict[str, dict[str, float]] = {}
         self.delta: dict[str, dict[str, float]] = {}
         self.floor: dict[str, dict[str, float]] = {}
         self.active: dict[str, frozenset[str]] = {}
@@ -172,6 +173,8 @@ class _Run:
         self.vtc[cls.name] = VirtualTokenCounter(
             {**counters, **lifted}, tenants, self.policy.tenant_weight
         )
+        # the standing at the decision's start (the reservation rule compares tenants by it)
+        self.start_vt[cls.name] = {t: self.vtc[cls.name].virtual_time(t) for t in backlogged}
 
     def _admit(self, cls: PriorityClass, req: QueuedRequest) -> _Item | None:
         waited = self.now - req.submitted_at
@@ -247,7 +250,7 @@ class _Run:
         blocked = None
         group: object = None
         if self.urgency.active:
-            held = self.urgency.blockers(item.req)
+            held = self.urgency.blockers(item.req, self.start_vt.get(item.cls.name, {}))
             if held:
                 blocked = lambda batch: batch.worker.id in held  # noqa: E731
                 group = (item.cls.name, held)  # refusals hold for the same blockers only

@@ -177,6 +177,10 @@ class VirtualTokenCounter:
     def _key(self, tenant: str) -> float:
         return self.counters.get(tenant, 0.0) / self._weight(tenant)
 
+    def virtual_time(self, tenant: str) -> float:
+        """``tenant``'s ``counter / weight`` now (0 for a tenant never charged)."""
+        return self._key(tenant)
+
     def lowest(self) -> str | None:
         """The tenant with the lowest ``counter / weight`` still offering work (name on ties)."""
         heap = self._heap

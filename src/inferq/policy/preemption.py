@@ -19,10 +19,11 @@ by lower-class work (slots, KV cache) is covered by three rules, each per class:
    whose capacity could hold it and that is closest to fitting it (least missing KV
    room, then a free slot, then route preference and id). No request of a lower class
    is admitted onto a reserved worker until the reserved request has been placed, nor,
-   while the reserved request lacks room there, a younger one of its own class
-   (holding it against lower classes only let another tenant's stream of small
-   requests of the same class keep a large one from ever fitting; a reserved request
-   that fits is left to the tenants' VTC order). EASY
+   while the reserved request lacks room there, a younger one of its own class whose
+   tenant stands no better in VTC order (holding it against lower classes only let
+   another tenant's stream of small requests of the same class keep a large one from
+   ever fitting; a tenant VTC serves first is never held back, or one tenant's flood
+   of large requests would make a new tenant wait behind all of it). EASY
    backfills jobs that finish before the reservation starts; inferq has no finish time
    it could promise (``max_tokens`` is a bound, the output estimate a mean), so on a
    reserved worker it backfills nothing of a lower class: the other workers take it.
@@ -160,18 +161,25 @@ class Urgency:
             if e.req.priority == priority:
                 e.placeable = False
 
-    def blocks(self, batch: OpenBatch, req: QueuedRequest) -> bool:
+    def blocks(
+        self, batch: OpenBatch, req: QueuedRequest, standing: Mapping[str, float] | None = None
+    ) -> bool:
         """True when ``req`` must not go into ``batch``: the worker is reserved for an
         unplaced overdue request ``req`` may not go before (rule 3, :meth:`blockers`)."""
-        return batch.worker.id in self.blockers(req)
+        return batch.worker.id in self.blockers(req, standing or {})
 
-    def blockers(self, req: QueuedRequest) -> frozenset[str]:
-        """The reserved workers ``req`` may not be admitted to (rule 3): those whose
-        unplaced overdue request is of a higher class, or of its own class, older, and
-        short of room there at the snapshot (EASY backfilling holds the reserved worker
-        against every later job, not only lower priorities: a stream of small requests
-        of another tenant of the same class otherwise kept a large one from ever
-        fitting). A same-class request that fits is left to the tenants' VTC order."""
+    def blockers(self, req: QueuedRequest, standing: Mapping[str, float]) -> frozenset[str]:
+        """The reserved workers ``req`` may not be admitted to (rule 3).
+
+        Those whose unplaced overdue request is of a higher class; or of ``req``'s own
+        class while it lacks room there (at the snapshot), is older, and its tenant
+        stands no worse in the class's VTC order (``standing``: tenant -> virtual time
+        at the decision's start, missing = 0): EASY backfilling holds a reserved worker
+        against later jobs, not only lower priorities, or another tenant's stream of
+        small requests of the same class kept a large one from ever fitting; and only
+        against tenants VTC would not serve first, or one tenant's flood of large
+        requests would make a new tenant wait behind all of it.
+        """
         rank = self.rank.get(req.priority, len(self.rank))
         out = set()
         for res in self.reservations:
@@ -181,6 +189,7 @@ class Urgency:
             if res.rank < rank or (
                 (res.missing_mib > 0 or res.missing_slots > 0)
                 and _age_order(entry.req) < _age_order(req)
+                and standing.get(entry.req.tenant, 0.0) <= standing.get(req.tenant, 0.0)
             ):
                 out.add(res.worker_id)
         return frozenset(out)
