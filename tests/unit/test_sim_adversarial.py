@@ -15,14 +15,17 @@ test_policy_preemption.py and test_policy_dispatch.py.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inferq.config import Settings
 from inferq.policy.routing import kv_mib
 from inferq.sim import POLICIES, SimConfig, SimRequest, simulate
+from inferq.sim.engine import overdue_at
 
 SETTINGS = Settings()
 MODEL = "llama-3.1-8b"
@@ -87,6 +90,35 @@ def test_realtime_starts_within_its_sla_whatever_batch_work_holds_the_worker(
     # every preempted batch request came back and was served (none lost, none failed)
     assert all(o.status == "succeeded" for o in result.outcomes)
     assert all(o.runs == o.preemptions + 1 for o in result.outcomes)
+
+
+def test_the_overdue_wake_up_is_not_lost_to_float_rounding() -> None:
+    """Found by the property above: 3.7650851657331015 + 0.5 - 3.7650851657331015 is
+    0.49999999999999956, so the wake-up at the preemption bound found the realtime request
+    not yet overdue, and nothing woke the simulator again until the batch request holding
+    the only slot finished (TTFT 2.0002 s > its 2 s SLA)."""
+    rows = [(0.0, "batch", "bulk", 50, 50)] * 12
+    rows += [
+        (3.0, "batch", "bulk", 50, 599),
+        (3.7650851657331015, "realtime", "interactive", 10, 1),
+    ]
+    reqs = [_request(i, *row) for i, row in enumerate(rows)]
+    config = SimConfig(
+        settings=SETTINGS, fleet={MODEL: 1}, slots=1, vram_mib=CARD_MIB, max_workers=1, check=True
+    )
+    by_id = {o.request.id: o for o in simulate(reqs, POLICIES["inferq"], config).outcomes}
+    rt, victim = by_id[reqs[-1].id], by_id[reqs[-2].id]
+    bound = SETTINGS.class_by_name["realtime"].may_preempt_after_s
+    assert bound is not None and rt.ttft_s is not None
+    assert rt.ttft_s == pytest.approx(bound, abs=0.01)
+    assert victim.preemptions == 1 and victim.status == "succeeded"
+
+
+@given(st.floats(0, 1e7), st.floats(0, 100))
+def test_overdue_at_is_the_first_time_the_bound_holds(arrival: float, bound: float) -> None:
+    at = overdue_at(arrival, bound)
+    assert at - arrival >= bound
+    assert math.nextafter(at, -math.inf) - arrival < bound or at == arrival + bound
 
 
 @st.composite

@@ -373,7 +373,7 @@ class _Sim:
         self.tracker.arrived(self.now, r.route)
         bound = self.preempt_after.get(r.priority)
         if bound is not None:  # a decision when it becomes overdue, room or not
-            self._push(r.arrival_s + bound, _OVERDUE)
+            self._push(overdue_at(r.arrival_s, bound), _OVERDUE)
         self.last_activity = self.now
 
     def _enqueue(self, q: QueuedRequest, index: int) -> None:
@@ -901,6 +901,18 @@ class _Sim:
             end_s=end,
             stats=self.stats,
         )
+
+
+def overdue_at(arrival_s: float, bound_s: float) -> float:
+    """The first time at which a request that arrived at ``arrival_s`` has waited
+    ``bound_s``: ``arrival_s + bound_s``, moved up by the float ulps that make
+    ``at - arrival_s >= bound_s`` hold (``3.7650851657331015 + 0.5`` minus the arrival is
+    0.49999999999999956: the wake-up found the request not yet overdue and nothing woke
+    the simulator again until the batch request holding the slot finished, 2 s later)."""
+    at = arrival_s + bound_s
+    while at - arrival_s < bound_s:
+        at = math.nextafter(at, math.inf)
+    return at
 
 
 def _age_order(req: QueuedRequest) -> tuple[float, str]:
