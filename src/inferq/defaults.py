@@ -215,6 +215,14 @@ HEALTH_PROBE_TIMEOUT_S = 5.0
 #: queue inside the server, or a hung server (SIGSTOP, a hung GPU): only a ``/health``
 #: that does not answer either tells the last apart (issue 13 attack).
 SERVER_STALL_S = 10.0
+#: The most bytes of one answer the ``openai`` backend reads: this plus
+#: ``ANSWER_BYTES_PER_TOKEN`` per ``max_tokens``. A streamed token is one SSE event of
+#: ~0.2-0.6 KiB on llama.cpp and vLLM (a few KiB with ``logprobs``); an answer beyond it
+#: comes from a server that ignores ``max_tokens`` (issue 13 attack: a 40 MiB body for a
+#: 16-token request was read whole and recorded as the output).
+ANSWER_BASE_BYTES = 1024 * 1024
+#: See ``ANSWER_BASE_BYTES``.
+ANSWER_BYTES_PER_TOKEN = 8 * 1024
 
 # --- measured capacity (issue 13; inferq.workers.telemetry, inferq.workers.gpu) ---
 #: Pause between two reads of the model server's own telemetry (llama.cpp /slots, vLLM and

@@ -27,7 +27,10 @@ from .conftest import HEARTBEAT_S, LEASE_S, Deployment, RedisServer, wait_for
 REQUEUE_BOUND_S = 3 * HEARTBEAT_S + defaults.RECOVERY_EVERY_MAX_S + LEASE_S
 
 
-@pytest.fixture(params=["", "?socket_timeout=0.5"], ids=["default-socket", "socket-0.5s"])
+@pytest.fixture(
+    params=["", "?socket_timeout=0.5", "?socket_timeout=0.1"],
+    ids=["default-socket", "socket-0.5s", "socket-0.1s"],
+)
 def deployment(
     request: pytest.FixtureRequest, redis_server: RedisServer, tmp_path: Path
 ) -> Iterator[Deployment]:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -601,3 +604,49 @@ def test_a_hung_server_is_an_infrastructure_failure(monkeypatch: pytest.MonkeyPa
     assert time.monotonic() - started < 5
     assert classify(error) is FailureKind.INFRASTRUCTURE
     assert "the server hangs" in str(error)
+
+
+class _HugeAnswer(BaseHTTPRequestHandler):
+    """Answers every POST 200 with a completion of ``HUGE_BYTES`` of text (a server that
+    ignores max_tokens, or a proxy that loops), streamed or not."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        text = "x" * HUGE_BYTES
+        self.send_response(200)
+        if body.get("stream"):
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            chunk = json.dumps({"choices": [{"index": 0, "text": text}]})
+            with contextlib.suppress(OSError):
+                self.wfile.write(f"data: {chunk}\n\n".encode())
+            return
+        data = json.dumps({"choices": [{"text": text, "finish_reason": "stop"}]}).encode()
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        with contextlib.suppress(OSError):
+            self.wfile.write(data)
+
+
+HUGE_BYTES = 40 * 1024 * 1024
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_far_larger_than_max_tokens_allows_is_refused(stream: bool) -> None:
+    """A 200 whose body is 40 MiB for a 16-token request (issue 13 attack): it was read
+    whole and recorded as the request's output (40 MiB in Redis, completion_tokens 16).
+    Reading stops at ``answer_limit_bytes``; the answer is a server failure."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _HugeAnswer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        error = generate_error(backend(url, stream=stream), prompt_request())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert classify(error) is FailureKind.SERVER
+    assert "larger than" in str(error)

@@ -254,17 +254,25 @@ class OpenAIServer(ModelServer):
     async def _post(
         self, request: ServerRequest, path: str, body: dict[str, Any], answered: list[bool]
     ) -> ServerResult:
-        response = await self._client().post(path, json=body, timeout=request.timeout_s)
-        answered.append(True)
-        if not response.is_success:
-            raise status_error(request.id, response)
-        if not response.content.strip():
+        client = self._client()
+        async with client.stream("POST", path, json=body, timeout=request.timeout_s) as response:
+            answered.append(True)
+            if not response.is_success:
+                await response.aread()
+                raise status_error(request.id, response)
+            limit = answer_limit_bytes(request.max_tokens)
+            content = bytearray()
+            async for piece in response.aiter_bytes():
+                content += piece
+                if len(content) > limit:
+                    raise _too_large(request, limit)
+        if not content.strip():
             raise ServerError(
                 f"openai: request {request.id}: HTTP {response.status_code} with an empty body",
                 retryable=True,
                 kind=FailureKind.TRUNCATED,
             )
-        data = _json_object(request.id, response.text)
+        data = _json_object(request.id, content.decode("utf-8", errors="replace"))
         chat = path.endswith("chat/completions")
         output, usage, finish = _read_completion(request.id, data, chat=chat)
         return _result(request, output, usage, ttft_s=None, finish_reason=finish)
@@ -352,7 +360,9 @@ class OpenAIServer(ModelServer):
             if not response.is_success:
                 await response.aread()
                 raise status_error(request.id, response)
-            async for data in sse_data(_heard(response.aiter_lines(), heard)):
+            limit = answer_limit_bytes(request.max_tokens)
+            lines = _lines(request, response.aiter_bytes(), heard, limit)
+            async for data in sse_data(lines):
                 if data.strip() == "[DONE]":
                     done = True
                     break
@@ -621,12 +631,50 @@ def error_message(body: Any) -> str:
     return json.dumps(body, separators=(",", ":"))
 
 
-async def _heard(lines: AsyncIterator[str], heard: list[float]) -> AsyncIterator[str]:
-    """``lines``, noting in ``heard[0]`` the monotonic time each one arrived (a keep-alive
-    comment included: the server lives)."""
-    async for line in lines:
+def answer_limit_bytes(max_tokens: int) -> int:
+    """The most bytes read of one answer: ``ANSWER_BASE_BYTES + max_tokens x
+    ANSWER_BYTES_PER_TOKEN``. A server that sends more ignores ``max_tokens`` (or loops);
+    the rest is not read, kept in memory, or recorded as the output."""
+    return defaults.ANSWER_BASE_BYTES + max_tokens * defaults.ANSWER_BYTES_PER_TOKEN
+
+
+def _too_large(request: ServerRequest, limit: int) -> ServerError:
+    return ServerError(
+        f"openai: request {request.id}: answer larger than {limit:,} bytes for max_tokens "
+        f"{request.max_tokens} (the server ignores max_tokens?); not read further",
+        retryable=True,
+        kind=FailureKind.SERVER,
+    )
+
+
+async def _lines(
+    request: ServerRequest, chunks: AsyncIterator[bytes], heard: list[float], limit: int
+) -> AsyncIterator[str]:
+    """The lines of a byte stream (``\n`` or ``\r\n`` ends one), noting in ``heard[0]``
+    the monotonic time each piece arrived (a keep-alive comment included: the server
+    lives); at most ``limit`` bytes in all, so neither a long stream nor one line without
+    an end is held in memory whole.
+
+    Raises:
+        ServerError: server, more than ``limit`` bytes.
+    """
+    buffer = bytearray()
+    total = 0
+    async for chunk in chunks:
         heard[0] = time.monotonic()
-        yield line
+        total += len(chunk)
+        if total > limit:
+            raise _too_large(request, limit)
+        start = len(buffer)
+        buffer += chunk
+        end = buffer.rfind(b"\n", start)  # the last line end: only the new bytes can hold it
+        if end < 0:
+            continue
+        for line in bytes(buffer[:end]).split(b"\n"):
+            yield line.removesuffix(b"\r").decode("utf-8", errors="replace")
+        del buffer[: end + 1]
+    if buffer:
+        yield bytes(buffer).removesuffix(b"\r").decode("utf-8", errors="replace")
 
 
 async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
