@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import json
 import logging
 import socket
@@ -13,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import httpx
 import pytest
 
 from inferq.config import ModelSpec
@@ -21,7 +23,13 @@ from inferq.errors import ConfigError
 from inferq.models import ChatMessage, Payload
 from inferq.workers.failures import classify, plan
 from inferq.workers.servers import FailureKind, ServerError, ServerRequest, make_server
-from inferq.workers.servers.openai import OpenAIServer, error_message, retry_after_s, sse_data
+from inferq.workers.servers.openai import (
+    OpenAIServer,
+    error_message,
+    retry_after_s,
+    sse_data,
+    status_error,
+)
 from tests.fakes.standin_openai import StandIn
 
 SPEC = ModelSpec(
@@ -650,3 +658,23 @@ def test_an_answer_far_larger_than_max_tokens_allows_is_refused(stream: bool) ->
         server.server_close()
     assert classify(error) is FailureKind.SERVER
     assert "larger than" in str(error)
+
+
+def test_an_http_date_retry_after_is_judged_on_the_servers_date(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Retry-After`` as an HTTP date is relative to the server's clock; read against the
+    worker's, a worker 15 s ahead ignored a 10 s wait (issue 13 attack). The answer's
+    ``Date`` header is the reference when it has one."""
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 15.0)
+    request = httpx.Request("POST", "http://127.0.0.1:1/v1/completions")
+    server_now = real()
+    headers = {
+        "Date": email.utils.formatdate(server_now, usegmt=True),
+        "Retry-After": email.utils.formatdate(server_now + 10, usegmt=True),
+    }
+    response = httpx.Response(503, headers=headers, request=request, json={"error": "busy"})
+    error = status_error("r1", response)
+    assert error.retry_after_s is not None
+    assert 9.0 <= error.retry_after_s <= 11.0, error.retry_after_s

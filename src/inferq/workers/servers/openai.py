@@ -572,7 +572,9 @@ def build_body(
 
 def status_error(request_id: str, response: httpx.Response) -> ServerError:
     """The ``ServerError`` for a non-2xx answer: retryable for 5xx, 408 and 429, with the
-    ``Retry-After`` header (delay-seconds or an HTTP date, RFC 9110 section 10.2.3)."""
+    ``Retry-After`` header (delay-seconds or an HTTP date, RFC 9110 section 10.2.3; a date
+    is judged against the answer's own ``Date`` header when it has one: the server's
+    clock, not this host's, which may be off by seconds)."""
     status = response.status_code
     retryable = status >= 500 or status in RETRYABLE_4XX
     try:
@@ -585,8 +587,20 @@ def status_error(request_id: str, response: httpx.Response) -> ServerError:
         f"{redact_url(str(response.request.url))}: {message}",
         retryable=retryable,
         status=status,
-        retry_after_s=retry_after_s(response.headers.get("retry-after")),
+        retry_after_s=retry_after_s(
+            response.headers.get("retry-after"), now=_http_date(response.headers.get("date"))
+        ),
     )
+
+
+def _http_date(value: str | None) -> float | None:
+    """An HTTP date header as epoch seconds; None when absent or unreadable."""
+    if not value:
+        return None
+    try:
+        return email.utils.parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
 
 
 def retry_after_s(value: str | None, now: float | None = None) -> float | None:
