@@ -51,7 +51,7 @@ for i = 6, #ARGV, 3 do
   end
 end
 if #ids > 0 then
-  worker_changed(p, w)
+  worker_changed(p, w, now)
   stat(p, 'dispatched', #ids)
   emit(p, maxlen, 'dispatch', 'worker', w, 'batch', batch, 'n', #ids, 'ids', table.concat(ids, ','))
 end

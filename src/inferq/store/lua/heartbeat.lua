@@ -26,7 +26,7 @@ local fields = {}
 for i = 7 + 2 * n, #ARGV do fields[#fields + 1] = ARGV[i] end
 local changed = routing_changes(KEYS[1], fields)
 redis.call('HSET', KEYS[1], unpack(fields))
-if changed then worker_changed(p, w) end
+if changed then worker_changed(p, w, now) end
 redis.call('HSET', KEYS[1], 'last_heartbeat_ms', now)
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('ZADD', p .. 'workers', now, w)

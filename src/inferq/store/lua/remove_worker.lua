@@ -34,7 +34,7 @@ end
 local model = redis.call('HGET', KEYS[1], 'model') or ''
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], k_ctl(p, w))
 redis.call('ZREM', p .. 'workers', w)
-worker_changed(p, w)  -- dispatchers drop it from their cached fleet
+worker_changed(p, w, now)  -- dispatchers drop it from their cached fleet
 redis.call('ZREMRANGEBYSCORE', p .. 'wchanged', '-inf', now - CHANGES_KEEP_MS)
 emit(p, ARGV[8], ARGV[10], 'worker', w, 'model', model, 'reason', ARGV[9], 'requeued', #out - 1)
 return out

@@ -11,8 +11,9 @@
 local CHANGES_KEEP_MS = 60000
 local ROUTING_FIELDS = {'model', 'params_b', 'state', 'slots', 'kv_cache_mib', 'kv_measured_free_mib'}
 
-local function worker_changed(p, w)
-  redis.call('ZADD', p .. 'wchanged', now_ms(), w)
+-- `now`: the caller's Redis ms if it has it (saves a TIME call), else read here.
+local function worker_changed(p, w, now)
+  redis.call('ZADD', p .. 'wchanged', now or now_ms(), w)
 end
 
 -- True when writing the field/value list `fields` to heartbeat hash `key` changes a
