@@ -456,8 +456,10 @@ class ServerTelemetry(BaseModel):
     @property
     def kv_free_tokens(self) -> int | None:
         """KV tokens free: ``kv_tokens - kv_used_tokens``, else ``kv_tokens x
-        (1 - kv_usage)``; None when the total or both uses are unknown."""
-        if self.kv_tokens is None:
+        (1 - kv_usage)``; None when the total or both uses are unknown. A total of 0 is
+        unknown too (a server that has not sized its cache yet, or a broken one): routing
+        on it starved a healthy worker of all work (issue 13 attack)."""
+        if not self.kv_tokens:
             return None
         if self.kv_used_tokens is not None:
             return max(0, self.kv_tokens - self.kv_used_tokens)

@@ -85,3 +85,20 @@ def test_a_server_that_answers_429_for_ever_expires_its_request_with_the_reason(
     assert "429" in result.error, result.error
     print(f"\n429 for ever: expired after {took:.1f} s: {result.error}")
     assert fleet.store.dead_letters() == []
+
+
+def test_telemetry_that_claims_no_kv_cache_does_not_starve_the_worker(
+    fleet: Fleet, client: Client
+) -> None:
+    """A ``/slots`` whose slots all say ``n_ctx: 0`` (a server still allocating, or a
+    broken one): routing took the measured KV room, 0, and the worker got no work."""
+    slots = json.dumps([{"id": i, "n_ctx": 0, "is_processing": False} for i in range(4)])
+    pages = {
+        "/props": ("application/json", json.dumps({"total_slots": 4})),
+        "/slots": ("application/json", slots),
+    }
+    with StandIn(pages=pages) as server:
+        openai_worker(fleet, "w", server.url)
+        handles = [client.submit(f"z{i}", max_tokens=4, timeout=10) for i in range(4)]
+        results = [h.result(timeout=20) for h in handles]
+    assert [r.status for r in results] == ["succeeded"] * 4, [r.error for r in results]

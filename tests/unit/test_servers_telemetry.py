@@ -363,3 +363,12 @@ def test_free_kv_tokens_and_share_agree(
     assert abs(free - share * total) <= 0.5 + 1e-6 * total  # tokens win when both are known
     if used is not None:
         assert free == total - used
+
+
+def test_a_kv_cache_of_zero_tokens_is_no_figure() -> None:
+    """A server whose slots all say ``n_ctx: 0`` measured no room: routing on 0 starved
+    the worker; it routes on its bookkeeping instead."""
+    t = parse.llama_cpp([{"id": i, "n_ctx": 0, "is_processing": False} for i in range(4)], None)
+    assert t.kv_free_tokens is None
+    assert t.kv_free_fraction is None
+    assert ServerTelemetry(kv_tokens=0, kv_usage=0.5).kv_free_tokens is None
