@@ -678,3 +678,41 @@ def test_an_http_date_retry_after_is_judged_on_the_servers_date(
     error = status_error("r1", response)
     assert error.retry_after_s is not None
     assert 9.0 <= error.retry_after_s <= 11.0, error.retry_after_s
+
+
+class _EmptyAnswer(BaseHTTPRequestHandler):
+    """200 with no text and no finish reason: a stream of only ``data: [DONE]``, or a
+    completion whose choice has empty text and no ``finish_reason``."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if body.get("stream"):
+            data = b"data: [DONE]\n\n"
+            content_type = "text/event-stream"
+        else:
+            data = json.dumps({"choices": [{"index": 0, "text": ""}]}).encode()
+            content_type = "application/json"
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_empty_answer_without_a_finish_reason_is_truncated(stream: bool) -> None:
+    """Nothing generated and no finish reason: no answer at all, though well-formed (issue
+    13 attack: a stream of only ``[DONE]`` was recorded as a success with empty output).
+    A real empty answer names its finish reason (``stop``)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _EmptyAnswer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        error = generate_error(backend(url, stream=stream), prompt_request())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert classify(error) is FailureKind.TRUNCATED

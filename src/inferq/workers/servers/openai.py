@@ -16,7 +16,8 @@ began; reset or an incomplete HTTP message
 mid-answer (the server died)
 a stream that ended cleanly without a       ``retryable=True``: truncated
 finish reason or ``[DONE]``, a 200 with an
-empty body
+empty body, an answer with neither text nor
+a finish reason
 2xx with a body that does not parse         ``retryable=True``: server
 ==========================================  ==========================================
 
@@ -275,6 +276,8 @@ class OpenAIServer(ModelServer):
         data = _json_object(request.id, content.decode("utf-8", errors="replace"))
         chat = path.endswith("chat/completions")
         output, usage, finish = _read_completion(request.id, data, chat=chat)
+        if not output and finish is None:
+            raise _nothing_generated(request)
         return _result(request, output, usage, ttft_s=None, finish_reason=finish)
 
     async def _watched(
@@ -382,6 +385,8 @@ class OpenAIServer(ModelServer):
                 if sink is not None and (piece or (reason and not sent_finish)):
                     sink(piece, len(parts), reason)
                     sent_finish = sent_finish or reason is not None
+        if finish is None and done and not parts:
+            raise _nothing_generated(request)
         if not done and finish is None:
             raise ServerError(
                 f"openai: request {request.id}: the stream ended without a finish reason "
@@ -650,6 +655,16 @@ def answer_limit_bytes(max_tokens: int) -> int:
     ANSWER_BYTES_PER_TOKEN``. A server that sends more ignores ``max_tokens`` (or loops);
     the rest is not read, kept in memory, or recorded as the output."""
     return defaults.ANSWER_BASE_BYTES + max_tokens * defaults.ANSWER_BYTES_PER_TOKEN
+
+
+def _nothing_generated(request: ServerRequest) -> ServerError:
+    """No text and no finish reason in a well-formed answer: not an answer (a real empty
+    one says ``stop``); truncated, so it is retried."""
+    return ServerError(
+        f"openai: request {request.id}: an answer with no text and no finish reason (truncated)",
+        retryable=True,
+        kind=FailureKind.TRUNCATED,
+    )
 
 
 def _too_large(request: ServerRequest, limit: int) -> ServerError:
