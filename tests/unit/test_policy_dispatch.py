@@ -154,8 +154,8 @@ def placeable_at_end(
     tokens = req.prompt_tokens + req.max_tokens
     rank = {c.name: i for i, c in enumerate(pol.classes)}
     # A worker reserved for a waiting request of a higher class, or for an older one of
-    # the same class that lacked room there and whose tenant stood no worse in VTC order
-    # at the decision's start, takes none of this one's.
+    # the same class that lacked room there and whose tenant stood better in VTC order at
+    # the decision's start, takes none of this one's.
     age = (req.submitted_at, req.id)
     counters = {
         **snapshot.fairness.tenant_counter.get(req.priority, {}),
@@ -174,7 +174,7 @@ def placeable_at_end(
             and r.request_id != req.id
             and (r.missing_mib > 0 or r.missing_slots > 0)
             and (reqs[r.request_id].submitted_at, r.request_id) < age
-            and standing(reqs[r.request_id].tenant) <= standing(req.tenant)
+            and standing(reqs[r.request_id].tenant) < standing(req.tenant)
         )
     }
     for w in snapshot.workers:

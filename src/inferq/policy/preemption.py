@@ -20,7 +20,7 @@ by lower-class work (slots, KV cache) is covered by three rules, each per class:
    room, then a free slot, then route preference and id). No request of a lower class
    is admitted onto a reserved worker until the reserved request has been placed, nor,
    while the reserved request lacks room there, a younger one of its own class whose
-   tenant stands no better in VTC order (holding it against lower classes only let
+   tenant stands worse in VTC order (holding it against lower classes only let
    another tenant's stream of small requests of the same class keep a large one from
    ever fitting; a tenant VTC serves first is never held back, or one tenant's flood
    of large requests would make a new tenant wait behind all of it). EASY
@@ -173,8 +173,9 @@ class Urgency:
 
         Those whose unplaced overdue request is of a higher class; or of ``req``'s own
         class while it lacks room there (at the snapshot), is older, and its tenant
-        stands no worse in the class's VTC order (``standing``: tenant -> virtual time
-        at the decision's start, missing = 0): EASY backfilling holds a reserved worker
+        stands better in the class's VTC order (``standing``: tenant -> virtual time
+        at the decision's start, missing = 0; a tie, as a newly active tenant's lift
+        makes, is left to VTC): EASY backfilling holds a reserved worker
         against later jobs, not only lower priorities, or another tenant's stream of
         small requests of the same class kept a large one from ever fitting; and only
         against tenants VTC would not serve first, or one tenant's flood of large
@@ -189,7 +190,7 @@ class Urgency:
             if res.rank < rank or (
                 (res.missing_mib > 0 or res.missing_slots > 0)
                 and _age_order(entry.req) < _age_order(req)
-                and standing.get(entry.req.tenant, 0.0) <= standing.get(req.tenant, 0.0)
+                and standing.get(entry.req.tenant, 0.0) < standing.get(req.tenant, 0.0)
             ):
                 out.add(res.worker_id)
         return frozenset(out)
