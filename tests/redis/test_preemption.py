@@ -235,3 +235,28 @@ def test_a_large_request_gets_the_room_another_tenants_small_stream_of_its_class
     assert big.result(timeout=60).status == "succeeded", waited
     for rid in small:
         assert client.result(rid, timeout=180).status == "succeeded"
+
+
+def test_a_flood_of_large_requests_does_not_hold_a_new_tenant_back(stack: Stack) -> None:
+    """The other side of the same-class reservation: tenant ``hog`` floods large realtime
+    requests (one fits the KV cache at a time, so each in turn reserves the worker and
+    lacks room); tenant ``quiet`` then sends a small one that fits beside the running
+    large request. VTC serves quiet first (its counter is lifted to hog's, a tie, and hog
+    is charged for each large request): it is not held behind the flood (it waited 2.76 s
+    for the next large request's room while ties went to the reservation)."""
+    stack.worker("w1", vram_mib=18000, slots=16, time_scale=0.25)
+    client = stack.client
+    prompt = "word " * 1600  # ~2,000 prompt tokens: 755 MiB with 4,000 output tokens
+    hog = [
+        client.submit(prompt, priority="realtime", tenant="hog", max_tokens=4000) for _ in range(3)
+    ]
+    wait_for(lambda: client.status(hog[0].id).state is RequestState.RUNNING, what="hog running")
+    time.sleep(1.0)  # the next large request is overdue and reserves the worker
+    quiet = client.submit("hi", priority="realtime", tenant="quiet", max_tokens=16)
+    result = quiet.result(timeout=60)
+    assert result.status == "succeeded"
+    ttft = result.timings.ttft_s
+    assert ttft is not None and ttft <= stack.settings.class_by_name["realtime"].sla_s, ttft
+    assert client.status(hog[2].id).state is RequestState.QUEUED  # the flood still waits
+    for h in hog:
+        assert h.result(timeout=120).status == "succeeded"
