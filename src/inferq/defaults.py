@@ -235,6 +235,10 @@ TELEMETRY_TIMEOUT_S = 1.0
 #: A telemetry read older than this many intervals is dropped from the heartbeat (the
 #: bookkeeping alone routes): a server that stopped answering says nothing of its room.
 TELEMETRY_STALE_INTERVALS = 3
+#: The most bytes of one telemetry page read (``/slots``, ``/metrics``, ``/props``,
+#: ``/info``): a few KiB on llama.cpp, hundreds of KiB on vLLM; a larger page is not read
+#: further, and the read fails (issue 13 attack: a 24 MiB ``/metrics`` was read whole).
+TELEMETRY_MAX_BYTES = 8 * 1024 * 1024
 
 # --- llama.cpp model server (issue 13; ``python -m inferq.llama_server``) ---
 #: Port: llama.cpp's own ``llama-server`` default.

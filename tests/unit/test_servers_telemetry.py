@@ -372,3 +372,14 @@ def test_a_kv_cache_of_zero_tokens_is_no_figure() -> None:
     assert t.kv_free_tokens is None
     assert t.kv_free_fraction is None
     assert ServerTelemetry(kv_tokens=0, kv_usage=0.5).kv_free_tokens is None
+
+
+def test_a_telemetry_page_larger_than_its_bound_is_not_read_whole(standin: StandIn) -> None:
+    """A ``/metrics`` of 24 MiB (a server with a label explosion, a hostile one): it was
+    read whole and parsed, memory the worker's heartbeat must not spend (issue 13
+    attack). Reading stops at ``TELEMETRY_MAX_BYTES`` and the read fails (the poller logs
+    it and routes on the bookkeeping)."""
+    line = "vllm:num_requests_running 1\n"
+    standin.pages = {"/metrics": ("text/plain", line * (24 * 1024 * 1024 // len(line)))}
+    with pytest.raises(ValueError, match="larger than"):
+        read(OpenAIServer(SPEC, base_url=standin.url, telemetry="vllm"))

@@ -475,13 +475,30 @@ class OpenAIServer(ModelServer):
         return "off"
 
     async def _get(self, path: str) -> httpx.Response:
-        """``GET path`` within ``TELEMETRY_TIMEOUT_S``.
+        """``GET path`` within ``TELEMETRY_TIMEOUT_S``, its body read up to
+        ``TELEMETRY_MAX_BYTES``.
 
         Raises:
             httpx.HTTPError: no answer, or a non-2xx one.
+            ValueError: a body larger than ``TELEMETRY_MAX_BYTES`` (not read further).
         """
-        response = await self._client().get(path, timeout=defaults.TELEMETRY_TIMEOUT_S)
-        return response.raise_for_status()
+        client = self._client()
+        async with client.stream("GET", path, timeout=defaults.TELEMETRY_TIMEOUT_S) as response:
+            response.raise_for_status()
+            content = bytearray()
+            async for piece in response.aiter_bytes():
+                content += piece
+                if len(content) > defaults.TELEMETRY_MAX_BYTES:
+                    raise ValueError(
+                        f"GET {path}: larger than {defaults.TELEMETRY_MAX_BYTES:,} bytes "
+                        f"(not read further)"
+                    )
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            content=bytes(content),
+            request=response.request,
+        )
 
     async def _get_if_served(self, path: str) -> httpx.Response | None:
         """:meth:`_get`, but None for a non-2xx answer (a route the server lacks)."""
