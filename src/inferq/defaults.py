@@ -209,6 +209,10 @@ RETRY_AFTER_CAP_S = RETRY_BACKOFF_CAP_S
 HEALTH_PROBE_INTERVAL_S = 1.0
 #: Longest wait for one health probe (health endpoint or 1-token request), seconds.
 HEALTH_PROBE_TIMEOUT_S = 5.0
+#: Longest wait of a failed request for the probe's first verdict before it goes back to
+#: its queue, seconds (``HealthMonitor.judged``): a server that answers is judged in
+#: milliseconds; a busy one whose 1-token probe queues is not waited for longer.
+HEALTH_VERDICT_WAIT_S = 1.0
 #: Seconds an answer of the ``openai`` backend may stay silent (no byte of a stream, no
 #: answer at all) before the server's ``/health`` is checked (its ``stall_s`` option). A
 #: decoding server sends a token every few ms to ~100 ms; silence is a long prefill, a

@@ -102,3 +102,24 @@ def test_telemetry_that_claims_no_kv_cache_does_not_starve_the_worker(
         handles = [client.submit(f"z{i}", max_tokens=4, timeout=10) for i in range(4)]
         results = [h.result(timeout=20) for h in handles]
     assert [r.status for r in results] == ["succeeded"] * 4, [r.error for r in results]
+
+
+def test_a_failing_server_takes_no_second_batch_before_its_worker_is_judged(
+    fleet: Fleet, client: Client
+) -> None:
+    """A server answering 500 beside a healthy one: the failed requests went back to
+    their queue before the probe that follows a failure had turned the worker
+    ``unhealthy``, so the dispatcher refilled the freed slots on the failing server (it saw
+    6-8 requests for 4 slots; under a second outage a request came within one failure of
+    the dead letter). A request that failed waits for the probe's verdict (milliseconds
+    on a server that answers) before it frees its slot."""
+    with StandIn(mode="error", error_status=500) as bad, StandIn() as good:
+        openai_worker(fleet, "bad", bad.url)
+        openai_worker(fleet, "good", good.url)
+        handles = [
+            client.submit(f"q{i}", priority="standard", max_tokens=4, timeout=30) for i in range(30)
+        ]
+        results = [h.result(timeout=40) for h in handles]
+    assert [r.status for r in results] == ["succeeded"] * 30
+    assert len(bad.posts()) <= 4, len(bad.posts())  # one batch: its 4 slots
+    assert fleet.store.dead_letters() == []

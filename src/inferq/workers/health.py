@@ -14,6 +14,7 @@ nothing is logged per probe.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -51,6 +52,7 @@ class HealthMonitor:
         self._set_state = set_state
         self.interval_s = interval_s
         self._task: asyncio.Task[None] | None = None
+        self._judged: asyncio.Event | None = None  # set once the probe loop's first verdict is out
         self.transitions = 0
 
     @property
@@ -64,9 +66,35 @@ class HealthMonitor:
         found the server not answering at all (:attr:`ServerError.server_down`), so the
         worker turns ``unhealthy`` before its first probe. Call from the event loop."""
         if not self.probing:
-            self._task = asyncio.get_running_loop().create_task(self._probe_until_healthy(down))
+            self._judged = judged = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(
+                self._probe_until_healthy(down, judged)
+            )
 
-    async def _probe_until_healthy(self, down: ServerError | None = None) -> None:
+    async def judged(self, timeout_s: float = defaults.HEALTH_VERDICT_WAIT_S) -> None:
+        """Wait (at most ``timeout_s``) until the running probe loop's first verdict is
+        published: ``unhealthy`` in the heartbeat, or the server found healthy.
+
+        A failed request waits for it before it goes back to its queue: requeueing frees
+        its slot, and while the worker still says ``ready`` the dispatcher refilled the
+        slot on the failing server (a 500-ing server got 5-8 requests for 4 slots, issue
+        13 attack). Returns at once when no probe loop runs or its verdict is out."""
+        judged = self._judged
+        if judged is None or judged.is_set() or not self.probing:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(judged.wait(), timeout_s)
+
+    async def _probe_until_healthy(
+        self, down: ServerError | None = None, judged: asyncio.Event | None = None
+    ) -> None:
+        try:
+            await self._probe_loop(down, judged or asyncio.Event())
+        finally:
+            if judged is not None:
+                judged.set()
+
+    async def _probe_loop(self, down: ServerError | None, judged: asyncio.Event) -> None:
         while True:
             error: ServerError | None = down
             down = None
@@ -92,6 +120,7 @@ class HealthMonitor:
                 await asyncio.to_thread(self._set_state, WorkerState.UNHEALTHY)
             elif state is not WorkerState.UNHEALTHY:
                 return  # draining or starting: the drain or the load decides
+            judged.set()
             wait_s = failures.honoured_retry_after_s(error.retry_after_s or 0.0)
             await asyncio.sleep(max(self.interval_s, wait_s))
 

@@ -841,6 +841,7 @@ class Engine:
             self._queue(Completion(rid, attempt, "failed", error=str(exc)))
             return
         self.health.suspect(exc if exc.server_down else None)
+        await self.health.judged()  # the worker unhealthy before its slot frees
         log.info(
             "request %s attempt %d: %s failure, retry in %.2f s%s: %s",
             rid,
