@@ -349,9 +349,10 @@ def test_scale_down_picks_a_busy_worker_only_after_a_lasting_surplus(
             for w in d.drain:
                 if w in ld.idle_workers and ld.busy.get(w, 0) == 0:
                     continue
-                # A busy worker only as the one least-busy drain after idle_s of surplus.
+                # A busy worker only as the one least-busy drain after down_window_s of
+                # surplus (the window the scale-down's mean need is taken over).
                 assert d.drain == (w,), (w, ld)
-                assert surplus_since is not None and NOW - surplus_since >= config.idle_s
+                assert surplus_since is not None and NOW - surplus_since >= config.down_window_s
                 assert ld.busy[w] == min(ld.busy.values())
 
 

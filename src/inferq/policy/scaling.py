@@ -716,7 +716,7 @@ def _scale_down(
 def _least_busy_after_surplus(
     load: ModelLoad, ms: ModelScaleState, config: ScalingConfig, now: float, reasons: list[str]
 ) -> tuple[str, ...]:
-    """One busy worker to drain once the surplus has lasted ``idle_s``.
+    """One busy worker to drain once the surplus has lasted ``down_window_s``.
 
     The dispatcher spreads work over the least-loaded workers (the design's
     routing rule), so under steady moderate load no worker ever sits idle and
