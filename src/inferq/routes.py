@@ -8,7 +8,7 @@ model, or by its configured fallbacks when the priority class allows degrading.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from inferq.config import ModelSpec
@@ -73,6 +73,15 @@ def candidates(route: Route, registry: Sequence[ModelSpec], *, degrade: bool = F
         return names
     adequate = [m for m in registry if route.satisfied_by(m)]
     return [m.name for m in sorted(adequate, key=lambda m: (m.params_b, m.name))]
+
+
+def served(
+    route: Route, registry: Sequence[ModelSpec], available: Collection[str], *, degrade: bool
+) -> bool:
+    """True when a model in ``available`` (live workers' models, scaler pools) may serve
+    ``route`` (its fallbacks too when ``degrade``): the gateway's 503 rule and the CLI's
+    note on a request that nothing serves now."""
+    return not set(candidates(route, registry, degrade=degrade)).isdisjoint(available)
 
 
 def check_known(route: Route, registry: Sequence[ModelSpec]) -> list[ModelSpec]:

@@ -37,13 +37,30 @@ def run(namespace: str):  # type: ignore[no-untyped-def]
 def test_submit_request_cancel_and_json(run, store: Store) -> None:  # type: ignore[no-untyped-def]
     out = run("submit", "hello", "--priority", "realtime", "--json")
     assert out.exit_code == 0, out.output
-    rid = json.loads(out.output)["id"]
+    rid = json.loads(out.stdout)["id"]
+    # Nothing serves llama-3.1-8b: said on stderr (a queue may hold work before its workers)
+    assert "no live worker and no scaler pool serves model 'llama-3.1-8b'" in out.stderr
+    assert f"{rid} waits until one does" in out.stderr
     shown = run("request", rid, "--json")
     data = json.loads(shown.output)
     assert data["state"] == "queued" and data["priority"] == "realtime"
     assert "hello" not in shown.output  # the prompt is not echoed back
     assert "queued" in run("request", rid).output
     assert run("cancel", rid).output.strip() == "cancelled"
+
+
+def test_submit_chat_sends_a_user_message_and_says_nothing_when_served(  # type: ignore[no-untyped-def]
+    run, store: Store
+) -> None:
+    ready_worker(store, "w1")
+    out = run("submit", "What is the capital of France?", "--chat", "--json")
+    assert out.exit_code == 0, out.output
+    assert out.stderr == ""
+    payload = store.record(json.loads(out.stdout)["id"]).request.payload
+    assert payload.prompt is None
+    assert [m.model_dump() for m in payload.messages or []] == [
+        {"role": "user", "content": "What is the capital of France?"}
+    ]
 
 
 def test_submit_reads_stdin_and_waits(run, store: Store, settings: Settings) -> None:  # type: ignore[no-untyped-def]
@@ -162,7 +179,7 @@ def test_drain_and_dead_letter(run, store: Store, settings: Settings) -> None:  
     out = run("drain", "ghost")
     assert out.exit_code == 1 and "no live worker 'ghost'" in out.output
     ready_worker(store, "w2")  # w1 takes nothing new once asked to drain
-    rid = json.loads(run("submit", "x", "--priority", "realtime", "--json").output)["id"]
+    rid = json.loads(run("submit", "x", "--priority", "realtime", "--json").stdout)["id"]
     for i in range(settings.max_attempts):
         qkey = store.keys.tenant_queue("realtime", "llama-3.1-8b", "default")
         [(_, attempt)] = store.assign("w2", f"b{i}", [(rid, qkey, 1)])
@@ -174,7 +191,7 @@ def test_drain_and_dead_letter(run, store: Store, settings: Settings) -> None:  
     assert run("purge", "--yes").exit_code == 0
     empty = run("dead-letter", "requeue", "--all")
     assert empty.exit_code == 0 and empty.output.strip() == "requeued 0 of 0"
-    rid = json.loads(run("submit", "x", "--priority", "realtime", "--json").output)["id"]
+    rid = json.loads(run("submit", "x", "--priority", "realtime", "--json").stdout)["id"]
     ready_worker(store, "w2")
     for i in range(settings.max_attempts):
         qkey = store.keys.tenant_queue("realtime", "llama-3.1-8b", "default")

@@ -137,6 +137,11 @@ def emit(data: Any, as_json: bool, render: Callable[[Any], Any]) -> None:
 @click.option("--max-tokens", type=int)
 @click.option("--timeout", type=float, help="Seconds until the deadline.")
 @click.option("--idempotency-key")
+@click.option(
+    "--chat",
+    is_flag=True,
+    help="Send PROMPT as a chat message (role user), through the model's chat template.",
+)
 @click.option("--wait", is_flag=True, help="Wait for the result and print it.")
 @click.option(
     "--stream",
@@ -156,11 +161,16 @@ def submit(
     max_tokens: int | None,
     timeout: float | None,
     idempotency_key: str | None,
+    chat: bool,
     wait: bool,
     stream: bool,
     as_json: bool,
 ) -> None:
-    """Submit one request (PROMPT, or stdin when omitted)."""
+    """Submit one request (PROMPT, or stdin when omitted).
+
+    Says on stderr when no live worker and no scaler pool serves the request's model
+    now: it waits in the queue until one does, or until its deadline.
+    """
     from inferq.cli import views
     from inferq.client import Client
 
@@ -180,7 +190,14 @@ def submit(
         if value is not None:
             fields[name] = value
     client = Client(settings=obj.settings, store=obj.store)
-    handle = client.submit(prompt, stream=stream, **fields)
+    if chat:
+        handle = client.submit(
+            messages=[{"role": "user", "content": prompt}], stream=stream, **fields
+        )
+    else:
+        handle = client.submit(prompt, stream=stream, **fields)
+    if not handle.duplicate:
+        note_if_unserved(obj, handle.id)
     if stream:
         print_stream(handle.stream(), as_json)
         return
@@ -195,6 +212,27 @@ def submit(
     emit(data, as_json, views.result_panel)
     if not result.ok:
         sys.exit(1)
+
+
+def note_if_unserved(obj: Context, request_id: str) -> None:
+    """Say on stderr when nothing serves the request's model now (the gateway answers
+    503 then; a queue may rightly hold work before its workers start, so here it is a
+    note, not an error)."""
+    from inferq.routes import parse_route, served
+
+    request = obj.store.record(request_id).request
+    cls = obj.settings.priority_class(request.priority)
+    available = set(obj.store.live_models()) | obj.store.scaler_pools()
+    route = parse_route(request.model)
+    if served(route, obj.settings.models, available, degrade=cls.allow_degrade):
+        return
+    err_console.print(
+        f"note: no live worker and no scaler pool serves model {request.model!r} in "
+        f"namespace {obj.settings.namespace!r} now; {request_id} waits until one does, or "
+        f"until its deadline in {request.deadline - request.submitted_at:.0f} s",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def print_stream(items: Iterable[StreamChunk | Result], as_json: bool) -> None:

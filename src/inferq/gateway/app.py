@@ -49,7 +49,7 @@ from inferq.metrics import MetricsLease, build_registry
 from inferq.metrics.events import EventObserver
 from inferq.metrics.server import LEASE_TTL_S
 from inferq.models import InferenceRequest, Result, StreamChunk
-from inferq.routes import candidates, parse_route
+from inferq.routes import parse_route, served
 from inferq.store import CONNECTION_ERRORS, Store, connect
 
 log = logging.getLogger(__name__)
@@ -491,10 +491,11 @@ class Gateway:
         route accepts (its fallbacks too, when the request's class may degrade)."""
         cls = next(c for c in self.settings.classes if c.name == request.priority)
         route = parse_route(request.model)
-        names = set(candidates(route, self.settings.models, degrade=cls.allow_degrade))
-        if names & self._pools:
+        models = self.settings.models
+        if served(route, models, self._pools, degrade=cls.allow_degrade):
             return True
-        return bool(names & await self._live_models(cell))
+        live = await self._live_models(cell)
+        return served(route, models, live, degrade=cls.allow_degrade)
 
     async def _served_routes(self, tenant: str) -> list[str]:
         """The routes ``tenant`` can be served on now, sorted: ``GET /v1/models``.
@@ -510,17 +511,19 @@ class Gateway:
         routes = {route for spec in self.settings.cells.values() for route in spec.routes}
         if self.settings.default_cell is not None:
             routes |= {m.name for m in self.settings.models}
-        served = []
+        out = []
         for text in sorted(routes):
             try:
                 route = parse_route(text)
                 cell = cell_for(self.settings, text, tenant)
             except InvalidRequest:
                 continue
-            names = set(candidates(route, self.settings.models))
-            if names & self._pools or names & await self._live_models(cell):
-                served.append(text)
-        return served
+            models = self.settings.models
+            if served(route, models, self._pools, degrade=False) or served(
+                route, models, await self._live_models(cell), degrade=False
+            ):
+                out.append(text)
+        return out
 
     async def _live_models(self, cell: str | None) -> set[str]:
         """Models of the live workers of ``cell`` (None: the only Redis), read at most once

@@ -118,11 +118,7 @@ class AsyncStore:
         pipe = self.redis.pipeline(transaction=False)
         for wid in ids:
             pipe.hmget(self.keys.worker(wid), "model", "state")
-        out: dict[str, int] = {}
-        for model, state in await pipe.execute() if ids else []:
-            if model and state in ("starting", "ready"):
-                out[model] = out.get(model, 0) + 1
-        return out
+        return calls.parse_live_models(await pipe.execute() if ids else [])
 
     async def api_key(self, key_digest: str) -> str | None:
         """The JSON entry of a stored API key by its SHA-256 hex digest; None when absent."""

@@ -145,6 +145,16 @@ def parse_stream_entry(entry_id: str, fields: dict[str, str]) -> StreamChunk | s
         return None
 
 
+def parse_live_models(rows: Sequence[Sequence[str | None]]) -> dict[str, int]:
+    """Models of live workers (``starting`` or ``ready``) with their counts, from each
+    worker hash's ``HMGET model state``."""
+    out: dict[str, int] = {}
+    for model, state in rows:
+        if model and state in ("starting", "ready"):
+            out[model] = out.get(model, 0) + 1
+    return out
+
+
 def _pairs(flat: Sequence[Any]) -> list[tuple[Any, Any]]:
     return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
 

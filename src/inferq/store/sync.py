@@ -294,6 +294,14 @@ class Store(AdminCalls):
         call = calls.note_unschedulable_call(self.keys, self.settings, pairs)
         return calls.parse_note_unschedulable(self._call(call))
 
+    def live_models(self) -> dict[str, int]:
+        """Models served by live workers (``starting`` or ``ready``), with their counts."""
+        ids = self.redis.zrange(self.keys.workers, 0, -1)
+        pipe = self.redis.pipeline(transaction=False)
+        for wid in ids:
+            pipe.hmget(self.keys.worker(wid), "model", "state")
+        return calls.parse_live_models(pipe.execute() if ids else [])
+
     def scaler_pools(self) -> frozenset[str]:
         """Models a running scaler manages (the fields of ``scaler:state`` while a replica
         holds the lease); empty when no scaler runs or its state is unreadable."""
