@@ -137,7 +137,8 @@ def check_context(
         route: the route's text, for the message.
 
     Raises:
-        InvalidRequest: field ``max_tokens``, naming the limit.
+        InvalidRequest: field ``max_tokens``, naming the limit; field ``prompt`` when the
+            prompt alone fills the context.
     """
     max_context = max(s.max_context for s in specs)
     if not 1 <= max_tokens <= max_context:
@@ -148,6 +149,12 @@ def check_context(
         )
         raise InvalidRequest(
             "max_tokens", f"{shown} is outside 1..{max_context} (max context of {route})"
+        )
+    if prompt_tokens >= max_context:  # no max_tokens could fit: the prompt is to blame
+        raise InvalidRequest(
+            "prompt",
+            f"~{prompt_tokens} tokens leave no room for output in the max context of "
+            f"{route} ({max_context} tokens)",
         )
     if prompt_tokens + max_tokens > max_context:
         raise InvalidRequest(

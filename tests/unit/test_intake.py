@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from inferq.config import Settings
 from inferq.errors import InvalidRequest, UnknownPriorityClass, UnknownRoute
 from inferq.intake import build_request, classify
+from inferq.routes import check_context
 
 SETTINGS = Settings.load(max_prompt_bytes=1000)
 
@@ -62,6 +63,16 @@ def test_max_tokens_bounds_name_the_context() -> None:
     assert refuse(max_tokens="many").field == "max_tokens"
     err = refuse(model="llama-2-13b", prompt="word " * 190, max_tokens=4090)
     assert "exceeds the max context of llama-2-13b (4096 tokens)" in str(err)
+    assert err.field == "max_tokens"
+    # A prompt that fills the context alone is the prompt's fault, whatever max_tokens.
+    specs = [m for m in Settings.load().models if m.name == "llama-2-13b"]
+    with pytest.raises(InvalidRequest) as caught:
+        check_context(5, 4096, specs, "llama-2-13b")
+    assert caught.value.field == "prompt"
+    assert str(caught.value) == (
+        "prompt: ~4096 tokens leave no room for output in the max context of llama-2-13b "
+        "(4096 tokens)"
+    )
 
 
 def test_timeout_and_deadline() -> None:
