@@ -37,13 +37,16 @@ The scaler reads the ``[scaling]`` table (see :class:`ScalingSettings`)::
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
+from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -229,8 +232,17 @@ def _merge_named(field: str, tables: dict[str, Any], base: list[Any]) -> list[An
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
-            raise ValueError(f"{field}.{name}.{where}: {first['msg']}") from None
+            raise ValueError(f"{field}.{name}.{where}: {_say(first, kind.model_fields)}") from None
     return out
+
+
+def _say(error: ErrorDetails, fields: Iterable[str]) -> str:
+    """One validation error in a person's words: an unknown key is called an unknown
+    setting, with the closest known name (``difflib``) when one is close."""
+    if error["type"] == "extra_forbidden":
+        close = difflib.get_close_matches(str(error["loc"][-1]), list(fields), n=1)
+        return "unknown setting" + (f" (did you mean {close[0]!r}?)" if close else "")
+    return str(error["msg"]).removeprefix("Value error, ")
 
 
 def _default_classes() -> list[PriorityClass]:
@@ -526,7 +538,7 @@ class Settings(BaseSettings):
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
-            msg = str(first["msg"]).removeprefix("Value error, ")
+            msg = _say(first, cls.model_fields if len(first["loc"]) == 1 else ())
             # A whole-model check has no location: its message starts with the field.
             raise ConfigError(f"setting {where}: {msg}" if where else f"setting {msg}") from None
         except ValueError as exc:  # tomllib.TOMLDecodeError is a ValueError

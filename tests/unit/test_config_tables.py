@@ -84,7 +84,18 @@ def test_an_array_of_tables_replaces_the_defaults_and_the_error_says_how_to_exte
     [
         ("[classes.bulk]\nsla_s = 2.0\n", "setting classes.bulk.timeout_s: Field required"),
         ("[classes.realtime]\nsla_s = -1\n", "setting classes.realtime.sla_s: Input should be"),
-        ('[models."llama-3.1-8b"]\nbogus = 1\n', "setting models.llama-3.1-8b.bogus: Extra"),
+        (
+            '[models."llama-3.1-8b"]\nbogus = 1\n',
+            "setting models.llama-3.1-8b.bogus: unknown setting",
+        ),
+        (
+            "[classes.realtime]\nwieght = 3\n",
+            "setting classes.realtime.wieght: unknown setting (did you mean 'weight'?)",
+        ),
+        (
+            "max_atempts = 3\n",
+            "setting max_atempts: unknown setting (did you mean 'max_attempts'?)",
+        ),
         ("[classes]\nrealtime = 3\n", "setting classes.realtime: expected a table"),
         ('[classes.realtime]\nname = "fast"\n', "setting classes.realtime: name 'fast' differs"),
     ],
