@@ -12,6 +12,7 @@ import time
 
 import pytest
 from click.testing import CliRunner
+from rich.console import Console
 
 from inferq.cli.main import cli
 from inferq.config import Settings
@@ -168,8 +169,12 @@ def test_top_renders_until_interrupted(run, monkeypatch: pytest.MonkeyPatch) -> 
             raise KeyboardInterrupt
 
     monkeypatch.setattr("inferq.cli.main.time.sleep", fake_sleep)
+    # Without a terminal (CliRunner's output is none): the view once, no live loop.
     out = run("top", "--interval", "0.01")
-    assert out.exit_code == 0 and "queued" in out.output
+    assert out.exit_code == 0 and "queued" in out.output and calls["n"] == 0
+    monkeypatch.setattr("inferq.cli.main.console", Console(force_terminal=True))
+    out = run("top", "--interval", "0.01")
+    assert out.exit_code == 0 and "queued" in out.output and calls["n"] == 2
 
 
 def test_drain_and_dead_letter(run, store: Store, settings: Settings) -> None:  # type: ignore[no-untyped-def]

@@ -404,11 +404,18 @@ def cells(obj: Context, as_json: bool) -> None:
 @pass_ctx
 @handle_errors
 def top(obj: Context, interval: float) -> None:
-    """A live view of queues, workers and recent events (Ctrl-C to quit)."""
+    """A live view of queues, workers and recent events (Ctrl-C to quit).
+
+    Without a terminal (a pipe, a file, a CI log) it prints the view once, as
+    ``inferq report`` does: a live view redrawn in place means nothing there.
+    """
     from rich.live import Live
 
     from inferq.cli import views
 
+    if not console.is_terminal:
+        console.print(views.report_render(views.report_dict(obj.store)))
+        return
     with Live(views.report_render(views.report_dict(obj.store)), console=console) as live:
         try:
             while True:
