@@ -10,7 +10,7 @@ import pytest
 from inferq.client import Client
 from inferq.config import Settings
 from inferq.models import RequestState
-from inferq.store import Abort, Store, calls
+from inferq.store import Abort, Completion, Store, calls
 
 from ..builders import inference_request
 from ..helpers import queue_key, ready_worker, wait_for
@@ -205,3 +205,32 @@ def test_a_lost_abort_command_is_delivered_again(fleet: Fleet, client: Client) -
     result = handle.result(timeout=60)
     assert result.status == "succeeded" and result.attempt == attempt + 1
     assert penalised_attempts(store, handle.id) == 1
+
+
+def test_a_cancel_while_a_preemption_is_pending_is_not_lost(
+    store: Store, settings: Settings
+) -> None:
+    """A preemption's abort is on its way to the worker when the caller cancels: the
+    cancel was answered 'pending' (one abort per attempt) and dropped, so the worker
+    requeued the request and it ran again to the end. The cancel takes the abort over:
+    the request ends cancelled whichever the worker carries out."""
+    ready_worker(store, "w1")
+    for worker_does in ("requeue", "cancel"):
+        r = inference_request(settings)
+        store.submit(r)
+        [(rid, attempt)] = store.assign("w1", "b1", [(r.id, queue_key(store, r), 5.0)])
+        assert store.start("w1", [(rid, attempt)]) == ["run"]
+        preempt = Abort(rid, attempt, "w1", "requeue", "for realtime", charged=30.0)
+        assert store.abort([preempt]) == ["sent"]
+        assert store.cancel_running(rid, "cancelled by the caller while running") == "sent"
+        if worker_does == "requeue":  # it had taken the preemption's command already
+            assert store.requeue_preempted("w1", [(rid, attempt, 3)]) == ["cancelled"]
+        else:  # it took the cancel's
+            assert store.complete(
+                "w1", [Completion(rid, attempt, "cancelled", error="cancelled by the caller")]
+            ) == ["ok"]
+        rec = store.record(rid)
+        assert rec.state is RequestState.CANCELLED, worker_does
+        assert store.redis.zscore(queue_key(store, r), rid) is None
+        assert int(store.redis.hget(store.keys.load("w1"), "slots") or 0) == 0
+        store.take_control("w1", 0.05)

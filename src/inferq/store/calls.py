@@ -583,7 +583,8 @@ def requeue_preempted_call(
 
 
 def parse_requeue_preempted(reply: Sequence[Any]) -> list[str]:
-    """One verdict per item: ``queued``, ``expired`` or ``stale``."""
+    """One verdict per item: ``queued``, ``expired``, ``cancelled`` (a cancel took the
+    preemption over while it was on its way) or ``stale``."""
     return [str(v) for v in reply]
 
 

@@ -7,7 +7,8 @@
 --       counter is virtual time, tokens / weight: a refund is divided by it too)
 -- Returns one verdict per tuple: 'done' (it had not started: requeued or made final here),
 -- 'sent' (running: an abort command is on ctl:<worker> for the worker to carry out),
--- 'pending' (an abort of this attempt was already sent) or 'stale' (not this attempt's).
+-- 'pending' (an abort of this attempt was already sent; a cancel or expiry still takes
+-- over a pending preemption, answered 'sent') or 'stale' (not this attempt's).
 -- Invariant: an abort acts on exactly the (request, attempt, worker) it names; a request not
 -- yet started is handled here at once (start.lua then finds its attempt stale); a running one
 -- is aborted only by the worker that runs it, which writes the outcome through
@@ -22,10 +23,10 @@ for i = 6, #ARGV, 7 do
     ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6]
   local key = k_req(p, id)
   local r = redis.call('HMGET', key, 'state', 'attempts', 'worker', 'need_mib', 'priority',
-    'model', 'tenant', 'submitted_ms', 'abort_attempt')
+    'model', 'tenant', 'submitted_ms', 'abort_attempt', 'abort_action')
   if (r[1] ~= 'assigned' and r[1] ~= 'running') or r[2] ~= attempt or r[3] ~= w then
     out[#out + 1] = 'stale'
-  elseif r[9] == attempt then
+  elseif r[9] == attempt and (action == 'requeue' or r[10] ~= 'requeue') then
     out[#out + 1] = 'pending'
   elseif r[1] == 'assigned' then
     release(p, id, w, r[4])
@@ -46,6 +47,8 @@ for i = 6, #ARGV, 7 do
     end
     out[#out + 1] = 'done'
   else
+    -- a cancel or expiry over a pending preemption takes it over: whichever command the
+    -- worker carries out, the request ends final (requeue_preempted.lua reads the action)
     redis.call('HSET', key, 'abort_attempt', attempt, 'abort_action', action,
       'abort_charged', charged, 'abort_weight', weight, 'abort_tw', tw, 'abort_reason', reason)
     local ctl = k_ctl(p, w)

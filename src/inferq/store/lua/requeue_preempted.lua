@@ -1,7 +1,8 @@
 -- requeue_preempted: a worker aborted a running request for a preemption; back to its queue.
 -- ARGV: 1 prefix, 2 result ttl s, 3 events maxlen, 4 worker id,
 --       then triples: id, attempt, completion tokens generated before the abort
--- Returns one verdict per tuple: 'queued', 'expired' (its deadline passed) or 'stale'.
+-- Returns one verdict per tuple: 'queued', 'expired' (its deadline passed), 'cancelled'
+-- (a cancel took the abort over while it was on its way: see abort.lua) or 'stale'.
 -- Invariant: a preempted request goes back at its original position (score = submit time)
 -- with its deadline, spends no attempt (attempt_base + 1, so max_attempts counts only
 -- failures), is counted in stats.preempted and a 'preempt' event, and its tenant's virtual
@@ -17,9 +18,19 @@ for i = 5, #ARGV, 3 do
   local key = k_req(p, id)
   local r = redis.call('HMGET', key, 'state', 'attempts', 'worker', 'need_mib', 'priority',
     'model', 'tenant', 'submitted_ms', 'deadline_ms', 'prompt_tokens', 'abort_charged', 'abort_weight',
-    'abort_tw')
+    'abort_tw', 'abort_action', 'abort_reason')
   if r[1] ~= 'running' or r[2] ~= attempt or r[3] ~= w then
     out[#out + 1] = 'stale'
+  elseif r[14] == 'cancel' or r[14] == 'expire' then
+    -- the caller cancelled (or it expired) while the preemption was on its way: final
+    release(p, id, w, r[4])
+    redis.call('HDEL', key, 'abort_attempt', 'abort_action', 'abort_charged', 'abort_weight',
+      'abort_tw', 'abort_reason')
+    local final = 'cancelled'
+    if r[14] == 'expire' then final = 'expired' end
+    finalize(p, id, final, now, ttl, maxlen, {'error', r[15] or final})
+    emit(p, maxlen, r[14], 'id', id, 'reason', r[15] or final)
+    out[#out + 1] = final
   else
     release(p, id, w, r[4])
     redis.call('HDEL', key, 'abort_attempt', 'abort_action', 'abort_charged', 'abort_weight',
