@@ -68,6 +68,18 @@ def test_a_metrics_port_in_use_is_one_line(namespace: str) -> None:
     ]
 
 
+@pytest.mark.parametrize("command", ["gateway", "dashboard"])
+def test_an_http_port_in_use_is_one_line_and_no_ready_line(namespace: str, command: str) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        out = inferq(namespace, command, "--port", str(port))
+    assert out.returncode == 1
+    lines = [ln for ln in out.stderr.strip().splitlines() if not ln.startswith("warning:")]
+    assert lines == [f"error: --port {port}: cannot listen on 127.0.0.1:{port} (in use?)"]
+
+
 def test_dead_letter_requeue_of_an_unknown_id_fails(
     namespace: str, store: Store, settings: Settings
 ) -> None:

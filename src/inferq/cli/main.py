@@ -13,6 +13,7 @@ them, not here: every other command starts without them.
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import sys
 import time
@@ -531,18 +532,27 @@ def dashboard(obj: Context, host: str, port: int) -> None:
     import_extra("starlette", "dashboard", "inferq dashboard")
     from inferq.dashboard.app import create_app
 
-    settings = obj.settings
-    config = uvicorn.Config(
-        create_app(obj.store), host=host, port=port, log_level="warning", access_log=False
-    )
+    serve_http(
+        uvicorn, create_app(obj.store), host, port,
+        lambda bound: say_ready("dashboard", obj.settings, None, f"http://{host}:{bound}/"),
+    )  # fmt: skip
+
+
+def serve_http(uvicorn: Any, app: Any, host: str, port: int, ready: Callable[[int], None]) -> None:
+    """Bind ``host:port`` first (one error line when it cannot), then call ``ready`` with
+    the bound port (the ready line comes only once the port is open), then serve ``app``."""
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
+    server.config.load()
+    quiet = logging.getLogger("uvicorn.error")  # it logs the bind error, then exits
+    quiet.disabled = True
     try:
-        server.config.load()
         sock = server.config.bind_socket()
-    except SystemExit:  # uvicorn exits when it cannot bind
+    except SystemExit:
         fail(f"--port {port}: cannot listen on {host}:{port} (in use?)")
-    bound = sock.getsockname()[1]
-    say_ready("dashboard", settings, None, f"http://{host}:{bound}/")
+    finally:
+        quiet.disabled = False
+    ready(sock.getsockname()[1])
     server.run(sockets=[sock])
 
 
@@ -607,11 +617,14 @@ def gateway(
         deployment_metrics=not no_deployment_metrics,
     )
     stored = ", and the keys stored in Redis" if redis_keys else ""
-    click.echo(
-        f"inferq gateway on http://{host}:{port}/v1 ({len(keyring)} API keys in the file{stored})",
-        err=True,
-    )
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    keys = f"{len(keyring)} API keys in the file{stored}"
+    serve_http(
+        uvicorn, app, host, port,
+        lambda bound: say_ready(
+            "gateway", obj.settings, f"http://{host}:{bound}/metrics",
+            f"http://{host}:{bound}/v1 ({keys})",
+        ),
+    )  # fmt: skip
 
 
 @cli.command()
