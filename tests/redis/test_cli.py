@@ -108,9 +108,18 @@ def test_submit_stream_prints_chunks_then_the_result(run, store: Store) -> None:
     out = run("submit", "ping", "--priority", "realtime", "--stream", "--json")
     thread.join()
     assert out.exit_code == 0, out.output
-    lines = [json.loads(line) for line in out.output.splitlines()]
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
     assert [line["delta"] for line in lines[:-1]] == ["po", "ng"]
     assert lines[-1]["output"] == "pong" and lines[-1]["status"] == "succeeded"
+    assert lines[-1]["e2e_s"] > 0 and lines[-1]["queue_wait_s"] >= 0
+    # As text: the output as it came, then a panel with the timings, not the text again.
+    thread = threading.Thread(target=serve)
+    thread.start()
+    out = run("submit", "ping", "--priority", "realtime", "--stream")
+    thread.join()
+    assert out.exit_code == 0, out.output
+    assert out.stdout.startswith("pong\n") and out.stdout.count("pong") == 1
+    assert "e2e" in out.stdout and "succeeded" in out.stdout
 
 
 def test_refusals_are_one_line_with_a_nonzero_exit(run) -> None:  # type: ignore[no-untyped-def]

@@ -207,10 +207,7 @@ def submit(
         emit(out, as_json, lambda d: f"{d['id']}" + (" (duplicate)" if d["duplicate"] else ""))
         return
     result = handle.result()
-    data = result.model_dump(mode="json")
-    timings = obj.store.record(handle.id).timings
-    data |= {"queue_wait_s": timings.queue_wait_s, "ttft_s": timings.ttft_s, "e2e_s": timings.e2e_s}
-    emit(data, as_json, views.result_panel)
+    emit(views.result_dict(result), as_json, views.result_panel)
     if not result.ok:
         sys.exit(1)
 
@@ -255,11 +252,13 @@ def print_stream(items: Iterable[StreamChunk | Result], as_json: bool) -> None:
             sys.stdout.flush()
     if result is None:
         return
+    data = views.result_dict(result)
     if as_json:
-        click.echo(json.dumps(result.model_dump(mode="json"), sort_keys=True))
+        click.echo(json.dumps(data, sort_keys=True))
     else:
         click.echo()
-        console.print(views.result_panel(result.model_dump(mode="json")))
+        # The output was just printed as it came: the panel gives the rest.
+        console.print(views.result_panel({**data, "output": None}))
     if not result.ok:
         sys.exit(1)
 

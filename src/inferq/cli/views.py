@@ -14,7 +14,7 @@ from rich.table import Table
 
 from inferq.config import Settings
 from inferq.errors import InferqError, redact_url
-from inferq.models import Event, RequestRecord
+from inferq.models import Event, RequestRecord, Result
 from inferq.store import REDIS_ERRORS, Store, connect, describe_error
 
 
@@ -164,6 +164,14 @@ def record_panel(data: dict[str, Any]) -> Panel:
         if result.get("output"):
             table.add_row("output", result["output"][:2000])
     return Panel(table, title=f"request {data['id']}")
+
+
+def result_dict(result: Result) -> dict[str, Any]:
+    """A result as JSON fields, with its queue wait, TTFT and end-to-end time (seconds)."""
+    t = result.timings
+    return result.model_dump(mode="json") | {
+        "queue_wait_s": t.queue_wait_s, "ttft_s": t.ttft_s, "e2e_s": t.e2e_s
+    }  # fmt: skip
 
 
 def result_panel(data: dict[str, Any]) -> Panel:
