@@ -234,3 +234,26 @@ def test_a_cancel_while_a_preemption_is_pending_is_not_lost(
         assert store.redis.zscore(queue_key(store, r), rid) is None
         assert int(store.redis.hget(store.keys.load("w1"), "slots") or 0) == 0
         store.take_control("w1", 0.05)
+
+
+def test_a_preempted_request_back_in_its_queue_does_not_lift_its_tenant(
+    store: Store, settings: Settings
+) -> None:
+    """VTC lifts a tenant that becomes backlogged to the lowest backlogged counter, so idle
+    time banks no credit. A preempted request going back to its queue is no new arrival:
+    its tenant was not idle (its request ran). Lifting it charged tenant ``a`` the gap to
+    ``b`` (990 virtual tokens here) for being preempted."""
+    ready_worker(store, "w1")
+    a = inference_request(settings, tenant="a")
+    b = inference_request(settings, tenant="b")
+    store.submit(a)
+    [(rid, attempt)] = store.assign("w1", "b1", [(a.id, queue_key(store, a), 5.0)])
+    store.submit(b)  # b stays queued: backlogged
+    vtc, live = store.keys.fair_vtc(a.priority), store.keys.fair_live(a.priority)
+    store.redis.zadd(vtc, {"a": 10.0, "b": 1000.0})
+    store.redis.zadd(live, {"b": 1000.0}, xx=True)
+    assert store.start("w1", [(rid, attempt)]) == ["run"]
+    assert store.abort([Abort(rid, attempt, "w1", "requeue", "for realtime")]) == ["sent"]
+    assert store.requeue_preempted("w1", [(rid, attempt, 0)]) == ["queued"]
+    assert store.redis.zscore(vtc, "a") == pytest.approx(10.0)
+    assert store.redis.zscore(live, "a") == pytest.approx(10.0)  # backlogged, unlifted

@@ -669,6 +669,9 @@ class _Sim:
         else:
             o.status = "queued"
             self._enqueue(self.entries[request_id], self.index_of[request_id])
+            # back in its queue is no new arrival: no VTC lift (includes/counts.lua)
+            if counters is not None and r.tenant in counters:
+                self.active[r.priority] = self.active.get(r.priority, frozenset()) | {r.tenant}
         if worker.state is WorkerState.DRAINING and not worker.running:
             self.fleet.stop(worker_id, now)
 

@@ -32,7 +32,10 @@ local function vtc_refund(p, class, tenant, tokens)
   redis.call('ZADD', p .. 'fair:live:' .. class, 'XX', left, tenant)
 end
 
-local function count_queued(p, class, tenant, delta)
+-- requeued: the request was queued before (a preemption, a retry): its tenant is no new
+-- arrival (its request was running, not idle), so it keeps its own counter, unlifted,
+-- unless that counter was folded meanwhile (then it is lifted as any returning tenant).
+local function count_queued(p, class, tenant, delta, requeued)
   redis.call('HINCRBY', p .. 'counts', 'c:' .. class, delta)
   local left = redis.call('HINCRBY', p .. 'counts', 't:' .. class .. ':' .. tenant, delta)
   if left <= 0 then
@@ -40,6 +43,12 @@ local function count_queued(p, class, tenant, delta)
     redis.call('ZREM', p .. 'fair:live:' .. class, tenant)
     redis.call('ZADD', p .. 'fair:seen:' .. class, now_ms(), tenant)
   elseif left == delta then
-    vtc_activate(p, class, tenant)
+    local own = requeued and redis.call('ZSCORE', p .. 'fair:vtc:' .. class, tenant)
+    if own then
+      redis.call('ZADD', p .. 'fair:live:' .. class, own, tenant)
+      redis.call('ZADD', p .. 'fair:seen:' .. class, now_ms(), tenant)
+    else
+      vtc_activate(p, class, tenant)
+    end
   end
 end

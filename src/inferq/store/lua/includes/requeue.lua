@@ -13,7 +13,7 @@ local function enqueue_again(p, id, fields, delay_ms, now)
   else
     queue_add(p, class, route, tenant, id, submitted)
   end
-  count_queued(p, class, tenant, 1)
+  count_queued(p, class, tenant, 1, true)
   wake(p)
 end
 
