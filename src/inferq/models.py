@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -592,8 +593,23 @@ class WorkerInfo(BaseModel):
             raise CorruptRecord(key, _first_error(exc)) from None
 
 
+#: Event fields that stay strings even when they look like numbers (names, ids).
+_EVENT_TEXT_FIELDS = frozenset(
+    {"id", "ids", "worker", "tenant", "model", "route", "class", "batch", "key", "reason", "error"}
+)
+_NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
+
+
 class Event(BaseModel):
-    """One entry of the events stream."""
+    """One entry of the events stream.
+
+    Attributes:
+        id: the stream entry's id (``<ms>-<seq>``); a request's id, when the event
+            concerns one, is the field ``id``.
+        type: ``submit``, ``dispatch``, ``finish``, ...
+        at: epoch seconds of the entry.
+        fields: the entry's fields as Redis holds them (strings).
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -601,6 +617,16 @@ class Event(BaseModel):
     type: str
     at: float
     fields: dict[str, str]
+
+    def typed_fields(self) -> dict[str, str | int | float]:
+        """The fields with numbers as numbers (names and ids stay strings): for JSON."""
+        out: dict[str, str | int | float] = {}
+        for key, value in self.fields.items():
+            if key not in _EVENT_TEXT_FIELDS and _NUMBER.match(value):
+                out[key] = float(value) if "." in value else int(value)
+            else:
+                out[key] = value
+        return out
 
 
 def to_ms(t: float) -> int:

@@ -162,6 +162,9 @@ def test_queues_workers_events_report(run, store: Store, settings: Settings) -> 
     assert isinstance(events[-1]["at_epoch_s"], float)
     submit = next(e for e in events if e["type"] == "submit")
     assert submit["tenant"] == "default" and isinstance(submit["id"], str)
+    # id is always the request's; the stream entry is event_id, on every event
+    assert all(re.fullmatch(r"\d+-\d+", e["event_id"]) for e in events)
+    assert "id" not in events[-1] and not re.fullmatch(r"\d+-\d+", submit["id"])
     assert "dispatch" in run("events").output
     report = json.loads(run("report", "--json").output)
     assert report["queued"] == 1 and report["counters"]["submitted"] == 3

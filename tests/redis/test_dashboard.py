@@ -75,6 +75,10 @@ def test_the_dashboard_in_headless_chromium(
         dead_id = _fill(store, settings)
         state = json.load(urllib.request.urlopen(dashboard_url + "api/state", timeout=10))
         assert state["sla"]["realtime"]["finished"] == 1
+        # Numbers as numbers, names and ids as strings (as `inferq events --json`)
+        finish = next(e for e in state["events"] if e["type"] == "finish")
+        assert isinstance(finish["fields"]["queue_ms"], int)
+        assert isinstance(finish["fields"]["id"], str)
         shot = Path(os.environ.get("INFERQ_DASHBOARD_SCREENSHOT", tmp_path / "dashboard.png"))
         base = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
         base += ["--virtual-time-budget=6000", "--window-size=1280,1200"]

@@ -538,8 +538,9 @@ def dashboard(obj: Context, host: str, port: int) -> None:
 
 
 def serve_http(uvicorn: Any, app: Any, host: str, port: int, ready: Callable[[int], None]) -> None:
-    """Bind ``host:port`` first (one error line when it cannot), then call ``ready`` with
-    the bound port (the ready line comes only once the port is open), then serve ``app``."""
+    """Bind and listen on ``host:port`` first (one error line when it cannot), then call
+    ``ready`` with the port (the ready line comes once connections are accepted: they
+    wait in the backlog until the server runs), then serve ``app``."""
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
     server.config.load()
@@ -551,6 +552,7 @@ def serve_http(uvicorn: Any, app: Any, host: str, port: int, ready: Callable[[in
         fail(f"--port {port}: cannot listen on {host}:{port} (in use?)")
     finally:
         quiet.disabled = False
+    sock.listen(config.backlog)  # connections wait in the backlog from the ready line on
     ready(sock.getsockname()[1])
     server.run(sockets=[sock])
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -198,11 +197,8 @@ def dead_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
-#: Event fields that stay strings in JSON even when they look like numbers (names, ids).
-_TEXT_FIELDS = frozenset(
-    {"id", "ids", "worker", "tenant", "model", "route", "class", "batch", "key", "reason", "error"}
-)
-_NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
+#: :func:`event_dict`'s own keys (a report row shows the type, then the event's fields).
+_EVENT_HEAD = frozenset({"event_id", "type", "at", "at_epoch_s", "ids"})
 
 
 def iso_utc(epoch_s: float) -> str:
@@ -212,20 +208,15 @@ def iso_utc(epoch_s: float) -> str:
 
 
 def event_dict(event: Event) -> dict[str, Any]:
-    """An event as JSON data: numeric fields as numbers, ``at`` in ISO 8601 UTC and
-    ``at_epoch_s`` in epoch seconds."""
-    fields: dict[str, Any] = {}
-    for key, value in event.fields.items():
-        if key not in _TEXT_FIELDS and _NUMBER.match(value):
-            fields[key] = float(value) if "." in value else int(value)
-        else:
-            fields[key] = value
+    """An event as JSON data: ``event_id`` (the stream entry), ``type``, ``at`` in ISO
+    8601 UTC and ``at_epoch_s`` in epoch seconds, then its fields, numbers as numbers
+    (``id`` is always the request's, when the event concerns one)."""
     return {
-        "id": event.id,
+        "event_id": event.id,
         "type": event.type,
         "at": iso_utc(event.at),
         "at_epoch_s": event.at,
-        **fields,
+        **event.typed_fields(),
     }
 
 
@@ -280,8 +271,8 @@ def report_render(data: dict[str, Any]) -> Group:
     events = Table(title="recent events")
     events.add_column("event")
     for e in data["recent_events"]:
-        fields = {k: v for k, v in e.items() if k not in ("id", "type", "at", "at_epoch_s", "ids")}
-        events.add_row(f"{e['type']} " + " ".join(f"{k}={v}" for k, v in fields.items()))
+        shown = {k: v for k, v in e.items() if k not in _EVENT_HEAD}
+        events.add_row(f"{e['type']} " + " ".join(f"{k}={v}" for k, v in shown.items()))
     return Group(head, queue_table(data["queues"], data["rates_per_s"]), workers, events)
 
 

@@ -109,7 +109,7 @@ def dashboard_state(store: Store, window_s: float = SLA_WINDOW_S) -> dict[str, A
         "sla": sla,
         "sla_window_s": window_s,
         "events": [
-            {"id": e.id, "type": e.type, "at": e.at, "fields": dict(e.fields)}
+            {"id": e.id, "type": e.type, "at": e.at, "fields": e.typed_fields()}
             for e in reversed(store.recent_events(20))
         ],
         "dead_letter": {"count": store.dead_letter_count(), "requests": dead},
