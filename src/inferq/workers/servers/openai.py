@@ -43,7 +43,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Coroutine
 from typing import Any
 
 import httpx
@@ -203,18 +203,19 @@ class OpenAIServer(ModelServer):
         start = time.monotonic()
         answered: list[bool] = []  # non-empty once the answer began (status line received)
         heard = [start]  # monotonic time of the last byte of answer (or of the send)
+
+        def send() -> Awaitable[ServerResult]:
+            post = (
+                self._post_stream(request, path, body, start, answered, heard)
+                if stream
+                else self._post(request, path, body, answered)
+            )
+            return self._watched(request, post, heard)
+
         try:
             async with asyncio.timeout(request.timeout_s):
                 try:
-                    if stream:
-                        return await self._watched(
-                            request,
-                            self._post_stream(request, path, body, start, answered, heard),
-                            heard,
-                        )
-                    return await self._watched(
-                        request, self._post(request, path, body, answered), heard
-                    )
+                    return await send()
                 except httpx.RemoteProtocolError:
                     if answered:
                         raise
@@ -225,15 +226,7 @@ class OpenAIServer(ModelServer):
                 # start there: send it once more, on a fresh connection, before counting
                 # a failed attempt.
                 heard[0] = time.monotonic()
-                if stream:
-                    return await self._watched(
-                        request,
-                        self._post_stream(request, path, body, start, answered, heard),
-                        heard,
-                    )
-                return await self._watched(
-                    request, self._post(request, path, body, answered), heard
-                )
+                return await send()
         except (TimeoutError, httpx.TimeoutException):
             raise self._timeout_error(request, answered=bool(answered)) from None
         except httpx.HTTPError as exc:
