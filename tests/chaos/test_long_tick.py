@@ -55,9 +55,13 @@ def test_tick_8_serves_promptly_and_recovers_a_killed_worker_in_time(d8: Deploym
         "the long request running",
         d.logs,
     )
-    # A client's wait longer than the socket timeout ends on its own timeout, not redis-py's.
+    # A client's wait longer than the socket timeout ends on its own timeout, not redis-py's
+    # (a request no worker serves: it stays queued, whatever the machine's speed).
+    unserved = d.client.submit("wait", model="llama-2-13b", max_tokens=4, timeout=60)
+    began = time.monotonic()
     with pytest.raises(ResultTimeout):
-        d.client.result(handle.id, timeout=2.0)
+        d.client.result(unserved.id, timeout=2.0)
+    assert 2.0 <= time.monotonic() - began < 10.0
     killed_at = d.store.now()
     d.kill("w1")
     wait_for(
