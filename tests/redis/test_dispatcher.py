@@ -219,6 +219,25 @@ def test_corrupt_records_are_quarantined_not_fatal(store: Store, client: Client)
     assert Dispatcher(store).step().quarantined == 0
 
 
+def test_a_quarantined_submitted_request_leaves_every_queued_counter(
+    store: Store, client: Client
+) -> None:
+    """A submitted request whose record turns corrupt is counted by c:<class> and
+    t:<class>:<tenant> (backpressure, tenant backlog) and fair:live, not only by the
+    queue's depth: quarantining it takes it out of all of them, or the class's
+    backpressure and the tenant's backlog stay charged for a request that is gone."""
+    ready_worker(store, "w1")
+    bad = client.submit("x", priority="realtime", max_tokens=4, tenant="t1")
+    store.redis.hset(store.keys.req(bad.id), "max_tokens", "lots")
+    report = Dispatcher(store).step()
+    assert report.quarantined == 1
+    assert queued_ids(store, "realtime", "llama-3.1-8b") == []
+    counts = store.queued_counts()
+    assert counts.get("c:realtime", 0) == 0, counts
+    assert "t:realtime:t1" not in counts, counts
+    assert store.redis.zscore(store.keys.fair_live("realtime"), "t1") is None
+
+
 def test_fairness_state_lives_in_redis(store: Store, client: Client) -> None:
     ready_worker(store, "w1", slots=64)
     client.submit_many(
