@@ -120,6 +120,11 @@ def test_one_cell_down_leaves_the_other_serving_and_the_cli_shows_both(cells: Tw
         return all(row["workers"] == {"ready": 1} for row in shown)
 
     wait_for(both_ready, timeout=30, what="both cells' workers listed ready")
+    # The CLI submits to the route's cell and reads that cell after (its served-model
+    # note; a heartbeat lapsing for a moment here, 0.6 s TTL, may show the note).
+    run = cells.cli("submit", "hi", "--model", CELLS["b"][0], "--json")
+    assert run.returncode == 0 and "error" not in run.stderr, run.stderr
+    assert json.loads(run.stdout)["id"].startswith("b-")
 
     cells.servers["b"].close()  # cell b's Redis is gone
     with Client(settings=cells.settings()) as client:

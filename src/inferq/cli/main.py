@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -43,6 +43,9 @@ from inferq.errors import InferqError, redact_url
 from inferq.extras import import_extra
 from inferq.logs import setup_logging
 from inferq.models import Result, StreamChunk
+
+if TYPE_CHECKING:
+    from inferq.store import Store
 
 #: Commands imported only when they run (their modules pull in heavy dependencies).
 LAZY_COMMANDS = {
@@ -198,7 +201,7 @@ def submit(
     else:
         handle = client.submit(prompt, stream=stream, **fields)
     if not handle.duplicate:
-        note_if_unserved(obj, handle.id)
+        note_if_unserved(obj, client.cells.for_id(handle.id), handle.id)
     if stream:
         print_stream(handle.stream(), as_json)
         return
@@ -212,15 +215,15 @@ def submit(
         sys.exit(1)
 
 
-def note_if_unserved(obj: Context, request_id: str) -> None:
-    """Say on stderr when nothing serves the request's model now (the gateway answers
-    503 then; a queue may rightly hold work before its workers start, so here it is a
-    note, not an error)."""
+def note_if_unserved(obj: Context, store: Store, request_id: str) -> None:
+    """Say on stderr when nothing serves the request's model now in its cell's ``store``
+    (the gateway answers 503 then; a queue may rightly hold work before its workers
+    start, so here it is a note, not an error)."""
     from inferq.routes import parse_route, served
 
-    request = obj.store.record(request_id).request
+    request = store.record(request_id).request
     cls = obj.settings.priority_class(request.priority)
-    available = set(obj.store.live_models()) | obj.store.scaler_pools()
+    available = set(store.live_models()) | store.scaler_pools()
     route = parse_route(request.model)
     if served(route, obj.settings.models, available, degrade=cls.allow_degrade):
         return
