@@ -228,3 +228,25 @@ def test_a_client_that_hangs_up_cancels_its_running_request(
         extra_body={"sim_output_tokens": 2},
     )
     assert quick.choices[0].finish_reason == "length"
+
+
+def test_hostile_bodies_and_headers_are_400s_not_crashes(gateway: GatewayServer) -> None:
+    """Each was a 500 (an uncaught RecursionError, OverflowError, ValueError)."""
+    headers = [(b"authorization", b"Bearer sk-acme"), (b"content-type", b"application/json")]
+    url = f"{gateway.url}/chat/completions"
+    deep = b"[" * 100_000 + b"]" * 100_000
+    huge_timeout = (
+        b'{"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}], "timeout": 1'
+        + b"0" * 400
+        + b"}"
+    )
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    superscript = [*headers, (b"x-inferq-priority", "\u00b2".encode("latin-1"))]
+    for content, sent, param in [
+        (deep, headers, None),
+        (huge_timeout, headers, "timeout"),
+        (body, superscript, "priority"),
+    ]:
+        response = httpx.post(url, content=content, headers=sent, timeout=30)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == param

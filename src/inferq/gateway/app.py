@@ -247,6 +247,10 @@ class Gateway:
             body = await request.json()
         except (ValueError, UnicodeDecodeError):
             return self._error(endpoint, 400, "the body is not JSON", "invalid_request_error")
+        except RecursionError:  # the decoder recurses per nesting level
+            return self._error(
+                endpoint, 400, "the body is JSON nested too deeply", "invalid_request_error"
+            )
         try:
             sub = api.read_body(endpoint, body)
             inferq_request = self._request(request, key, sub)
@@ -331,7 +335,7 @@ class Gateway:
         priority = request.headers.get(api.PRIORITY_HEADER) or sub.priority
         if priority is None:
             priority = key.implied_class
-        if isinstance(priority, str) and priority.isdigit():
+        if isinstance(priority, str) and priority.isascii() and priority.isdigit():
             priority = int(priority)
         if priority is not None:
             fields["priority"] = priority

@@ -117,7 +117,7 @@ def read_body(endpoint: Endpoint, body: Any) -> Submission:
     if not isinstance(model, str) or not model:
         raise InvalidRequest("model", "is required: a model name or a size route such as >=13b")
     n = body.get("n", 1)
-    if n not in (1, None):
+    if n is not None and not (type(n) is int and n == 1):  # not true, not 1.0
         raise InvalidRequest("n", f"only 1 choice per request is served, got {n!r}")
     stream = body.get("stream", False)
     if not isinstance(stream, bool) and stream is not None:
@@ -169,8 +169,16 @@ def timeout_header(value: str | None) -> float | None:
 def _timeout(name: str, value: Any) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidRequest(name, f"must be seconds (a number), got {value!r}")
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # a JSON integer too large for a float
+        raise InvalidRequest(
+            name, "must be seconds (a finite number), got a huge integer"
+        ) from None
+    if not finite:
+        raise InvalidRequest(name, f"must be seconds (a finite number), got {value!r}")
     if value <= 0:
         raise InvalidRequest(name, f"must be > 0 seconds, got {value!r}")
     return float(value)
@@ -208,7 +216,10 @@ def _content(where: str, content: Any) -> str:
         for j, part in enumerate(content):
             if not isinstance(part, Mapping) or part.get("type") != "text":
                 raise InvalidRequest(f"{where}[{j}]", "only text parts are served")
-            parts.append(str(part.get("text", "")))
+            text = part.get("text", "")
+            if not isinstance(text, str):
+                raise InvalidRequest(f"{where}[{j}].text", "must be a string")
+            parts.append(text)
         return "".join(parts)
     raise InvalidRequest(where, "must be a string or a list of text parts")
 

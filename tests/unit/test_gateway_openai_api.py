@@ -1,0 +1,43 @@
+"""The OpenAI body reader's refusals of hostile input: each a 400 naming the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from inferq.errors import InvalidRequest
+from inferq.gateway import openai_api as api
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def chat(**fields: Any) -> dict[str, Any]:
+    return {"model": "llama-3.1-8b", "messages": MESSAGES, **fields}
+
+
+@pytest.mark.parametrize("value", [10**400, -(10**400)])
+def test_a_timeout_too_large_for_a_float_is_refused(value: int) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        api.read_body("chat", chat(timeout=value))
+    assert refused.value.field == "timeout"
+    assert "finite" in str(refused.value)
+
+
+def test_a_text_part_whose_text_is_not_a_string_is_refused() -> None:
+    body = chat(messages=[{"role": "user", "content": [{"type": "text", "text": {"x": 1}}]}])
+    with pytest.raises(InvalidRequest) as refused:
+        api.read_body("chat", body)
+    assert refused.value.field == "messages[0].content[0].text"
+
+
+@pytest.mark.parametrize("n", [True, 1.0, "1", 2, 0])
+def test_n_must_be_the_integer_1(n: Any) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        api.read_body("chat", chat(n=n))
+    assert refused.value.field == "n"
+
+
+def test_n_of_1_or_none_is_served() -> None:
+    assert api.read_body("chat", chat(n=1)).model == "llama-3.1-8b"
+    assert api.read_body("chat", chat(n=None)).model == "llama-3.1-8b"
