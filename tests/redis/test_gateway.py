@@ -250,3 +250,28 @@ def test_hostile_bodies_and_headers_are_400s_not_crashes(gateway: GatewayServer)
         response = httpx.post(url, content=content, headers=sent, timeout=30)
         assert response.status_code == 400, response.text
         assert response.json()["error"]["param"] == param
+
+
+def test_a_body_over_the_limit_is_a_413_before_it_is_read(
+    fast_settings: Settings, gateway: GatewayServer
+) -> None:
+    """A 40 MB body was read and decoded whole (about 3x its size in memory) before
+    intake refused the prompt; now it is refused by its length, declared or received."""
+    from inferq.gateway.app import max_body_bytes
+
+    limit = max_body_bytes(fast_settings)
+    prefix = b'{"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "'
+    big = prefix + b"a" * (limit + 1) + b'"}]}'
+    headers = {"Authorization": "Bearer sk-acme", "Content-Type": "application/json"}
+    url = f"{gateway.url}/chat/completions"
+
+    def chunked() -> Iterator[bytes]:  # no Content-Length: counted as it arrives
+        for i in range(0, len(big), 1 << 20):
+            yield big[i : i + (1 << 20)]
+
+    for content in (big, chunked()):
+        response = httpx.post(url, content=content, headers=headers, timeout=60)
+        assert response.status_code == 413, response.text[:200]
+        error = response.json()["error"]
+        assert error["param"] == "body" and error["code"] == "request_too_large"
+        assert str(limit) in error["message"]

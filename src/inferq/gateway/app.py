@@ -64,6 +64,22 @@ QUEUE_FULL_RETRY_S = 1
 _FLEET_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, RedisUnavailable)
 #: What a cancel on disconnect says (the result's error).
 DISCONNECTED = "the HTTP client disconnected"
+#: Bytes of JSON a request body may take per byte of ``max_prompt_bytes``: escaping
+#: makes text up to 6x longer (``\u00e9`` for one byte), the rest covers the structure.
+BODY_BYTES_PER_PROMPT_BYTE = 8
+#: Bytes of a request body beyond that (parameters, at most 16 KiB, and field names).
+BODY_BASE_BYTES = 1024 * 1024
+
+
+def max_body_bytes(settings: Settings) -> int:
+    """The largest request body read, bytes: ``BODY_BYTES_PER_PROMPT_BYTE x
+    max_prompt_bytes + BODY_BASE_BYTES`` (9 MiB by default). A larger one is refused
+    with 413 before it is read whole: decoding costs about 3x its size in memory."""
+    return BODY_BYTES_PER_PROMPT_BYTE * settings.max_prompt_bytes + BODY_BASE_BYTES
+
+
+class BodyTooLarge(Exception):
+    """The request body is longer than :func:`max_body_bytes`."""
 
 
 class Disconnected(Exception):
@@ -243,8 +259,19 @@ class Gateway:
         key = await self._key(request)
         if key is None:
             return self._unauthorized(endpoint)
+        limit = max_body_bytes(self.settings)
         try:
-            body = await request.json()
+            body = json.loads(await _read_body(request, limit))
+        except BodyTooLarge:
+            return self._error(
+                endpoint,
+                413,
+                f"the body exceeds the limit of {limit} bytes "
+                f"({BODY_BYTES_PER_PROMPT_BYTE} x max_prompt_bytes + {BODY_BASE_BYTES})",
+                "invalid_request_error",
+                param="body",
+                code="request_too_large",
+            )
         except (ValueError, UnicodeDecodeError):
             return self._error(endpoint, 400, "the body is not JSON", "invalid_request_error")
         except RecursionError:  # the decoder recurses per nesting level
@@ -667,6 +694,26 @@ def _failure_kind(result: Result) -> tuple[int, str, str]:
     if result.status == "cancelled":
         return 409, "invalid_request_error", "cancelled"
     return 500, "server_error", "generation_failed"
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request's body, at most ``limit`` bytes.
+
+    Raises:
+        BodyTooLarge: its ``Content-Length`` or the bytes received exceed ``limit``
+            (reading stops there).
+    """
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(declared)
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(size)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def _disconnected(request: Request) -> None:
