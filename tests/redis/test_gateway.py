@@ -275,3 +275,17 @@ def test_a_body_over_the_limit_is_a_413_before_it_is_read(
         error = response.json()["error"]
         assert error["param"] == "body" and error["code"] == "request_too_large"
         assert str(limit) in error["message"]
+
+
+def test_unknown_paths_and_methods_answer_the_openai_error_body(gateway: GatewayServer) -> None:
+    """Starlette's own 404 and 405 were plain text, which OpenAI clients cannot parse."""
+    headers = {"Authorization": "Bearer sk-acme"}
+    for method, path, status in [
+        ("GET", "/nope", 404),
+        ("GET", "/chat/completions", 405),
+        ("POST", "/models", 405),
+    ]:
+        response = httpx.request(method, f"{gateway.url}{path}", headers=headers, timeout=30)
+        assert response.status_code == status
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error" and error["message"]

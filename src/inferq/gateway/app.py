@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -669,7 +670,23 @@ def create_app(
         finally:
             await gateway.stop()
 
+    async def http_error(request: Request, exc: Exception) -> Response:
+        """404, 405 and the like as OpenAI's error body (Starlette's is plain text)."""
+        assert isinstance(exc, HTTPException)
+        return JSONResponse(
+            api.error_body(exc.detail, "invalid_request_error"),
+            status_code=exc.status_code,
+            headers=exc.headers,
+        )
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        """An unexpected fault as OpenAI's error body (logged by Starlette, with traceback)."""
+        return JSONResponse(
+            api.error_body("internal error in the gateway", "server_error"), status_code=500
+        )
+
     app = Starlette(
+        exception_handlers={HTTPException: http_error, Exception: server_error},
         routes=[
             Route("/v1/chat/completions", gateway.chat, methods=["POST"]),
             Route("/v1/completions", gateway.completions, methods=["POST"]),
