@@ -716,3 +716,14 @@ def test_an_empty_answer_without_a_finish_reason_is_truncated(stream: bool) -> N
         server.shutdown()
         server.server_close()
     assert classify(error) is FailureKind.TRUNCATED
+
+
+@pytest.mark.parametrize("name", ["n_predict", "max_completion_tokens", "max_tokens"])
+def test_params_cannot_lift_the_answer_past_max_tokens(name: str) -> None:
+    """``n_predict: 64`` beside ``max_tokens: 8`` made llama.cpp answer 64 tokens: it
+    reads ``n_predict`` before ``max_tokens`` (found through the gateway, issue 14)."""
+    from inferq.workers.servers.openai import build_body
+
+    _, body = build_body(chat_request(**{name: 100_000}), "served", stream=False)
+    assert body["max_tokens"] == 16
+    assert all(body.get(k) in (None, 16) for k in ("n_predict", "max_completion_tokens"))

@@ -65,8 +65,20 @@ from inferq.workers.servers.base import (
 log = logging.getLogger(__name__)
 
 #: Request fields the model server sets itself; ``payload.params`` cannot override them.
+#: ``max_completion_tokens`` (OpenAI) and ``n_predict`` (llama.cpp, which prefers it to
+#: ``max_tokens``) would lift the answer past the ``max_tokens`` the request was sized,
+#: admitted and rate-limited for.
 RESERVED_PARAMS = frozenset(
-    {"model", "prompt", "messages", "max_tokens", "stream", "stream_options"}
+    {
+        "model",
+        "prompt",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "n_predict",
+        "stream",
+        "stream_options",
+    }
 )
 #: Prefix of parameters meant for the sim model server; never forwarded.
 SIM_PARAM_PREFIX = "sim_"
