@@ -41,3 +41,32 @@ def test_n_must_be_the_integer_1(n: Any) -> None:
 def test_n_of_1_or_none_is_served() -> None:
     assert api.read_body("chat", chat(n=1)).model == "llama-3.1-8b"
     assert api.read_body("chat", chat(n=None)).model == "llama-3.1-8b"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("temperature", "hot"),
+        ("temperature", True),
+        ("top_p", [1]),
+        ("frequency_penalty", {"a": 1}),
+        ("presence_penalty", "0"),
+        ("seed", "x"),
+        ("seed", 1.5),
+        ("stop", 5),
+        ("stop", ["a", 1]),
+        ("logit_bias", [1, 2]),
+    ],
+)
+def test_a_sampling_field_of_the_wrong_type_is_refused(name: str, value: Any) -> None:
+    """Each reached llama.cpp, which answered 400, and the caller a 500 generation_failed."""
+    with pytest.raises(InvalidRequest) as refused:
+        api.read_body("chat", chat(**{name: value}))
+    assert refused.value.field == name
+
+
+def test_sampling_fields_of_the_right_type_are_forwarded() -> None:
+    fields = {"temperature": 0.5, "top_p": 1, "seed": 7, "stop": ["\\n"], "logit_bias": {}}
+    sub = api.read_body("chat", chat(**fields))
+    assert sub.fields["params"] == fields
+    assert api.read_body("chat", chat(stop="END")).fields["params"] == {"stop": "END"}

@@ -15,7 +15,8 @@ Mapping (also in the README, "Use it from any language"):
 - deadline: the ``X-Inferq-Timeout`` header (seconds) or a ``timeout`` body field.
 - ``user``: kept in the request's parameters (recorded, forwarded to the model server).
 - sampling fields (``temperature``, ``top_p``, ``stop``, ``seed``, penalties, ...):
-  forwarded to the model server as parameters. ``n`` other than 1, ``logprobs``,
+  forwarded to the model server as parameters (OpenAI's numeric ones, ``seed``, ``stop``
+  and ``logit_bias`` checked for type first). ``n`` other than 1, ``logprobs``,
   ``tools`` and ``response_format`` are refused (400 naming the field).
 """
 
@@ -134,6 +135,7 @@ def read_body(endpoint: Endpoint, body: Any) -> Submission:
     if max_tokens is not None:
         fields["max_tokens"] = max_tokens
     params = {k: v for k, v in body.items() if k not in _HANDLED and k not in _REFUSED}
+    _check_sampling(params)
     user = body.get("user")
     if user is not None:
         if not isinstance(user, str):
@@ -150,6 +152,39 @@ def read_body(endpoint: Endpoint, body: Any) -> Submission:
         priority=_priority(body.get("priority")),
         timeout=_timeout("timeout", body.get("timeout")),
     )
+
+
+#: OpenAI's numeric sampling fields: a model server answers 400 to another type, which
+#: would reach the caller as a failed generation (500) after a trip through the queue.
+_NUMBERS = ("temperature", "top_p", "frequency_penalty", "presence_penalty")
+
+
+def _check_sampling(params: Mapping[str, Any]) -> None:
+    """Refuse a sampling field of the wrong type (OpenAI's API reference): numbers,
+    an integer ``seed``, ``stop`` a string or a list of strings, ``logit_bias`` an object.
+
+    Raises:
+        InvalidRequest: names the field and the type it must have.
+    """
+    for name in _NUMBERS:
+        value = params.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise InvalidRequest(name, f"must be a number, got {_brief(value)}")
+    seed = params.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise InvalidRequest("seed", f"must be an integer, got {_brief(seed)}")
+    stop = params.get("stop")
+    strings = isinstance(stop, list) and all(isinstance(s, str) for s in stop)
+    if stop is not None and not isinstance(stop, str) and not strings:
+        raise InvalidRequest("stop", f"must be a string or a list of strings, got {_brief(stop)}")
+    bias = params.get("logit_bias")
+    if bias is not None and not isinstance(bias, Mapping):
+        raise InvalidRequest("logit_bias", f"must be an object, got {_brief(bias)}")
+
+
+def _brief(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:40]}... ({type(value).__name__})"
 
 
 def timeout_header(value: str | None) -> float | None:
