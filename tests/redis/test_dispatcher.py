@@ -238,6 +238,31 @@ def test_a_quarantined_submitted_request_leaves_every_queued_counter(
     assert store.redis.zscore(store.keys.fair_live("realtime"), "t1") is None
 
 
+def test_a_retry_whose_record_turned_corrupt_while_delayed_is_quarantined(
+    store: Store, client: Client
+) -> None:
+    """A retry backing off (delayed set) whose submit time no longer parses: promote.lua
+    failed the dispatcher's step on the ZADD and, having already taken the id out of the
+    delayed set, left it `queued` in no queue, still counted in c:<class>, not
+    quarantined. It must reach its sub-queue (where the snapshot quarantines it) and no
+    step may fail."""
+    ready_worker(store, "w1")
+    bad = client.submit("x", priority="realtime", max_tokens=4, tenant="t1")
+    qkey = store.keys.tenant_queue("realtime", "llama-3.1-8b", "t1")
+    [(_, attempt)] = store.assign("w1", "b1", [(bad.id, qkey, 1.0)])
+    store.requeue([(bad.id, attempt, "w1", "boom")], delay_s=0.01)
+    assert store.redis.zscore(store.keys.delayed, bad.id) is not None
+    store.redis.hset(store.keys.req(bad.id), "submitted_ms", "garbage")
+    time.sleep(0.05)
+    d = Dispatcher(store)
+    quarantined = sum(d.step().quarantined for _ in range(3))
+    assert quarantined == 1
+    assert "queued request" in store.quarantined()[store.keys.req(bad.id)]
+    assert queued_ids(store, "realtime", "llama-3.1-8b") == []
+    counts = store.queued_counts()
+    assert counts.get("c:realtime", 0) == 0 and "t:realtime:t1" not in counts, counts
+
+
 def test_fairness_state_lives_in_redis(store: Store, client: Client) -> None:
     ready_worker(store, "w1", slots=64)
     client.submit_many(

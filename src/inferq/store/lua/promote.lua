@@ -5,7 +5,10 @@
 -- is in no queue until its not-before time on Redis TIME; then it returns to its queue at
 -- its original position (score = submit time), and to its tenant's sub-queue
 -- (includes/queue.lua). A request that left `queued` meanwhile
--- (expired, cancelled) only leaves the delayed set.
+-- (expired, cancelled) only leaves the delayed set. A record whose submit time does not
+-- parse goes back to its sub-queue scored `now`: there the dispatcher's snapshot
+-- quarantines it with its counters (quarantine.lua); a ZADD of the bad score would fail
+-- the whole script after the id left the delayed set, stranding it `queued` in no queue.
 -- include: clock, keys, queue, wake
 local p, limit = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()
@@ -15,7 +18,9 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', p .. 'delayed', '-inf', now, 'LI
   local key = k_req(p, id)
   local r = redis.call('HMGET', key, 'state', 'priority', 'model', 'submitted_ms', 'tenant')
   if r[1] == 'queued' then
-    queue_add(p, r[2], r[3], r[5], id, r[4])
+    local score = tonumber(r[4])
+    if not score or score ~= score then score = now end  -- nil or NaN
+    queue_add(p, r[2], r[3], r[5], id, score)
     redis.call('HDEL', key, 'not_before_ms')
     n = n + 1
   end
