@@ -70,3 +70,15 @@ def test_sampling_fields_of_the_right_type_are_forwarded() -> None:
     sub = api.read_body("chat", chat(**fields))
     assert sub.fields["params"] == fields
     assert api.read_body("chat", chat(stop="END")).fields["params"] == {"stop": "END"}
+
+
+@pytest.mark.parametrize("value", ["false", 0, 1, [True]])
+def test_include_usage_must_be_a_boolean(value: Any) -> None:
+    """``"false"`` was read as true (``bool("false")``) and the usage chunk sent."""
+    body = chat(stream=True, stream_options={"include_usage": value})
+    with pytest.raises(InvalidRequest) as refused:
+        api.read_body("chat", body)
+    assert refused.value.field == "stream_options.include_usage"
+    for ok in (True, False, None):
+        sub = api.read_body("chat", chat(stream=True, stream_options={"include_usage": ok}))
+        assert sub.include_usage is bool(ok)

@@ -126,6 +126,11 @@ def read_body(endpoint: Endpoint, body: Any) -> Submission:
     options = body.get("stream_options") or {}
     if not isinstance(options, Mapping):
         raise InvalidRequest("stream_options", "must be an object")
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool) and include_usage is not None:
+        raise InvalidRequest(
+            "stream_options.include_usage", f"must be true or false, got {include_usage!r}"
+        )
     fields: dict[str, Any] = {"model": model, "stream": bool(stream)}
     if endpoint == "chat":
         fields["messages"] = _messages(body.get("messages"))
@@ -148,7 +153,7 @@ def read_body(endpoint: Endpoint, body: Any) -> Submission:
         model=model,
         fields=fields,
         stream=bool(stream),
-        include_usage=bool(options.get("include_usage", False)),
+        include_usage=bool(include_usage),
         priority=_priority(body.get("priority")),
         timeout=_timeout("timeout", body.get("timeout")),
     )
