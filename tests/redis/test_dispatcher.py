@@ -263,6 +263,31 @@ def test_a_retry_whose_record_turned_corrupt_while_delayed_is_quarantined(
     assert counts.get("c:realtime", 0) == 0 and "t:realtime:t1" not in counts, counts
 
 
+def test_an_expiring_request_with_a_corrupt_record_fails_no_step_and_no_counter(
+    store: Store, client: Client
+) -> None:
+    """expire.lua met a queued request past its deadline whose submit time does not parse
+    (or whose record lacks its route and tenant) after it had taken it out of its queue
+    and counters: the script failed, so every dispatcher step failed from then on, and
+    each retry took c:<class> one lower again (-1, -2, -3...). The request expires, the
+    counters stay true and the steps go on."""
+    bad = client.submit("x", priority="realtime", max_tokens=4, tenant="t1", timeout=0.2)
+    store.redis.hset(store.keys.req(bad.id), "submitted_ms", "garbage")
+    half = store.keys.req("half")
+    store.redis.hset(half, mapping={"state": "queued", "priority": "realtime", "deadline_ms": 1})
+    store.redis.zadd(store.keys.deadlines, {"half": 1})
+    time.sleep(0.3)
+    d = Dispatcher(store)
+    for _ in range(3):
+        d.step()
+    assert store.redis.hget(store.keys.req(bad.id), "state") == "expired"
+    assert store.redis.hget(half, "state") == "expired"
+    assert store.redis.zcard(store.keys.deadlines) == 0
+    counts = store.queued_counts()
+    assert counts.get("c:realtime", 0) == 0 and "t:realtime:t1" not in counts, counts
+    assert queued_ids(store, "realtime", "llama-3.1-8b") == []
+
+
 def test_fairness_state_lives_in_redis(store: Store, client: Client) -> None:
     ready_worker(store, "w1", slots=64)
     client.submit_many(

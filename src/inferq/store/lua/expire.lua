@@ -25,13 +25,16 @@ local function expire_one(id, reason)
     redis.call('ZREM', p .. 'deadlines', id)
     return
   end
-  local waited = now - tonumber(r[7])
+  -- A submit time that does not parse must not fail the script: withdraw already took the
+  -- request out of its queue and counters, and a failed script keeps that write, so every
+  -- later step would fail here again and count it out once more.
+  local waited = now - (tonumber(r[7]) or now)
   local err = reason .. ' (waited ' .. string.format('%.2f', waited / 1000) .. ' s)'
   if r[10] and r[10] ~= '' then
     err = err .. ' after ' .. (r[11] or '?') .. ' attempts; the last ended: ' .. r[10]
   end
   finalize(p, id, 'expired', now, ttl, maxlen, {'error', err})
-  emit(p, maxlen, 'expire', 'id', id, 'class', r[2], 'tenant', r[4], 'e2e_ms', waited,
+  emit(p, maxlen, 'expire', 'id', id, 'class', r[2] or '', 'tenant', r[4] or '', 'e2e_ms', waited,
     'reason', reason)
   out[#out + 1] = id
   out[#out + 1] = waited

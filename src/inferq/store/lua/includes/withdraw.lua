@@ -7,9 +7,11 @@
 
 local function withdraw(p, id, r)
   if r[1] == 'queued' then
-    queue_remove(p, r[2], r[3], r[4], id)
+    -- A record without its class, route or tenant (corrupt) names no queue and was
+    -- never counted: nothing to take out (and k_tqueue would fail on the nil).
+    if r[2] and r[3] and r[4] then queue_remove(p, r[2], r[3], r[4], id) end
     redis.call('ZREM', p .. 'delayed', id)
-    count_queued(p, r[2], r[4], -1)
+    if r[2] and r[4] then count_queued(p, r[2], r[4], -1) end
   elseif r[1] == 'assigned' then
     release(p, id, r[5], r[6])
   else
