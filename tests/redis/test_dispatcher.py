@@ -288,6 +288,25 @@ def test_an_expiring_request_with_a_corrupt_record_fails_no_step_and_no_counter(
     assert queued_ids(store, "realtime", "llama-3.1-8b") == []
 
 
+def test_a_request_requeued_with_a_corrupt_submit_time_is_quarantined_not_stranded(
+    store: Store, client: Client
+) -> None:
+    """A request handed back (its worker left) whose submit time no longer parses: the
+    requeue's ZADD failed remove_worker.lua after the record was set `queued` but before
+    it was queued or counted, so it was stranded in no queue (and its expiry would take
+    c:<class> below zero). It is queued, then quarantined with its counters."""
+    ready_worker(store, "w1")
+    bad = client.submit("x", priority="realtime", max_tokens=4, tenant="t1")
+    qkey = store.keys.tenant_queue("realtime", "llama-3.1-8b", "t1")
+    assert store.assign("w1", "b1", [(bad.id, qkey, 1.0)])
+    store.redis.hset(store.keys.req(bad.id), "submitted_ms", "garbage")
+    assert store.remove_worker("w1", reason="left", dead=False) == [bad.id]
+    assert Dispatcher(store).step().quarantined == 1
+    assert queued_ids(store, "realtime", "llama-3.1-8b") == []
+    counts = store.queued_counts()
+    assert counts.get("c:realtime", 0) == 0 and "t:realtime:t1" not in counts, counts
+
+
 def test_fairness_state_lives_in_redis(store: Store, client: Client) -> None:
     ready_worker(store, "w1", slots=64)
     client.submit_many(

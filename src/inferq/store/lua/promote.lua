@@ -6,9 +6,8 @@
 -- its original position (score = submit time), and to its tenant's sub-queue
 -- (includes/queue.lua). A request that left `queued` meanwhile
 -- (expired, cancelled) only leaves the delayed set. A record whose submit time does not
--- parse goes back to its sub-queue scored `now`: there the dispatcher's snapshot
--- quarantines it with its counters (quarantine.lua); a ZADD of the bad score would fail
--- the whole script after the id left the delayed set, stranding it `queued` in no queue.
+-- parse goes back to its sub-queue's head (queue_add), where the dispatcher's snapshot
+-- quarantines it with its counters (quarantine.lua).
 -- include: clock, keys, queue, wake
 local p, limit = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()
@@ -18,9 +17,7 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', p .. 'delayed', '-inf', now, 'LI
   local key = k_req(p, id)
   local r = redis.call('HMGET', key, 'state', 'priority', 'model', 'submitted_ms', 'tenant')
   if r[1] == 'queued' then
-    local score = tonumber(r[4])
-    if not score or score ~= score then score = now end  -- nil or NaN
-    queue_add(p, r[2], r[3], r[5], id, score)
+    queue_add(p, r[2], r[3], r[5], id, r[4])
     redis.call('HDEL', key, 'not_before_ms')
     n = n + 1
   end

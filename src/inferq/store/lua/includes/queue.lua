@@ -10,7 +10,12 @@
 -- equals the ids in the queue's sub-queues (a delayed retry is counted by counts:c:
 -- but is in no sub-queue until promote.lua puts it back).
 
+-- A score that does not parse (a corrupt submit time) becomes 0, the queue's head: the
+-- dispatcher's snapshot reads it there and quarantines it with its counters; a ZADD of it
+-- would fail the calling script after its earlier writes (which a failed script keeps).
 local function queue_add(p, class, route, tenant, id, score)
+  local s = tonumber(score)
+  if not s or s ~= s then score = 0 end
   if redis.call('ZADD', k_tqueue(p, class, route, tenant), score, id) == 1 then
     redis.call('HINCRBY', p .. 'counts', 'q:' .. class .. '|' .. route, 1)
   end
