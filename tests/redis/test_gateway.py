@@ -289,3 +289,29 @@ def test_unknown_paths_and_methods_answer_the_openai_error_body(gateway: Gateway
         assert response.status_code == status
         error = response.json()["error"]
         assert error["type"] == "invalid_request_error" and error["message"]
+
+
+def test_a_client_that_stalls_mid_body_gets_a_408(
+    gateway: GatewayServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that sent part of its body and stopped held its connection for ever."""
+    import socket
+
+    from inferq.gateway import app
+
+    monkeypatch.setattr(app, "BODY_READ_TIMEOUT_S", 0.5)
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=30) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b"Authorization: Bearer sk-acme\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 1000\r\n\r\n{"model"'
+        )
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            data = sock.recv(65536)
+            if not data:
+                break
+            answer += data
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    error = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+    assert error["param"] == "body" and error["code"] == "request_timeout"

@@ -79,6 +79,11 @@ def max_body_bytes(settings: Settings) -> int:
     return BODY_BYTES_PER_PROMPT_BYTE * settings.max_prompt_bytes + BODY_BASE_BYTES
 
 
+#: Seconds a client may take to send its whole body (9 MiB at 150 KiB/s); a client that
+#: stalls mid-body would otherwise hold its connection and task for ever.
+BODY_READ_TIMEOUT_S = 60.0
+
+
 class BodyTooLarge(Exception):
     """The request body is longer than :func:`max_body_bytes`."""
 
@@ -262,7 +267,18 @@ class Gateway:
             return self._unauthorized(endpoint)
         limit = max_body_bytes(self.settings)
         try:
-            body = json.loads(await _read_body(request, limit))
+            with anyio.fail_after(BODY_READ_TIMEOUT_S):
+                raw = await _read_body(request, limit)
+            body = json.loads(raw)
+        except TimeoutError:
+            return self._error(
+                endpoint,
+                408,
+                f"the body was not received within {BODY_READ_TIMEOUT_S:g} s",
+                "invalid_request_error",
+                param="body",
+                code="request_timeout",
+            )
         except BodyTooLarge:
             return self._error(
                 endpoint,
