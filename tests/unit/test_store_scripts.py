@@ -6,9 +6,12 @@ import re
 from importlib import resources
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from inferq import defaults
 from inferq.store import scripts
+from inferq.store.calls import redis_time_ms
 from inferq.store.keys import Keys
 from inferq.store.scripts import SCRIPTS, includes_of, script_source
 from inferq.store.snapshot import WORKER_FIELDS
@@ -115,3 +118,11 @@ def test_the_changed_workers_marks_agree_with_the_snapshot() -> None:
     assert keep is not None and int(keep.group(1)) == defaults.WORKER_CHANGES_KEEP_S * 1000
     assert Keys("n").worker_changes == Keys("n").prefix + "wchanged" and "'wchanged'" in text
     assert defaults.SNAPSHOT_FULL_REFRESH_S < defaults.WORKER_CHANGES_KEEP_S / 2
+
+
+@given(st.integers(0, 2**33), st.integers(0, 999_999))
+def test_redis_time_ms_floors_as_the_lua_clock_does(sec: int, usec: int) -> None:
+    """The snapshot's ``since_ms`` and the scripts' marks must be the same ms
+    (``lua/includes/clock.lua``: ``sec * 1000 + floor(usec / 1000)``)."""
+    assert redis_time_ms([str(sec), str(usec)]) == sec * 1000 + usec // 1000
+    assert "math.floor(tonumber(t[2]) / 1000)" in script_source("heartbeat")

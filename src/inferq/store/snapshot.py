@@ -24,7 +24,7 @@ from inferq.policy.snapshot import (
     Snapshot,
     WorkerView,
 )
-from inferq.store.calls import parse_estimates, redis_time
+from inferq.store.calls import parse_estimates, redis_time, redis_time_ms
 from inferq.store.keys import Keys
 
 #: Requests per queue whose fields a snapshot reads at least, when any slot is free.
@@ -150,7 +150,7 @@ def read_dispatch_view(
         pipe.zcard(k.workers)
     time_reply, queues, credits, *fleet_reply = pipe.execute()
     now = redis_time(time_reply)
-    now_ms = round(now * 1000)
+    now_ms = redis_time_ms(time_reply)  # the scripts' ms: marks compare with it
     names = sorted(tuple(q.split("|", 1)) for q in queues if q.split("|", 1)[0] in classes)
     # Full: every worker of the index; else only those marked changed since the last read.
     workers: list[str] = list(dict.fromkeys(fleet_reply[0]))
