@@ -315,3 +315,22 @@ def test_a_client_that_stalls_mid_body_gets_a_408(
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
     error = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
     assert error["param"] == "body" and error["code"] == "request_timeout"
+
+
+def test_header_numbers_must_be_plain_decimals(gateway: GatewayServer) -> None:
+    """``X-Inferq-Timeout: 1_0`` was a 10 s deadline (Python's float() takes digit
+    separators, exponents, ``inf`` and non-ASCII digits); a header number is digits with
+    an optional decimal part, and anything else is a 400 naming the header and the form."""
+    headers = {"Authorization": "Bearer sk-acme", "Content-Type": "application/json"}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    for value in ("1_0", "1e1", "inf", "nan", "0x10", "+5", "-5", "10.", ".5"):
+        response = httpx.post(
+            f"{gateway.url}/chat/completions",
+            json=body,
+            headers={**headers, "X-Inferq-Timeout": value},
+            timeout=30,
+        )
+        assert response.status_code == 400, (value, response.text)
+        error = response.json()["error"]
+        assert error["param"] == "X-Inferq-Timeout", value
+        assert "X-Inferq-Timeout" in error["message"] and "plain decimal" in error["message"]

@@ -82,3 +82,16 @@ def test_include_usage_must_be_a_boolean(value: Any) -> None:
     for ok in (True, False, None):
         sub = api.read_body("chat", chat(stream=True, stream_options={"include_usage": ok}))
         assert sub.include_usage is bool(ok)
+
+
+@pytest.mark.parametrize("value", ["10", "2.5", "0.25", "600"])
+def test_a_timeout_header_of_plain_decimals_is_read(value: str) -> None:
+    assert api.timeout_header(value) == float(value)
+
+
+@pytest.mark.parametrize("value", ["1_0", "1e1", "inf", "nan", " 10", "+5", "-5", "\u0661", "10."])
+def test_a_timeout_header_in_any_other_form_is_refused(value: str) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        api.timeout_header(value)
+    assert refused.value.field == "X-Inferq-Timeout"
+    assert "plain decimal" in refused.value.reason

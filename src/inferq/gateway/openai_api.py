@@ -23,6 +23,7 @@ Mapping (also in the README, "Use it from any language"):
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -33,9 +34,13 @@ from inferq.models import Result
 Endpoint = Literal["chat", "completions"]
 
 #: Header naming the priority class (or level) of a request.
-PRIORITY_HEADER = "x-inferq-priority"
+PRIORITY_HEADER = "X-Inferq-Priority"
 #: Header giving the request's timeout in seconds (OpenAI bodies have no such field).
-TIMEOUT_HEADER = "x-inferq-timeout"
+TIMEOUT_HEADER = "X-Inferq-Timeout"
+#: A number in a header: ASCII digits, optionally a dot and more digits (``30``, ``2.5``).
+#: Python's ``float()``/``int()`` also take ``1_0``, ``1e1``, ``inf``, ``nan``, signs,
+#: spaces and non-ASCII digits, none of which an HTTP client means as a plain number.
+PLAIN_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 #: Body fields the gateway reads itself; every other known field is a sampling parameter.
 _HANDLED = frozenset(
     {
@@ -196,14 +201,18 @@ def timeout_header(value: str | None) -> float | None:
     """The ``X-Inferq-Timeout`` header as seconds (None when absent).
 
     Raises:
-        InvalidRequest: not a positive finite number.
+        InvalidRequest: not a plain decimal (:data:`PLAIN_DECIMAL`), or not > 0; names
+            the header.
     """
     if value is None:
         return None
-    try:
-        return _timeout(TIMEOUT_HEADER, float(value))
-    except ValueError:
-        raise InvalidRequest(TIMEOUT_HEADER, f"must be seconds (a number), got {value!r}") from None
+    if not PLAIN_DECIMAL.fullmatch(value):
+        raise InvalidRequest(
+            TIMEOUT_HEADER,
+            f"must be seconds as a plain decimal number (digits, optionally a dot and "
+            f"more digits: 30 or 2.5), got {_brief(value)}",
+        )
+    return _timeout(TIMEOUT_HEADER, float(value))
 
 
 def _timeout(name: str, value: Any) -> float | None:
