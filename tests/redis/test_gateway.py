@@ -154,7 +154,7 @@ def test_refusals_use_the_openai_error_body(fleet: Fleet, gateway: GatewayServer
         client.chat.completions.create(
             model=MODEL, messages=messages, extra_headers={"X-Inferq-Priority": "batch"}
         )
-    assert denied.value.body["param"] == "priority"  # type: ignore[index]
+    assert denied.value.body["param"] == "X-Inferq-Priority"  # type: ignore[index]
     with pytest.raises(openai.InternalServerError) as unavailable:  # 503: no worker, no pool
         client.chat.completions.create(model="llama-3.1-70b-awq", messages=messages)
     assert unavailable.value.status_code == 503
@@ -245,7 +245,7 @@ def test_hostile_bodies_and_headers_are_400s_not_crashes(gateway: GatewayServer)
     for content, sent, param in [
         (deep, headers, None),
         (huge_timeout, headers, "timeout"),
-        (body, superscript, "priority"),
+        (body, superscript, "X-Inferq-Priority"),
     ]:
         response = httpx.post(url, content=content, headers=sent, timeout=30)
         assert response.status_code == 400, response.text
@@ -334,3 +334,37 @@ def test_header_numbers_must_be_plain_decimals(gateway: GatewayServer) -> None:
         error = response.json()["error"]
         assert error["param"] == "X-Inferq-Timeout", value
         assert "X-Inferq-Timeout" in error["message"] and "plain decimal" in error["message"]
+
+
+def test_every_refusal_names_the_field_the_caller_sent(gateway: GatewayServer) -> None:
+    """``max_completion_tokens: "x"`` was refused naming ``max_tokens`` (intake's name for
+    it); a header's value, or a sampling field refused as part of ``params``, was named
+    by inferq's field too. The error's param and message name what the caller sent."""
+    headers = {"Authorization": "Bearer sk-acme", "Content-Type": "application/json"}
+    base = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    deep: Any = 1
+    for _ in range(40):  # nested deeper than intake's limit on params (32)
+        deep = [deep]
+    for extra, sent_headers, param in [
+        ({"max_completion_tokens": "x"}, {}, "max_completion_tokens"),
+        ({"max_completion_tokens": 0}, {}, "max_completion_tokens"),
+        ({"max_completion_tokens": 10**9, "max_tokens": 5}, {}, "max_completion_tokens"),
+        ({"max_tokens": "x"}, {}, "max_tokens"),
+        ({"priority": "nope"}, {}, "priority"),
+        ({}, {"X-Inferq-Priority": "nope"}, "X-Inferq-Priority"),
+        ({"timeout": 10**7}, {}, "timeout"),
+        ({}, {"X-Inferq-Timeout": "10000000"}, "X-Inferq-Timeout"),
+        ({"stop": "s" * 20_000}, {}, "stop"),
+        ({"user": "\ud800"}, {}, "user"),
+        ({"metadata": {"a": deep}, "stop": "s" * 100}, {}, "metadata"),
+    ]:
+        response = httpx.post(
+            f"{gateway.url}/chat/completions",
+            content=json.dumps({**base, **extra}),
+            headers={**headers, **sent_headers},
+            timeout=30,
+        )
+        assert response.status_code == 400, (extra, sent_headers, response.text)
+        error = response.json()["error"]
+        assert error["param"] == param, (extra, sent_headers, error)
+        assert error["message"].startswith(f"{param}: "), error["message"]

@@ -309,7 +309,7 @@ class Gateway:
                 f"priority class {inferq_request.priority!r} is not allowed for this API key "
                 f"(allowed: {allowed})",
                 "permission_error",
-                param="priority",
+                param=_header_names(request).get("priority", "priority"),
             )
         if not await self._servable(inferq_request, cell):
             return self._error(
@@ -376,6 +376,7 @@ class Gateway:
         """
         fields = dict(sub.fields)
         fields["tenant"] = key.tenant
+        names = _header_names(request)
         priority = request.headers.get(api.PRIORITY_HEADER) or sub.priority
         if priority is None:
             priority = key.implied_class
@@ -390,6 +391,8 @@ class Gateway:
             built = build_request(self.settings, **fields)
         except TypeError as exc:
             raise InvalidRequest("body", str(exc)) from None
+        except InvalidRequest as exc:
+            raise api.as_sent(exc, sub, names) from None
         return built
 
     async def _stream(
@@ -714,6 +717,17 @@ def create_app(
     )
     app.state.gateway = gateway
     return app
+
+
+def _header_names(request: Request) -> dict[str, str]:
+    """inferq's name of a request field -> the header the caller gave it in (the
+    headers win over the body's fields): a refusal names the header."""
+    names = {}
+    if request.headers.get(api.PRIORITY_HEADER):
+        names["priority"] = api.PRIORITY_HEADER
+    if request.headers.get(api.TIMEOUT_HEADER) is not None:
+        names["timeout"] = api.TIMEOUT_HEADER
+    return names
 
 
 def _data(body: dict[str, Any]) -> dict[str, str]:

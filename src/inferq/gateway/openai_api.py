@@ -22,6 +22,7 @@ Mapping (also in the README, "Use it from any language"):
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -97,6 +98,9 @@ class Submission:
         stream: answer with server-sent events.
         include_usage: ``stream_options.include_usage``: a last chunk with ``usage``.
         priority / timeout: from the body (headers are read by the application).
+        names: inferq's name of a field -> the body field the caller sent it as, where
+            they differ (``max_tokens`` given as ``max_completion_tokens``): a refusal
+            names what the caller sent (:func:`as_sent`).
     """
 
     endpoint: Endpoint
@@ -106,6 +110,7 @@ class Submission:
     include_usage: bool = False
     priority: str | int | None = None
     timeout: float | None = None
+    names: dict[str, str] = field(default_factory=dict)
 
 
 def read_body(endpoint: Endpoint, body: Any) -> Submission:
@@ -141,7 +146,12 @@ def read_body(endpoint: Endpoint, body: Any) -> Submission:
         fields["messages"] = _messages(body.get("messages"))
     else:
         fields["prompt"] = _prompt(body.get("prompt"))
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    names = {}
+    max_tokens = body.get("max_completion_tokens")
+    if max_tokens is not None:  # OpenAI's newer name wins, as on OpenAI's API
+        names["max_tokens"] = "max_completion_tokens"
+    else:
+        max_tokens = body.get("max_tokens")
     if max_tokens is not None:
         fields["max_tokens"] = max_tokens
     params = {k: v for k, v in body.items() if k not in _HANDLED and k not in _REFUSED}
@@ -161,7 +171,58 @@ def read_body(endpoint: Endpoint, body: Any) -> Submission:
         include_usage=bool(include_usage),
         priority=_priority(body.get("priority")),
         timeout=_timeout("timeout", body.get("timeout")),
+        names=names,
     )
+
+
+def as_sent(exc: InvalidRequest, sub: Submission, names: Mapping[str, str]) -> InvalidRequest:
+    """``exc`` (a refusal by inferq's intake, which names its own fields) naming the
+    field the caller sent instead: ``max_completion_tokens`` for ``max_tokens``, a
+    header for the value it gave (``names``: inferq's name -> the caller's, over
+    ``sub.names``), and a sampling field for ``params`` (the gateway gathers them there:
+    ``params.<name>`` is ``<name>``, and a refusal of ``params`` as a whole names the
+    field that breaks it, see :func:`_culprit`). Returns ``exc`` when nothing differs.
+    """
+    head, dot, rest = exc.field.partition(".")
+    params = sub.fields.get("params") or {}
+    if head == "params":
+        sent = rest if dot else _culprit(params)
+    else:
+        sent = {**sub.names, **names}.get(head, head) + dot + rest
+    if sent == exc.field:
+        return exc
+    return type(exc)(sent, exc.reason)
+
+
+def _culprit(params: Mapping[str, Any]) -> str:
+    """The sampling field that makes ``params`` refused: the first that does not encode
+    as JSON text (a lone surrogate, NaN), else the most deeply nested, else the largest."""
+    if not params:
+        return "params"
+
+    def badness(name: str) -> tuple[bool, int, int]:
+        value = params[name]
+        try:
+            size = len(json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8"))
+        except (TypeError, ValueError, RecursionError):  # UnicodeEncodeError is a ValueError
+            return True, 0, 0
+        return False, _depth(value), size
+
+    return max(params, key=badness)
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of a JSON value (a scalar is 1), without recursion."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(item, Mapping):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend((v, depth + 1) for v in item)
+    return deepest
 
 
 #: OpenAI's numeric sampling fields: a model server answers 400 to another type, which
