@@ -105,6 +105,10 @@ HEARTBEAT_INTERVAL_S = 1.0
 #: an abort (a preemption) reaches the model server within this plus one round trip,
 #: a small share of realtime's 2 s SLA; stopping the reader waits at most this long.
 CONTROL_BLOCK_S = 0.5
+#: How long a drain request (``drain:<w>``) lives, seconds: far longer than any drain takes;
+#: the worker deletes it when it leaves (remove_worker.lua), so it only bounds a flag whose
+#: worker died unseen.
+DRAIN_FLAG_TTL_S = 24 * 3600.0
 #: A heartbeat hash lives three intervals (issue #4); a worker silent that long is dead.
 HEARTBEAT_TTL_INTERVALS = 3
 #: Lease length, seconds: heartbeat TTL plus a margin, so one missed beat does not

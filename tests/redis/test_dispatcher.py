@@ -484,3 +484,39 @@ def test_a_change_marked_in_the_millisecond_of_a_read_is_seen_by_the_next(
         assert view.slots == slots
     assert fleet.full_reads == 1
     store.remove_worker("w1", reason="test", dead=False)
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_a_worker_asked_to_drain_is_offered_nothing_from_the_next_step(
+    store: Store, client: Client, monkeypatch: pytest.MonkeyPatch, cached: bool
+) -> None:
+    """A drain takes effect for routing at once, not one heartbeat later: the step right
+    after ``request_drain`` offers the worker nothing (it used to pick it, have the claim
+    refused by assign.lua and hold the batch back a step), also when a beat the worker
+    sent before it saw the flag still says ``ready``, and also from a dispatcher's cached
+    fleet (the drain marks the worker changed)."""
+    store.fleet.full_every_s = 3600  # the cached case reads only the marked workers
+    info = ready_worker(store, "w1", slots=4)
+    ready_worker(store, "w2", slots=8)
+    dispatcher = Dispatcher(store)
+    if cached:
+        dispatcher.step()  # the fleet is read; the next step reads only what changed
+        time.sleep(0.003)  # keep the drain's mark out of this read's millisecond
+    else:
+        store.fleet.full_every_s = 0  # every read a full one
+    assert store.request_drain("w1")
+    store.heartbeat(info, ttl_s=30)  # written before the worker learnt of its drain
+    claims: list[str] = []
+    real = store.assign
+
+    def spy(worker_id, *args, **kwargs):  # type: ignore[no-untyped-def]
+        claims.append(worker_id)
+        return real(worker_id, *args, **kwargs)
+
+    monkeypatch.setattr(store, "assign", spy)
+    handles = [client.submit("hi", priority="realtime", max_tokens=8) for _ in range(8)]
+    report = dispatcher.step()
+    assert claims == ["w2"] and report.dispatched == 8
+    assert jobs_of(store, "w1") == []
+    assert {store.record(h.id).worker for h in handles} == {"w2"}
+    assert store.redis.hget(store.keys.worker("w1"), "state") == WorkerState.DRAINING.value

@@ -248,6 +248,20 @@ def assign_call(
     return Call("assign", worker_keys, argv)
 
 
+def drain_call(keys: Keys, worker_id: str, ttl_s: float) -> Call:
+    """``drain.lua``: ask a live worker to drain; the flag lives ``ttl_s`` seconds."""
+    return Call(
+        "drain",
+        [keys.worker(worker_id), keys.drain(worker_id)],
+        [keys.prefix, worker_id, round(ttl_s * 1000)],
+    )
+
+
+def parse_drain(reply: Any) -> bool:
+    """True when a live worker was asked to drain, False when none has the id."""
+    return bool(reply)
+
+
 def parse_assign(reply: Sequence[Any]) -> list[tuple[str, int]]:
     """(request id, attempt) of each request claimed."""
     return [(str(rid), int(attempt)) for rid, attempt in _pairs(reply)]

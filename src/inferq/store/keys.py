@@ -37,7 +37,7 @@ P wchanged                      zset    worker id -> ms of its last routing chan
 P worker:<id>                   hash    heartbeat (expires after 3 intervals)
 P load:<id>                     hash    reserved ``slots`` and ``mib`` of assigned work
 P inflight:<id>                 set     request ids assigned to the worker
-P drain:<id>                    string  set when the worker was asked to drain
+P drain:<id>                    string  set when the worker was asked to drain (drain.lua)
 P ctl:<id>                      list    control commands to the worker (abort), TTL
 P fair:classes                  hash    class -> smooth-WRR credit
 P fair:vtc:<class>              zset    tenant -> virtual time (VTC counter / weight)

@@ -31,6 +31,7 @@ SCRIPTS = (
     "note_unschedulable",
     "cancel",
     "heartbeat",
+    "drain",
     "remove_worker",
     "reap_leases",
     "dead_requeue",

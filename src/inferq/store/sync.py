@@ -594,14 +594,16 @@ class Store(AdminCalls):
         return bool(self.redis.exists(self.keys.worker(worker_id)))
 
     def request_drain(self, worker_id: str) -> bool:
-        """Ask a worker to drain (it sees the flag on its next heartbeat).
+        """Ask a worker to drain (``drain.lua``).
+
+        Routing stops at once: the worker's heartbeat says ``draining`` from now on and
+        it is marked changed, so no dispatcher offers it anything from its next step
+        (the worker itself sees the flag on its next heartbeat).
 
         Returns False when no live worker has this id.
         """
-        if not self.redis.exists(self.keys.worker(worker_id)):
-            return False
-        self.redis.set(self.keys.drain(worker_id), "1", ex=24 * 3600)
-        return True
+        call = calls.drain_call(self.keys, worker_id, defaults.DRAIN_FLAG_TTL_S)
+        return calls.parse_drain(self._call(call))
 
     def output_estimates(self) -> dict[tuple[str, str], float]:
         """Moving means of generated tokens: (model, task_type or '') -> tokens."""

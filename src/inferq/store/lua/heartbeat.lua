@@ -15,7 +15,8 @@
 -- Invariant: a live worker's hash exists and is in the workers index with its last beat;
 -- while it beats, none of its requests' leases lapse; a silent worker's hash expires after ttl;
 -- a worker running an attempt that is no longer its own learns it on its next beat, and
--- one running an attempt marked for an abort learns that on every beat until it ends.
+-- one running an attempt marked for an abort learns that on every beat until it ends; a
+-- worker asked to drain is published `draining` whatever state its beat carries.
 -- A change of a routing field marks the worker in wchanged (includes/changed.lua).
 -- include: clock, keys, events, changed
 local p, w, ttl, lease_ms, maxlen = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
@@ -24,6 +25,14 @@ local now = now_ms()
 local joined = 1 - redis.call('EXISTS', KEYS[1])
 local fields = {}
 for i = 7 + 2 * n, #ARGV do fields[#fields + 1] = ARGV[i] end
+-- Asked to drain (drain.lua): the hash says so from the request on, so a beat sent before
+-- the worker saw the flag cannot make it routable again for a heartbeat.
+local drain = redis.call('EXISTS', KEYS[3])
+if drain == 1 then
+  for i = 1, #fields - 1, 2 do
+    if fields[i] == 'state' then fields[i + 1] = 'draining' end
+  end
+end
 local changed = routing_changes(KEYS[1], fields)
 redis.call('HSET', KEYS[1], unpack(fields))
 if changed then worker_changed(p, w, now) end
@@ -37,7 +46,7 @@ if joined == 1 then
   local model = redis.call('HGET', KEYS[1], 'model') or ''
   emit(p, maxlen, 'worker_joined', 'worker', w, 'model', model)
 end
-local out = {joined, redis.call('EXISTS', KEYS[3]), now, 0}
+local out = {joined, drain, now, 0}
 local aborts = {}
 for i = 7, 6 + 2 * n, 2 do
   local id, attempt = ARGV[i], ARGV[i + 1]
