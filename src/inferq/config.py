@@ -420,6 +420,12 @@ class Settings(BaseSettings):
     events_maxlen: int = Field(default=defaults.EVENTS_MAXLEN, gt=0)
     heartbeat_interval_s: float = Field(default=defaults.HEARTBEAT_INTERVAL_S, gt=0)
     lease_s: float = Field(default=defaults.LEASE_S, gt=0)
+    gateway_lease_s: float = Field(
+        default=defaults.GATEWAY_LEASE_S,
+        gt=0,
+        description="seconds after which a gateway that stopped renewing its liveness lease "
+        "is taken for dead and the requests submitted through it are cancelled",
+    )
     chars_per_token: float = Field(default=defaults.CHARS_PER_TOKEN, gt=0)
     scaling: ScalingSettings = Field(default_factory=ScalingSettings)
     #: Cells by name (empty: one Redis, ``redis_url``); see :mod:`inferq.cells`.

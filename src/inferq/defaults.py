@@ -114,6 +114,12 @@ HEARTBEAT_TTL_INTERVALS = 3
 #: Lease length, seconds: heartbeat TTL plus a margin, so one missed beat does not
 #: requeue live work but a dead worker's requests return within ~2 beats + margin.
 LEASE_S = 5.0
+#: A gateway's liveness lease, seconds: it renews it every third of that while it runs;
+#: once it lapses (the process died: SIGKILL, OOM, a lost host) the dispatcher cancels
+#: the requests submitted through it, since nobody can read their answers. Twice the
+#: worker lease: a gateway's event loop may stall on a burst of large bodies, and a
+#: false lapse cancels live streams, while a true one only costs the tokens of 10 s.
+GATEWAY_LEASE_S = 10.0
 
 #: Share of a card's VRAM a model server claims (vLLM's gpu_memory_utilization
 #: default); what is left after the weights is the KV cache.

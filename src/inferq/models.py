@@ -142,6 +142,10 @@ class InferenceRequest(BaseModel):
         attempts: deliveries so far (the fencing number of the latest one).
         stream: the worker publishes the output as it is generated, chunk by chunk, to
             the request's Redis stream (``handle.stream()``, the gateway's SSE).
+        caller: the id of the gateway process that submitted it and relays its answer
+            (None: any other submitter, whose requests are tied to no process). When
+            that gateway's liveness lease lapses the request is cancelled (``P callers``,
+            ``reap_callers.lua``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -160,6 +164,7 @@ class InferenceRequest(BaseModel):
     submitted_at: float = Field(gt=0)
     attempts: int = Field(default=0, ge=0)
     stream: bool = False
+    caller: str | None = Field(default=None, pattern=ID_PATTERN)
 
     @property
     def route(self) -> str:
@@ -207,6 +212,8 @@ class InferenceRequest(BaseModel):
             fields["idempotency_key"] = self.idempotency_key
         if self.stream:
             fields["stream"] = "1"
+        if self.caller is not None:
+            fields["caller"] = self.caller
         return fields
 
     @classmethod
@@ -232,6 +239,7 @@ class InferenceRequest(BaseModel):
                 submitted_at=from_ms(int(fields["submitted_ms"])),
                 attempts=int(fields.get("attempts", "0")),
                 stream=fields.get("stream") == "1",
+                caller=fields.get("caller") or None,
             )
         except KeyError as exc:
             raise CorruptRecord(key, f"missing field {exc.args[0]!r}") from None

@@ -23,6 +23,8 @@ def test_every_key_is_under_the_prefix() -> None:
         k.done("a"),
         k.payload("a"),
         k.stream("a"),
+        k.callers,
+        k.caller("g"),
         k.idem("t", "x"),
         k.counts,
         k.stats,
@@ -67,6 +69,7 @@ def test_lua_templates_match_keys_py() -> None:
     assert k.load("W") == k.prefix + templates["k_load"] + "W"
     assert k.inflight("W") == k.prefix + templates["k_inflight"] + "W"
     assert k.ctl("W") == k.prefix + templates["k_ctl"] + "W"
+    assert k.caller("G") == k.prefix + templates["k_caller"] + "G"
     queue_lua = (resources.files("inferq.store") / "lua" / "includes" / "queue.lua").read_text()
     assert count_field_queue("C", "R") == "q:C|R"
     assert "'q:' .. class .. '|' .. route" in queue_lua

@@ -8,7 +8,9 @@ restarted at any time. Each step:
    retries whose backoff has passed back to their queues (``promote.lua``) and
    delete dead-lettered ones past their retention (``dead_letter_ttl_s``);
 2. recover: remove workers whose heartbeat lapsed (their requests go back to
-   their queues, their RQ queue is emptied) and requeue lapsed leases;
+   their queues, their RQ queue is emptied), requeue lapsed leases, and cancel the
+   requests of gateways whose liveness lease lapsed (``reap_callers.lua``: the gateway
+   died mid-answer, nobody reads them; a running one is aborted on its worker);
 3. read a snapshot (at most five pipelined round trips; once a second also the
    models of a running scaler's pools, so a request only a pool serves waits for
    its cold start instead of being reported unschedulable), call
@@ -40,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from inferq import defaults
 from inferq.config import Settings
 from inferq.delivery import BatchSender
-from inferq.errors import InvalidRequest
+from inferq.errors import InvalidRequest, RequestNotFound
 from inferq.ids import new_id
 from inferq.policy.dispatch import decide
 from inferq.policy.preemption import choose_victims
@@ -79,6 +81,7 @@ class StepReport:
     unschedulable: int = 0
     quarantined: int = 0
     preempted: int = 0
+    orphans_cancelled: int = 0
     decide_s: float = 0.0
     step_s: float = 0.0
     batch_sizes: list[int] = field(default_factory=list)
@@ -337,6 +340,29 @@ class Dispatcher:
         report.requeued += sum(
             1 for _, v in self.store.reap_leases() if v in ("queued", "preempted")
         )
+        report.orphans_cancelled += self._cancel_orphans()
+
+    def _cancel_orphans(self) -> int:
+        """Cancel the requests of gateways whose liveness lease lapsed (their caller died:
+        SIGKILL, OOM, a lost host), a running one on its worker; returns how many were
+        cancelled or aborted. A request whose abort is pending is listed again until its
+        worker has ended it (the abort is idempotent: ``pending``)."""
+        total = 0
+        for caller, ids in self.store.lapsed_callers():
+            reason = f"its gateway {caller} is gone (its liveness lease lapsed)"
+            cancelled = 0
+            for rid in ids:
+                try:
+                    state = self.store.cancel(rid)
+                    if state == "running":
+                        state = self.store.cancel_running(rid, reason)
+                except RequestNotFound:  # its record went meanwhile
+                    continue
+                cancelled += state in ("cancelled", "sent", "done")
+            if cancelled:
+                log.warning("gateway %s lost; cancelled %d of its requests", caller, cancelled)
+            total += cancelled
+        return total
 
     def _quarantine(self, view: DispatchView, report: StepReport) -> None:
         for key, reason, members in view.corrupt:

@@ -14,6 +14,13 @@ response starts, so a request that expires in the queue gets a 504 and one that 
 before its first token a 5xx, not an empty stream. When the HTTP client goes away the
 request is cancelled, a running one included (its worker aborts the model-server call).
 
+When the gateway process itself dies mid-answer (SIGKILL, OOM, a lost host) nobody is
+left to cancel: every replica holds a liveness lease in Redis (``P callers``, renewed
+every third of ``gateway_lease_s``) and marks the requests it submits with its id
+(``InferenceRequest.caller``); once the lease lapses the dispatcher cancels those still
+running or waiting (``reap_callers.lua``). Requests submitted by other clients are tied
+to no process.
+
 Every replica is stateless (the queue, the rate-limit windows and the requests live in
 Redis): run as many as needed behind any load balancer.
 """
@@ -45,6 +52,7 @@ from inferq.errors import InferqError, InvalidRequest, QueueFull, RedisUnavailab
 from inferq.gateway import openai_api as api
 from inferq.gateway.ratelimit import RateLimits
 from inferq.gateway.tenants import OPEN, ApiKey, KeyRing, StoredKeys
+from inferq.ids import new_id
 from inferq.intake import build_request
 from inferq.metrics import MetricsLease, build_registry
 from inferq.metrics.events import EventObserver
@@ -189,10 +197,16 @@ class Gateway:
         self._fleet: dict[str | None, tuple[float, set[str]]] = {}  # cell -> (read at, models)
         self._pools = set(settings.scaling.pools)
         self._classes = [c.name for c in settings.classes]
+        #: This process's id as the caller of the requests it submits (its lease's name).
+        self.caller_id = new_id()
+        self._leased: set[int] = set()  # id() of the cell stores this replica's lease is in
+        self._lease_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self.client = AsyncClient(settings=self.settings)
         await self.client.store.check()
+        await self._hold_caller_lease(None)
+        self._lease_task = asyncio.create_task(self._renew_caller_lease())
         if self.redis_keys:
             self.stored_keys = StoredKeys(self.client.store.api_key)
         if self.use_rate_limits:
@@ -215,6 +229,9 @@ class Gateway:
         lease.start()
 
     async def stop(self) -> None:
+        if self._lease_task is not None:
+            self._lease_task.cancel()
+            await asyncio.gather(self._lease_task, return_exceptions=True)
         if self.lease is not None:
             await anyio.to_thread.run_sync(self.lease.stop)
         if self._metrics_store is not None:
@@ -335,6 +352,7 @@ class Gateway:
                     retry_after=refusal.retry_after_s,
                 )
         try:
+            await self._hold_caller_lease(cell)
             handle = await self.aclient.submit_request(inferq_request)
         except QueueFull as exc:
             return self._error(
@@ -393,7 +411,31 @@ class Gateway:
             raise InvalidRequest("body", str(exc)) from None
         except InvalidRequest as exc:
             raise api.as_sent(exc, sub, names) from None
-        return built
+        return built.model_copy(update={"caller": self.caller_id})
+
+    # --- the caller lease -------------------------------------------------------------
+
+    async def _hold_caller_lease(self, cell: str | None) -> None:
+        """Put this replica's liveness lease in ``cell``'s Redis before its first request
+        there (a request marked with a caller that has no lease would never be reaped);
+        :meth:`_renew_caller_lease` keeps it."""
+        store = self.aclient.cells.get(cell)
+        if id(store) not in self._leased:
+            await store.renew_caller(self.caller_id, self.settings.gateway_lease_s)
+            self._leased.add(id(store))
+
+    async def _renew_caller_lease(self) -> None:
+        """Renew the liveness lease every third of ``gateway_lease_s`` in every cell this
+        replica has submitted to, for as long as it runs; a renewal that fails (Redis
+        unreachable) is retried at the next turn."""
+        every = self.settings.gateway_lease_s / 3
+        while True:
+            await asyncio.sleep(every)
+            for store in [self.aclient.store, *self.aclient.cells.others()]:
+                try:
+                    await store.renew_caller(self.caller_id, self.settings.gateway_lease_s)
+                except Exception as exc:  # Redis away: retried next turn; the loop must live
+                    log.warning("could not renew the gateway's liveness lease: %s", exc)
 
     async def _stream(
         self,

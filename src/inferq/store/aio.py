@@ -22,7 +22,7 @@ from inferq.store.keys import Keys
 from inferq.store.scripts import script_source
 
 #: The scripts a client runs.
-CLIENT_SCRIPTS = ("submit", "cancel", "expire", "abort")
+CLIENT_SCRIPTS = ("submit", "cancel", "expire", "abort", "caller_lease")
 
 
 class AsyncStore:
@@ -159,6 +159,12 @@ class AsyncStore:
             return []
         call = calls.expire_ids_call(self.keys, self.settings, pairs)
         return calls.parse_expire(await self._call(call))
+
+    async def renew_caller(self, caller_id: str, ttl_s: float) -> None:
+        """Renew gateway ``caller_id``'s liveness lease for ``ttl_s`` seconds
+        (``caller_lease.lua``): while it is renewed, the requests submitted through the
+        gateway (``InferenceRequest.caller``) are not cancelled as orphans."""
+        await self._call(calls.caller_lease_call(self.keys, caller_id, ttl_s))
 
     async def cancel(self, request_id: str) -> str:
         """See :meth:`inferq.store.Store.cancel`."""

@@ -756,6 +756,28 @@ def parse_lease(reply: Any) -> bool:
     return bool(reply)
 
 
+def caller_lease_call(keys: Keys, caller_id: str, ttl_s: float) -> Call:
+    """``caller_lease.lua``: renew gateway ``caller_id``'s liveness lease for ``ttl_s`` s
+    (at least 1 ms)."""
+    return Call("caller_lease", [keys.callers], [caller_id, max(1, round(ttl_s * 1000))])
+
+
+def reap_callers_call(keys: Keys, limit: int) -> Call:
+    """``reap_callers.lua``: the live requests of at most ``limit`` lapsed gateways."""
+    return Call("reap_callers", [keys.callers], [keys.prefix, limit])
+
+
+def parse_reap_callers(reply: Sequence[Any]) -> list[tuple[str, list[str]]]:
+    """``[(caller id, [its live request ids])]`` from the script's flat list."""
+    out: list[tuple[str, list[str]]] = []
+    i = 0
+    while i < len(reply):
+        n = int(reply[i + 1])
+        out.append((reply[i], list(reply[i + 2 : i + 2 + n])))
+        i += 2 + n
+    return out
+
+
 # --- plain reads ------------------------------------------------------------------------
 
 

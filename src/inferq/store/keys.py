@@ -29,6 +29,8 @@ P leases                        zset    assigned/running ids, score = lease expi
 P done:<id>                     list    one token pushed when the request is final
 P idem:<n>.<tenant>:<m>.<key>   hash    idempotency key -> ``id``, ``fp`` (request fingerprint)
 P stream:<id>                   stream  output chunks of a streamed request, capped; ``end``
+P callers                       zset    live gateway (caller) ids, score = lease expiry ms
+P caller:<id>                   set     the non-final requests submitted through gateway <id>
 P counts                        hash    queued counts: ``c:<class>``, ``t:<class>:<tenant>``,
                                         ``q:<class>|<route>`` (ids in that queue's sub-queues)
 P stats                         hash    lifetime counters (submitted, succeeded, ...)
@@ -127,6 +129,18 @@ class Keys:
     def stream(self, request_id: str) -> str:
         """The output chunks of a streamed request (entries ``a s d n f t``, then ``end``)."""
         return f"{self.prefix}stream:{request_id}"
+
+    @property
+    def callers(self) -> str:
+        """Zset of gateway processes that submit and relay requests (callers), score =
+        when each one's liveness lease lapses, Redis ms (``caller_lease.lua``)."""
+        return f"{self.prefix}callers"
+
+    def caller(self, caller_id: str) -> str:
+        """The non-final requests submitted through gateway ``caller_id`` (``submit.lua``
+        adds, ``includes/finalize.lua`` removes, ``reap_callers.lua`` reads when its
+        lease lapsed)."""
+        return f"{self.prefix}caller:{caller_id}"
 
     def idem(self, tenant: str, key: str) -> str:
         """The idempotency key ``key`` of ``tenant`` (both caller-chosen: length-prefixed)."""

@@ -37,6 +37,8 @@ SCRIPTS = (
     "dead_requeue",
     "quarantine",
     "lease",
+    "caller_lease",
+    "reap_callers",
     "fairness",
     "estimates",
     "dead_delete",

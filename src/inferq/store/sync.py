@@ -187,6 +187,13 @@ class Store(AdminCalls):
         call = calls.reap_leases_call(self.keys, self.settings, limit)
         return calls.parse_reap_leases(self._call(call))
 
+    def lapsed_callers(self, limit: int = 100) -> list[tuple[str, list[str]]]:
+        """Gateways whose liveness lease lapsed, each with the ids of its requests that are
+        not final yet: ``[(caller id, [request ids])]`` (``reap_callers.lua``; one with
+        none left is forgotten). The dispatcher cancels them: nobody reads their answers.
+        """
+        return calls.parse_reap_callers(self._call(calls.reap_callers_call(self.keys, limit)))
+
     def remove_worker(
         self, worker_id: str, *, reason: str, dead: bool, stale_before: float = 0.0
     ) -> list[str] | None:

@@ -12,7 +12,8 @@
 -- and counts:t:<class>:<tenant> equal the queued requests they name; an idempotency key
 -- maps to at most one request, of its own tenant, with the same fingerprint, and only
 -- while that request's record exists (a key whose record expired is re-pointed); a
--- refused submission writes nothing.
+-- refused submission writes nothing; a request with a ``caller`` field (a gateway's id) is in
+-- that caller's set caller:<id> until it is final (includes/finalize.lua).
 -- include: clock, keys, record, queue, counts, events, wake
 local p, id, class, route, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local idem, fp = KEYS[3], ARGV[12]
@@ -36,7 +37,9 @@ if redis.call('EXISTS', KEYS[1]) == 1 then return {'dup', id} end
 local now = now_ms()
 local deadline = tonumber(ARGV[9]) or (now + tonumber(ARGV[8]))
 local fields = {}
+local caller = false
 for i = 13, #ARGV, 2 do
+  if ARGV[i] == 'caller' then caller = ARGV[i + 1] end
   if ARGV[i] == 'payload' then
     redis.call('SET', k_payload(p, id), ARGV[i + 1])
   else
@@ -48,6 +51,7 @@ redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('HSET', KEYS[1], 'state', 'queued', 'submitted_ms', now, 'deadline_ms', deadline,
   'attempts', 0)
 queue_add(p, class, route, tenant, id, now)
+if caller then redis.call('SADD', k_caller(p, caller), id) end
 redis.call('SADD', p .. 'queues', class .. '|' .. route)
 redis.call('ZADD', p .. 'deadlines', deadline, id)
 count_queued(p, class, tenant, 1)

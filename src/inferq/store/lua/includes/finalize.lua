@@ -1,8 +1,9 @@
 -- finalize: make a request final: state, result fields, notify the waiting client, expire
 -- the record.
 -- include: keys, record, events
--- Invariant: a final request is in no queue, lease or deadline index; a streamed
--- request's stream ends with one ``end`` entry (its final state) and expires with it.
+-- Invariant: a final request is in no queue, lease or deadline index, nor in its
+-- caller's set (caller:<gateway>, see reap_callers.lua); a streamed request's stream ends
+-- with one ``end`` entry (its final state) and expires with it.
 
 local function finalize(p, id, state, now, ttl_s, maxlen, extra)
   local key = k_req(p, id)
@@ -13,7 +14,9 @@ local function finalize(p, id, state, now, ttl_s, maxlen, extra)
   record_expire(p, id, ttl_s)
   redis.call('RPUSH', k_done(p, id), state)
   redis.call('EXPIRE', k_done(p, id), ttl_s)
-  if redis.call('HGET', key, 'stream') == '1' then
+  local seen = redis.call('HMGET', key, 'stream', 'caller')
+  if seen[2] then redis.call('SREM', k_caller(p, seen[2]), id) end
+  if seen[1] == '1' then
     redis.call('XADD', k_stream(p, id), '*', 'end', state)
     redis.call('EXPIRE', k_stream(p, id), ttl_s)
   end

@@ -1,0 +1,133 @@
+"""A gateway that dies mid-stream: its requests are cancelled once its lease lapses.
+
+A client that hangs up is cancelled by the gateway itself (``test_gateway.py``); a gateway
+process SIGKILLed mid-stream cannot cancel anything, and its request ran on to the end
+on its worker, holding a slot and generating tokens nobody would read. A real
+``inferq gateway`` subprocess, a sim worker subprocess, the dispatcher, the real Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from inferq.client import Client
+from inferq.config import Settings
+from inferq.embedded import free_port
+from inferq.models import StreamChunk
+from inferq.store import Store
+
+from ..conftest import REDIS_URL
+from ..helpers import wait_for
+from .fleet import Fleet
+
+MODEL = "llama-3.1-8b"
+KEYS = """
+[keys."sk-acme"]
+tenant = "acme"
+classes = ["realtime", "standard"]
+default_class = "standard"
+"""
+#: The gateway's lease in this test, seconds (the default is 10).
+LEASE_S = 1.0
+#: Slack for the cancel after the lease lapses: a dispatcher recovery pass (0.5 s at
+#: most), the abort reaching the worker (its control channel), a loaded 2-core machine.
+MARGIN_S = 4.0
+
+
+@pytest.fixture
+def gateway_process(fast_settings: Settings, tmp_path: Path) -> Iterator[tuple[str, object]]:
+    """``inferq gateway`` as a subprocess (so it can be SIGKILLed) with a 1 s lease."""
+    keys = tmp_path / "keys.toml"
+    keys.write_text(KEYS)
+    port = free_port()
+    env = {
+        **os.environ,
+        "INFERQ_REDIS_URL": REDIS_URL,
+        "INFERQ_NAMESPACE": fast_settings.namespace,
+        "INFERQ_GATEWAY_LEASE_S": str(LEASE_S),
+    }
+    cmd = [sys.executable, "-m", "inferq", "gateway", "--port", str(port), "--keys", str(keys)]
+    cmd += ["--no-deployment-metrics"]
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            root = f"http://127.0.0.1:{port}"
+            wait_for(lambda: _healthy(root), what="the gateway serving", timeout=30)
+            yield root, proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+
+
+def _healthy(root: str) -> bool:
+    try:
+        return httpx.get(f"{root}/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_a_killed_gateways_streams_are_cancelled_when_its_lease_lapses(
+    fleet: Fleet,
+    store: Store,
+    fast_settings: Settings,
+    client: Client,
+    gateway_process: tuple[str, subprocess.Popen[bytes]],
+) -> None:
+    root, proc = gateway_process
+    fleet.worker("w1", time_scale=50.0, slots=2)  # 60 tokens: several seconds of decoding
+    # A Python client's streamed request on the same worker: tied to no process.
+    own = client.submit("mine", priority="standard", max_tokens=60, stream=True,
+                        params={"sim_output_tokens": 60})  # fmt: skip
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "tell me"}],
+        "max_tokens": 60,
+        "stream": True,
+        "sim_output_tokens": 60,
+    }
+    headers = {"Authorization": "Bearer sk-acme"}
+    with httpx.stream(
+        "POST", f"{root}/v1/chat/completions", json=body, headers=headers, timeout=30
+    ) as response:
+        assert response.status_code == 200
+        line = next(line for line in response.iter_lines() if line.startswith("data: "))
+        rid = json.loads(line.removeprefix("data: "))["id"].removeprefix("chatcmpl-")
+        record = store.record(rid)
+        assert record.state.value == "running"
+        assert record.request.caller is not None  # the gateway's id
+        assert store.redis.sismember(store.keys.caller(record.request.caller), rid)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    killed = time.monotonic()
+    wait_for(
+        lambda: store.redis.hget(store.keys.req(rid), "state") == "cancelled",
+        what="the dead gateway's request cancelled",
+        timeout=LEASE_S + MARGIN_S,
+    )
+    assert time.monotonic() - killed <= LEASE_S + MARGIN_S
+    result = store.record(rid).result
+    assert result is not None and result.error is not None and "gateway" in result.error
+    # Its slot is free (the worker aborted the call), the caller's entries are gone...
+    wait_for(lambda: rid not in store.held_by("w1"), what="the slot freed", timeout=5)
+    wait_for(
+        lambda: not store.redis.exists(store.keys.caller(record.request.caller or "")),
+        what="the dead gateway's entries removed",
+        timeout=5,
+    )
+    # ... and the Python client's streamed request ran to its end.
+    items = list(own.stream(timeout=60))
+    final = items[-1]
+    assert not isinstance(final, StreamChunk) and final.status == "succeeded", final
+    assert store.record(own.id).request.caller is None
