@@ -213,10 +213,15 @@ def test_a_batch_whose_records_read_failed_is_handed_back(
         qkey = store.keys.tenant_queue("realtime", MODEL, "default")
         claimed = store.assign("w1", "b1", [(handle.id, qkey, 1.0)])
 
-        def loading(ids: object) -> list[None]:
+        real_start = engine.store.start
+
+        def loading(worker_id: str, pairs: list[tuple[str, int]]) -> None:
+            # start.lua ran; the read of the records (its pipeline's tail, or the second
+            # call after a NOSCRIPT) failed
+            real_start(worker_id, pairs)
             raise redis.BusyLoadingError("Redis is loading the dataset in memory")
 
-        engine.store.records = loading  # type: ignore[method-assign,assignment]
+        engine.store.start_and_read = loading  # type: ignore[method-assign,assignment]
         with pytest.raises(redis.BusyLoadingError):
             engine.accept("b1", claimed)
         assert store.record(handle.id).state is RequestState.RUNNING

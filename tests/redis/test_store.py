@@ -91,6 +91,25 @@ def test_assign_is_a_compare_and_set(store: Store, settings: Settings) -> None:
     assert rec.state is RequestState.ASSIGNED and rec.worker == "w1" and rec.attempt == 1
 
 
+def test_start_and_read_starts_and_reads_in_one_call(store: Store, settings: Settings) -> None:
+    """The records come back for the pairs that may run, read after the start (running);
+    a server without the script cached (NOSCRIPT: here a wrong digest) still starts them."""
+    ready_worker(store, "w1")
+    reqs = [inference_request(settings) for _ in range(3)]
+    for r in reqs:
+        store.submit(r)
+    claimed = store.assign("w1", "b1", [(r.id, queue_key(store, r), 1.0) for r in reqs[:2]])
+    pairs = [*claimed, (reqs[2].id, 1)]  # the third was never claimed: stale
+    verdicts, records = store.start_and_read("w1", pairs[:1] + pairs[2:])
+    assert verdicts == ["run", "stale"]
+    assert records[0] is not None and records[0].state is RequestState.RUNNING
+    assert records[1] is None
+    store._scripts["start"].sha = "0" * 40  # not in the server's cache
+    verdicts, records = store.start_and_read("w1", pairs[1:2])
+    assert verdicts == ["run"] and records[0] is not None
+    assert records[0].request.id == reqs[1].id and records[0].state is RequestState.RUNNING
+
+
 def test_assign_refuses_a_worker_that_is_not_ready(store: Store, settings: Settings) -> None:
     ready_worker(store, "w1", state=WorkerState.DRAINING)
     r = inference_request(settings)

@@ -8,17 +8,23 @@ is checked in ``test_real_server.py``.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ClassVar
 
 import pytest
+import redis
 
 from inferq.client import AsyncClient, Client
 from inferq.config import Settings
 from inferq.models import Result, StreamChunk
 from inferq.store import Chunk, Completion, Store
+from inferq.workers.runtime import Engine
+from inferq.workers.worker import WorkerOptions, build_engine
 
+from ..helpers import queue_key, wait_for
 from .fleet import Fleet
 
 
@@ -180,3 +186,86 @@ def test_cancelling_a_running_request_aborts_it_on_its_worker(fleet: Fleet, clie
     # The slot is free again: a second request runs on the one-slot worker.
     again = client.submit("y", model="llama-3.1-8b", max_tokens=2, params={"sim_output_tokens": 2})
     assert again.result(timeout=30).ok
+
+
+# --- the worker's end: how soon a chunk reaches Redis ---------------------------------------
+
+
+class RoundTrips(redis.Connection):
+    """A connection that records its writes to the server (one per command, or one per
+    pipeline: redis-py packs a pipeline's commands into one write) with the thread that
+    sent each."""
+
+    sent: ClassVar[list[tuple[str, str]]] = []
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        parts = command if isinstance(command, list) else [command]
+        head = bytes(parts[0][:64]) if parts else b""
+        RoundTrips.sent.append((threading.current_thread().name, head.decode(errors="replace")))
+        super().send_packed_command(command, check_health)
+
+
+@pytest.fixture
+def engine(fast_settings: Settings) -> Iterator[Engine]:
+    """A sim worker ``w1`` in this process (one decode step = 50 ms), on a connection that
+    counts round trips (:class:`RoundTrips`)."""
+    url = fast_settings.redis_url
+    counted = redis.Redis.from_url(url, decode_responses=True, connection_class=RoundTrips)
+    opts = WorkerOptions(
+        model="llama-3.1-8b",
+        worker_id="w1",
+        heartbeat_process=False,
+        heartbeat_interval_s=0.2,
+        vram_mib=81920,
+        server_options={"time_scale": 50.0},
+    )
+    engine = build_engine(fast_settings, opts, Store(counted, fast_settings))
+    assert engine.start()
+    yield engine
+    engine.stop()
+    counted.close()
+
+
+def _claimed(store: Store, client: Client, tokens: int) -> list[tuple[str, int]]:
+    """A streamed request submitted and claimed for ``w1`` as the dispatcher would."""
+    handle = client.submit(
+        "x",
+        model="llama-3.1-8b",
+        max_tokens=tokens,
+        params={"sim_output_tokens": tokens},
+        stream=True,
+        priority="realtime",
+    )
+    record = store.record(handle.id)
+    claimed = store.assign("w1", "b1", [(handle.id, queue_key(store, record.request), 1.0)])
+    assert [rid for rid, _ in claimed] == [handle.id]
+    return claimed
+
+
+def test_a_batch_starts_in_one_round_trip(engine: Engine, store: Store, client: Client) -> None:
+    """accept() marks its requests running and reads their records in one round trip
+    before their model-server calls begin (issue 14: the batch's start is on every
+    request's time to first token)."""
+    claimed = _claimed(store, client, 2)
+    RoundTrips.sent.clear()
+    assert engine.accept("b1", claimed) == {"run": 1, "stale": 0, "expired": 0}
+    writes = [head for thread, head in RoundTrips.sent if thread == "MainThread"]
+    assert len(writes) == 1, writes
+
+
+def test_chunks_do_not_wait_for_the_engines_thread_pool(
+    engine: Engine, store: Store, client: Client
+) -> None:
+    """A streamed request's chunks reach Redis from the engine's loop itself: with the
+    loop's thread pool busy (here its only thread is held; in production a result write
+    stalled on Redis) the first chunk still arrives, and no thread hand-off sits between
+    the model server's token and its XADD (issue 14)."""
+    held = threading.Event()
+    engine._loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
+    engine._loop.call_soon_threadsafe(engine._loop.run_in_executor, None, held.wait)
+    try:
+        [(rid, attempt)] = _claimed(store, client, 40)
+        engine.accept("b1", [(rid, attempt)])
+        wait_for(lambda: store.redis.xlen(store.keys.stream(rid)) > 0, 10, "the first chunk")
+    finally:
+        held.set()

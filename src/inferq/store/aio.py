@@ -1,4 +1,5 @@
-""":class:`AsyncStore`: the client's Redis calls for asyncio code (redis.asyncio).
+""":class:`AsyncStore`: the client's Redis calls for asyncio code (redis.asyncio), and
+the worker engine's chunk writes (from its event loop).
 
 The same scripts, arguments and reply parsers as :class:`~inferq.store.Store`
 (:mod:`inferq.store.calls`): only the awaiting differs.
@@ -16,7 +17,7 @@ from inferq.config import Settings
 from inferq.errors import IdempotencyConflict, QueueFull, RedisUnavailable
 from inferq.models import InferenceRequest, RequestRecord, StreamChunk
 from inferq.store import calls
-from inferq.store.calls import Call, Submitted
+from inferq.store.calls import Call, Chunk, Submitted
 from inferq.store.connection import MIN_BLOCK_S, AsyncConnection, block_limit_s, open_async_redis
 from inferq.store.keys import Keys
 from inferq.store.scripts import script_source
@@ -144,6 +145,16 @@ class AsyncStore:
         call = calls.abort_call(self.keys, self.settings, [abort], defaults.VTC_OUTPUT_WEIGHT)
         [verdict] = calls.parse_abort(await self._call(call))
         return verdict
+
+    async def publish_chunks(self, chunks: Sequence[Chunk]) -> None:
+        """See :meth:`inferq.store.Store.publish_chunks` (one round trip). The worker's
+        engine writes its chunks with it from its own event loop: a thread hand-off per
+        write sat between each token and its XADD (issue 14)."""
+        if not chunks:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        calls.queue_chunks(pipe, self.keys, chunks)
+        await pipe.execute()
 
     async def read_stream(
         self, request_id: str, after: str, block_s: float

@@ -114,6 +114,17 @@ def chunk_fields(chunk: Chunk) -> dict[str, str]:
     return fields
 
 
+def queue_chunks(pipe: Any, keys: Keys, chunks: Sequence[Chunk]) -> None:
+    """Queue on ``pipe`` (sync or asyncio) the writes of output chunks: each an XADD to
+    its request's stream, capped at ``defaults.STREAM_MAXLEN`` entries (approximately),
+    and an EXPIRE ``chunk.ttl_s`` from now (``finalize`` sets the result's TTL when it
+    ends the stream)."""
+    for chunk in chunks:
+        key = keys.stream(chunk.request_id)
+        pipe.xadd(key, chunk_fields(chunk), maxlen=defaults.STREAM_MAXLEN, approximate=True)
+        pipe.expire(key, max(1, chunk.ttl_s))
+
+
 def parse_xread(reply: Any) -> list[tuple[str, StreamChunk | str | None]]:
     """The entries of an XREAD reply on a request's stream (RESP2:
     ``[[key, [[id, fields], ...]]]``), in order, each parsed by :func:`parse_stream_entry`."""

@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
+from redis.exceptions import NoScriptError
+
 from inferq import defaults
 from inferq.config import Settings
 from inferq.errors import CorruptRecord, IdempotencyConflict, QueueFull, RequestNotFound
@@ -91,10 +93,17 @@ class Store(AdminCalls):
         """Records of many requests in one round trip (None where absent or corrupt)."""
         ids = list(request_ids)
         pipe = self.redis.pipeline(transaction=False)
+        self._read_records(pipe, ids)
+        return self._parse_records(ids, pipe.execute())
+
+    def _read_records(self, pipe: Any, ids: Sequence[str]) -> None:
         for rid in ids:
             pipe.hgetall(self.keys.req(rid))
             pipe.get(self.keys.payload(rid))
-        replies = pipe.execute()
+
+    def _parse_records(
+        self, ids: Sequence[str], replies: Sequence[Any]
+    ) -> list[RequestRecord | None]:
         out: list[RequestRecord | None] = []
         for rid, fields, payload in zip(ids, replies[::2], replies[1::2], strict=True):
             try:
@@ -388,6 +397,40 @@ class Store(AdminCalls):
         call = calls.start_call(self.keys, self.settings, worker_id, pairs)
         return calls.parse_start(self._call(call))
 
+    def start_and_read(
+        self, worker_id: str, pairs: Sequence[tuple[str, int]]
+    ) -> tuple[list[str], list[RequestRecord | None]]:
+        """:meth:`start` and the records of the pairs it lets run, in one round trip.
+
+        The records are read after the script in the same pipeline, so they say
+        ``running``. Returns the verdicts and, per pair, its record when the verdict is
+        ``run`` (None otherwise, and where absent or corrupt, as :meth:`records`). A
+        batch's start is on each of its requests' time to first token: two round trips
+        were one more than needed (issue 14).
+
+        A server whose script cache lacks ``start.lua`` (restarted, flushed) answers
+        NOSCRIPT and runs nothing; then the two calls are made apart (:meth:`start`
+        loads the script).
+        """
+        call = calls.start_call(self.keys, self.settings, worker_id, pairs)
+        ids = [rid for rid, _ in pairs]
+        pipe = self.redis.pipeline(transaction=False)
+        # EVALSHA by hand: redis-py's Script on a pipeline sends SCRIPT EXISTS first, a
+        # round trip of its own on every call.
+        pipe.evalsha(self._scripts[call.script].sha, len(call.keys), *call.keys, *call.args)
+        self._read_records(pipe, ids)
+        reply, *rows = pipe.execute(raise_on_error=False)
+        if isinstance(reply, NoScriptError):
+            verdicts = self.start(worker_id, pairs)
+            records = self.records(ids)
+        else:
+            failed = next((r for r in (reply, *rows) if isinstance(r, Exception)), None)
+            if failed is not None:
+                raise failed
+            verdicts = calls.parse_start(reply)
+            records = self._parse_records(ids, rows)
+        return verdicts, [r if v == "run" else None for r, v in zip(records, verdicts, strict=True)]
+
     def complete(self, worker_id: str, completions: Sequence[Completion]) -> list[str]:
         """Record final results, fenced by attempt; returns 'ok' or 'stale' per result."""
         call = calls.complete_call(self.keys, self.settings, worker_id, completions)
@@ -491,12 +534,7 @@ class Store(AdminCalls):
         if not chunks:
             return
         pipe = self.redis.pipeline(transaction=False)
-        for chunk in chunks:
-            key = self.keys.stream(chunk.request_id)
-            pipe.xadd(
-                key, calls.chunk_fields(chunk), maxlen=defaults.STREAM_MAXLEN, approximate=True
-            )
-            pipe.expire(key, max(1, chunk.ttl_s))
+        calls.queue_chunks(pipe, self.keys, chunks)
         pipe.execute()
 
     def reserved_mib(self, worker_id: str) -> float:

@@ -44,7 +44,16 @@ from inferq.config import ModelSpec
 from inferq.errors import CorruptRecord, RequestNotFound
 from inferq.latency import prefill_s, resident_kv_tokens, step_s
 from inferq.models import RequestRecord, WorkerInfo, WorkerState
-from inferq.store import CONNECTION_ERRORS, REPLY_ERRORS, Abort, Beat, Chunk, Completion, Store
+from inferq.store import (
+    CONNECTION_ERRORS,
+    REPLY_ERRORS,
+    Abort,
+    AsyncStore,
+    Beat,
+    Chunk,
+    Completion,
+    Store,
+)
 from inferq.workers import failures
 from inferq.workers.clock import RedisClock
 from inferq.workers.control import ControlReader
@@ -147,6 +156,9 @@ class Engine:
         self._chunk_wanted: asyncio.Event | None = None
         self._chunk_lock: asyncio.Lock | None = None  # one writer of chunks at a time
         self._publisher: asyncio.Task[None] | None = None
+        # Chunks are written from the loop itself (redis.asyncio), not through its thread
+        # pool: no thread hand-off between a token and its XADD (issue 14).
+        self._chunk_store: AsyncStore | None = None
         self._idle = threading.Condition()
         self._beat_stop = threading.Event()
         self._beat_thread: threading.Thread | None = None
@@ -665,10 +677,10 @@ class Engine:
         self._hold(items)
         launched: set[tuple[str, int]] = set()
         try:
-            verdicts = self.store.start(self.config.worker_id, items)
-            runnable = [item for item, v in zip(items, verdicts, strict=True) if v == "run"]
-            records = self.store.records(rid for rid, _ in runnable)
-            for (rid, attempt), record in zip(runnable, records, strict=True):
+            verdicts, records = self.store.start_and_read(self.config.worker_id, items)
+            for (rid, attempt), verdict, record in zip(items, verdicts, records, strict=True):
+                if verdict != "run":
+                    continue
                 record = record or self._reread(rid, attempt)
                 if record is not None:
                     self._loop.call_soon_threadsafe(self._launch, record, attempt)
@@ -709,6 +721,7 @@ class Engine:
         self._flusher = asyncio.create_task(self._flush_forever())
         self._chunk_wanted = asyncio.Event()
         self._chunk_lock = asyncio.Lock()
+        self._chunk_store = AsyncStore.from_settings(self.store.settings)
         self._publisher = asyncio.create_task(self._publish_forever())
 
     def _launch(self, record: RequestRecord, attempt: int) -> None:
@@ -819,15 +832,16 @@ class Engine:
             await self._publish_chunks()
 
     async def _publish_chunks(self) -> None:
-        """Write every buffered chunk (one pipeline per round). Chunks are a live view:
-        a write that fails is dropped with a warning (readers see the gap by ``seq`` and
-        take the whole text from the final result), never retried into a later one."""
-        assert self._chunk_lock is not None
+        """Write every buffered chunk (one pipeline per round, from the loop). Chunks are a
+        live view: a write that fails is dropped with a warning (readers see the gap by
+        ``seq`` and take the whole text from the final result), never retried into a
+        later one."""
+        assert self._chunk_lock is not None and self._chunk_store is not None
         async with self._chunk_lock:
             while self._chunks:
                 batch, self._chunks = list(self._chunks.values()), {}
                 try:
-                    await asyncio.to_thread(self.store.publish_chunks, batch)
+                    await self._chunk_store.publish_chunks(batch)
                 except Exception as exc:  # the result path must go on regardless
                     log.warning("dropped %d output chunks: %s", len(batch), exc)
 
@@ -934,6 +948,8 @@ class Engine:
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+        if self._chunk_store is not None:
+            await self._chunk_store.close()
         await self.server.close()
 
     def _load_until(self, stop: threading.Event | None) -> bool:
