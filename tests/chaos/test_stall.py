@@ -48,12 +48,31 @@ def deployment(redis_server: RedisServer, tmp_path: Path) -> Iterator[Deployment
     d.close()
 
 
-def _submit_four(d: Deployment) -> list[str]:
+def _four_running(d: Deployment) -> list[str]:
+    """Submit the issue's 4 long requests and wait until they all run on w1."""
     items = [
         {"prompt": f"long answer {i}", "priority": "standard", "max_tokens": 800, "timeout": 60}
         for i in range(4)
     ]
-    return [h.id for h in d.client.submit_many(items)]
+    ids = [h.id for h in d.client.submit_many(items)]
+    wait_for(
+        lambda: all(r is not None and r.state.value == "running" for r in d.store.records(ids)),
+        30,
+        "4 requests running on w1",
+        lambda: d.diagnose(ids),
+    )
+    return ids
+
+
+def _stall_past_the_ttl(d: Deployment, pid: int) -> None:
+    """SIGSTOP the worker process ``pid`` for STALL_S (past the 3 s TTL), then SIGCONT;
+    while stopped, its heartbeat process keeps it ready in the fleet."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(STALL_S)
+        assert d.worker_state("w1") == WorkerState.READY.value, d.logs()
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 def _dispatches(d: Deployment, ids: list[str]) -> Counter[str]:
@@ -74,24 +93,11 @@ def test_sigstop_longer_than_the_ttl_keeps_the_worker(
     d = deployment
     d.dispatcher()
     d.worker("w1", slots=8, time_scale=TIME_SCALE)
-    ids = _submit_four(d)
-    wait_for(
-        lambda: all(r is not None and r.state.value == "running" for r in d.store.records(ids)),
-        30,
-        "4 requests running on w1",
-        lambda: d.diagnose(ids),
-    )
+    ids = _four_running(d)
     if second_worker:
         d.worker("w2", slots=8, time_scale=TIME_SCALE)
     time.sleep(1.0)
-    pid = d.procs["w1"].pid
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        time.sleep(STALL_S)
-        # Still in the fleet while stopped: its heartbeat process beats for it.
-        assert d.worker_state("w1") == WorkerState.READY.value, d.logs()
-    finally:
-        os.kill(pid, signal.SIGCONT)
+    _stall_past_the_ttl(d, d.procs["w1"].pid)
     d.wait_final(ids, timeout=60)
     audit = d.audit(ids)
     audit.check_exactly_once(ids)
@@ -111,13 +117,7 @@ def test_a_reaped_worker_stops_the_attempts_it_lost(deployment: Deployment) -> N
     d = deployment
     d.dispatcher()
     d.worker("w1", slots=8, time_scale=TIME_SCALE)
-    ids = _submit_four(d)
-    wait_for(
-        lambda: all(r is not None and r.state.value == "running" for r in d.store.records(ids)),
-        30,
-        "4 requests running on w1",
-        lambda: d.diagnose(ids),
-    )
+    ids = _four_running(d)
     pgid = os.getpgid(d.procs["w1"].pid)  # the worker and its heartbeat process
     os.killpg(pgid, signal.SIGSTOP)
     try:
@@ -166,20 +166,9 @@ def test_a_killed_heartbeat_process_is_replaced(deployment: Deployment) -> None:
         "a new heartbeat process",
         lambda: d.log("w1"),
     )
-    ids = _submit_four(d)
-    wait_for(
-        lambda: all(r is not None and r.state.value == "running" for r in d.store.records(ids)),
-        30,
-        "4 requests running on w1",
-        lambda: d.diagnose(ids),
-    )
+    ids = _four_running(d)
     time.sleep(1.0)
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        time.sleep(STALL_S)
-        assert d.worker_state("w1") == WorkerState.READY.value, d.logs()
-    finally:
-        os.kill(pid, signal.SIGCONT)
+    _stall_past_the_ttl(d, pid)
     d.wait_final(ids, timeout=60)
     audit = d.audit(ids)
     audit.check_exactly_once(ids)
