@@ -11,6 +11,7 @@ from inferq.client import Client
 from inferq.config import Settings
 from inferq.models import RequestState
 from inferq.store import Abort, Completion, Store, calls
+from inferq.store.calls import Chunk
 
 from ..builders import inference_request
 from ..helpers import queue_key, ready_worker, wait_for
@@ -120,18 +121,23 @@ def test_a_worker_cancels_a_running_request(fleet: Fleet, client: Client) -> Non
     )
 
 
-def _stop_worker_then_abort(fleet: Fleet, client: Client, send: object) -> tuple[str, int]:
+def _stop_worker_then_abort(
+    fleet: Fleet, client: Client, send: object, *, stream: bool = False
+) -> tuple[str, int]:
     """A batch request runs on w1; w1 is frozen (SIGSTOP: its control thread reads nothing),
     ``send(id, attempt)`` writes an abort, then w1 is SIGKILLed before it could act.
+    ``stream``: the request is a ``stream=True`` one, frozen once it streamed a few tokens.
     Returns (request id, the aborted attempt)."""
     import os
     import signal
 
     proc = fleet.worker("w1", time_scale=1.0, slots=1)
-    handle = client.submit("x", priority="batch", max_tokens=1100, timeout=120)
+    handle = client.submit("x", priority="batch", max_tokens=1100, timeout=120, stream=stream)
     wait_for(lambda: running_attempt(client, handle.id) is not None, what="running")
     attempt = running_attempt(client, handle.id)
     assert attempt is not None
+    if stream:
+        wait_for(lambda: streamed(fleet.store, handle.id) >= 3, what="tokens streamed")
     os.kill(proc.pid, signal.SIGSTOP)
     try:
         assert callable(send)
@@ -180,6 +186,37 @@ def test_a_preemption_whose_worker_dies_spends_no_attempt(fleet: Fleet, client: 
     fleet.worker("w2", time_scale=0.02, slots=1)
     result = client.result(rid, timeout=60)
     assert result.status == "succeeded" and result.attempt == attempt + 1
+
+
+def streamed(store: Store, rid: str) -> int:
+    """Output tokens so far by the request's last stream entry (0 before any)."""
+    last = store.redis.xrevrange(store.keys.stream(rid), count=1)
+    return int(last[0][1].get("n", 0)) if last else 0
+
+
+def test_a_preemption_whose_worker_is_killed_charges_only_what_it_generated(
+    fleet: Fleet, client: Client
+) -> None:
+    """Chaos: a streaming request is preempted, its worker frozen and SIGKILLed before it
+    requeues the victim with its generated-token count. The reaper requeues it, charging
+    the tenant prompt + 2 x the tokens it streamed; it kept the whole dispatch charge."""
+    store = fleet.store
+    seen: dict[str, float] = {}  # what the attempt used by the frozen stream
+
+    def preempt(rid: str, attempt: int) -> None:
+        rec = store.record(rid)
+        vtc = store.keys.fair_vtc(rec.request.priority)
+        store.redis.zadd(vtc, {rec.request.tenant: 10000.0})  # room for any refund
+        seen["used"] = rec.request.prompt_tokens + 2.0 * streamed(store, rid)
+        abort = Abort(rid, attempt, "w1", "requeue", "for realtime", charged=2000.0)
+        assert store.abort([abort], output_weight=2.0) == ["sent"]
+
+    rid, _ = _stop_worker_then_abort(fleet, client, preempt, stream=True)
+    wait_for(lambda: client.status(rid).state is RequestState.QUEUED, timeout=30, what="requeued")
+    rec = store.record(rid)
+    fair = store.redis.zscore(store.keys.fair_vtc(rec.request.priority), rec.request.tenant)
+    assert fair == pytest.approx(10000.0 - (2000.0 - seen["used"]))
+    assert seen["used"] > rec.request.prompt_tokens  # it had streamed tokens
 
 
 def test_a_lost_abort_command_is_delivered_again(fleet: Fleet, client: Client) -> None:
@@ -257,3 +294,42 @@ def test_a_preempted_request_back_in_its_queue_does_not_lift_its_tenant(
     assert store.requeue_preempted("w1", [(rid, attempt, 0)]) == ["queued"]
     assert store.redis.zscore(vtc, "a") == pytest.approx(10.0)
     assert store.redis.zscore(live, "a") == pytest.approx(10.0)  # backlogged, unlifted
+
+
+@pytest.mark.parametrize("recovery", ["remove_worker", "reap_leases"])
+@pytest.mark.parametrize("streamed", [5, None])
+def test_a_preempted_request_whose_worker_dies_is_charged_only_what_it_generated(
+    store: Store, settings: Settings, recovery: str, streamed: int | None
+) -> None:
+    """A preemption's abort is sent; the worker is killed before it requeues the victim
+    with its generated-token count. The recovery that requeues the victim instead (the
+    reaper's ``remove_worker``, or a lapsed lease) charges its tenant what the attempt
+    generated, as ``requeue_preempted`` does: the last streamed chunk's count of this
+    attempt (an older attempt's chunks count nothing), or 0 when nothing was streamed.
+    It kept the whole dispatch charge (30 tokens here, for a request that generated 5)."""
+    ready_worker(store, "w1")
+    r = inference_request(settings, stream=True)
+    store.submit(r)
+    [(rid, attempt)] = store.assign("w1", "b1", [(r.id, queue_key(store, r), 5.0)])
+    assert store.start("w1", [(rid, attempt)]) == ["run"]
+    # an older attempt's chunk, then this attempt's (if any): only the latter counts
+    chunks = [Chunk(rid, attempt - 1, 9, "old", 12)]
+    if streamed is not None:
+        chunks += [Chunk(rid, attempt, 0, "a", 2), Chunk(rid, attempt, 1, "bcd", streamed)]
+    store.publish_chunks(chunks)
+    vtc = store.keys.fair_vtc(r.priority)
+    store.redis.zadd(vtc, {r.tenant: 100.0})
+    preempt = Abort(rid, attempt, "w1", "requeue", "for realtime", charged=30.0)
+    assert store.abort([preempt], output_weight=2.0) == ["sent"]
+    # the worker is SIGKILLed here: its beat lapses, or its lease does
+    if recovery == "remove_worker":
+        assert store.remove_worker("w1", reason="lost", dead=True, stale_before=store.now() + 1)
+    else:
+        store.redis.zadd(store.keys.leases, {rid: 0})
+        assert store.reap_leases() == [(rid, "preempted")]
+    used = r.prompt_tokens + 2 * (streamed or 0)
+    assert store.redis.zscore(vtc, r.tenant) == pytest.approx(100.0 - (30.0 - used))
+    assert store.record(rid).state is RequestState.QUEUED
+    assert penalised_attempts(store, rid) == 0 and store.stats()["preempted"] == 1
+    [event] = [e for e in store.events(count=100) if e.type == "preempt"]
+    assert event.fields["tokens"] == str(streamed or 0)

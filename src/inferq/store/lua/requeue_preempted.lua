@@ -35,9 +35,7 @@ for i = 5, #ARGV, 3 do
     release(p, id, w, r[4])
     redis.call('HDEL', key, 'abort_attempt', 'abort_action', 'abort_charged', 'abort_weight',
       'abort_tw', 'abort_reason')
-    local used = (tonumber(r[10]) or 0) + (tonumber(r[12]) or 0) * generated
-    local refund = ((tonumber(r[11]) or 0) - used) / (tonumber(r[13]) or 1)
-    vtc_refund(p, r[5], r[7], refund)
+    vtc_keep_used(p, r[5], r[7], r[10], r[11], r[12], r[13], generated)
     if tonumber(r[9]) <= now then
       finalize(p, id, 'expired', now, ttl, maxlen,
         {'error', 'deadline passed while preempted (attempt ' .. attempt .. ')'})

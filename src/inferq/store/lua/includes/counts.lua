@@ -32,6 +32,18 @@ local function vtc_refund(p, class, tenant, tokens)
   redis.call('ZADD', p .. 'fair:live:' .. class, 'XX', left, tenant)
 end
 
+-- A preempted attempt is charged only what it used: its dispatch charged `charged` tokens
+-- (prompt + weight x its expected output), it used prompt + weight x `generated`; the rest
+-- goes back, in virtual time (divided by the tenant's weight `tw`). One rule for every
+-- path a preemption ends by (requeue_preempted.lua, and includes/requeue.lua when the
+-- worker died or went silent before carrying the abort out). Missing figures count 0
+-- (weight, generated) or 1 (tw).
+local function vtc_keep_used(p, class, tenant, prompt, charged, weight, tw, generated)
+  local used = (tonumber(prompt) or 0) + (tonumber(weight) or 0) * (tonumber(generated) or 0)
+  local refund = ((tonumber(charged) or 0) - used) / (tonumber(tw) or 1)
+  vtc_refund(p, class, tenant, refund)
+end
+
 -- requeued: the request was queued before (a preemption, a retry): its tenant is no new
 -- arrival (its request was running, not idle), so it keeps its own counter, unlifted,
 -- unless that counter was folded meanwhile (then it is lifted as any returning tenant).

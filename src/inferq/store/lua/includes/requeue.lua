@@ -17,6 +17,21 @@ local function enqueue_again(p, id, fields, delay_ms, now)
   wake(p)
 end
 
+-- Output tokens `attempt` of request `id` generated, as far as Redis knows: the count of
+-- the last chunk it streamed (`n` of the stream's last entry, when that entry is this
+-- attempt's: field `a`), else 0 (nothing streamed, or not a stream=True request). A key of
+-- another type counts 0 rather than failing the caller's script.
+local function streamed_tokens(p, id, attempt)
+  local key = k_stream(p, id)
+  if redis.call('TYPE', key).ok ~= 'stream' then return 0 end
+  local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)[1]
+  if not last then return 0 end
+  local f = {}
+  for i = 1, #last[2] - 1, 2 do f[last[2][i]] = last[2][i + 1] end
+  if f['a'] ~= attempt then return 0 end
+  return tonumber(f['n']) or 0
+end
+
 -- Requeue one assigned/running request after a failed or abandoned attempt.
 -- penalize: '1' counts the attempt towards max_attempts; '0' (a drain hand-back, an orphan)
 -- does not; 'infra' (the model server's infrastructure failed: refused, 502/503/504, 429)
@@ -28,7 +43,8 @@ end
 -- out) is carried out here instead: the attempt ended anyway, and what the abort asked for
 -- stands. A cancel or expiry is made final with its reason (a cancelled request never runs
 -- again because its worker died); a preemption is requeued as one: no attempt spent, no
--- crash counted, counted in stats.preempted.
+-- crash counted, counted in stats.preempted, its tenant charged only the tokens the attempt
+-- generated (the last streamed chunk's count, else 0: vtc_keep_used, as requeue_preempted).
 -- Returns 'queued', 'expired', 'dead', 'cancelled', 'preempted' or 'stale' (not this
 -- attempt's to requeue).
 local function requeue_one(p, id, attempt, worker, err, penalize, max_attempts, ttl_s, maxlen, now,
@@ -36,7 +52,8 @@ local function requeue_one(p, id, attempt, worker, err, penalize, max_attempts, 
   local key = k_req(p, id)
   local r = redis.call('HMGET', key, 'state', 'attempts', 'worker', 'need_mib',
     'priority', 'model', 'tenant', 'submitted_ms', 'deadline_ms', 'attempt_base',
-    'abort_attempt', 'abort_action', 'abort_reason')
+    'abort_attempt', 'abort_action', 'abort_reason', 'prompt_tokens', 'abort_charged',
+    'abort_weight', 'abort_tw')
   local state = r[1]
   if state ~= 'assigned' and state ~= 'running' then return 'stale' end
   if attempt ~= '' and r[2] ~= attempt then return 'stale' end
@@ -53,6 +70,8 @@ local function requeue_one(p, id, attempt, worker, err, penalize, max_attempts, 
       emit(p, maxlen, action, 'id', id, 'reason', reason)
       return final
     end
+    local generated = streamed_tokens(p, id, r[2])
+    vtc_keep_used(p, r[5], r[7], r[14], r[15], r[16], r[17], generated)
     if tonumber(r[9]) <= now then
       finalize(p, id, 'expired', now, ttl_s, maxlen,
         {'error', 'deadline passed while preempted (attempt ' .. r[2] .. ')'})
@@ -64,7 +83,7 @@ local function requeue_one(p, id, attempt, worker, err, penalize, max_attempts, 
     enqueue_again(p, id, {r[5], r[6], r[7], r[8]})
     stat(p, 'preempted')
     emit(p, maxlen, 'preempt', 'id', id, 'worker', r[3] or '', 'attempt', r[2], 'class', r[5],
-      'tenant', r[7], 'tokens', 0, 'reason', err)
+      'tenant', r[7], 'tokens', generated, 'reason', err)
     return 'preempted'
   end
   local attempts = tonumber(r[2]) - tonumber(r[10] or 0)
