@@ -333,6 +333,10 @@ class Result(BaseModel):
         finish_reason: why generation stopped, as the model server said (``stop``: the
             model ended or a stop sequence; ``length``: ``max_tokens`` reached); None
             when it did not say or the request did not succeed.
+        rejection: on a ``failed`` result, the model server's own message when it refused
+            the request as invalid (HTTP 400, 413, 422: a field inferq does not check):
+            the caller's error, not a fault of the fleet (failed at once, never retried
+            nor dead-lettered; the gateway answers 400 with it). None otherwise.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -347,6 +351,7 @@ class Result(BaseModel):
     timings: Timings
     error: str | None = None
     finish_reason: str | None = None
+    rejection: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -399,6 +404,7 @@ class RequestRecord(BaseModel):
                     timings=timings,
                     error=fields.get("error") or None,
                     finish_reason=fields.get("finish_reason") or None,
+                    rejection=fields.get("rejection") or None,
                 )
             return cls(
                 request=request,

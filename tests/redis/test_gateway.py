@@ -368,3 +368,43 @@ def test_every_refusal_names_the_field_the_caller_sent(gateway: GatewayServer) -
         error = response.json()["error"]
         assert error["param"] == param, (extra, sent_headers, error)
         assert error["message"].startswith(f"{param}: "), error["message"]
+
+
+def test_a_model_servers_400_reaches_the_caller_as_a_400(
+    fleet: Fleet, gateway: GatewayServer, store: Store
+) -> None:
+    """A field inferq does not check (``top_k: "x"``) that the model server refuses with a
+    400 came back as a 500 ``generation_failed`` carrying inferq's internal error text.
+    It is the caller's error: a 400 with the server's own message, run once, not
+    retried, not dead-lettered, and the worker stays ready."""
+    from tests.fakes.standin_openai import StandIn
+
+    from .test_worker_failures import openai_worker
+
+    said = "top_k: must be an integer"
+    body = {"error": {"message": said, "type": "invalid_request_error", "code": 400}}
+    with StandIn(mode="error", error_status=400, error_body=body) as server:
+        openai_worker(fleet, "w1", server.url)
+        client = sdk(gateway)
+        messages = [{"role": "user", "content": "hi"}]
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as refused:
+                client.chat.completions.create(
+                    model=MODEL,
+                    messages=messages,
+                    max_tokens=4,
+                    stream=stream,
+                    extra_body={"top_k": "x"},
+                )
+            error = refused.value.body
+            assert refused.value.status_code == 400
+            assert error["message"] == said, error  # type: ignore[index]
+            assert error["type"] == "invalid_request_error"  # type: ignore[index]
+            assert error["code"] == "rejected_by_model_server"  # type: ignore[index]
+        posts = [r for r in server.requests if r.method == "POST"]
+        assert len(posts) == 2  # one each: never retried
+        assert all(r.body.get("top_k") == "x" for r in posts)
+        assert store.dead_letters() == []
+        assert fleet.state("w1") == "ready"
+        stats = store.redis.hgetall(store.keys.stats)
+        assert "retried" not in stats and stats.get("failed") == "2", stats

@@ -526,7 +526,7 @@ class Gateway:
         the error of a request that ended badly after its stream began."""
         if not result.ok:
             _, kind, code = _failure_kind(result)
-            yield _data(api.error_body(result.error or result.status, kind, code=code))
+            yield _data(api.error_body(_failure_message(result), kind, code=code))
             return
         self._count_tokens(result)
         reason = api.finish_reason(result, max_tokens, finish)
@@ -666,7 +666,7 @@ class Gateway:
 
     def _failure(self, endpoint: str, result: Result) -> Response:
         status, kind, code = _failure_kind(result)
-        return self._error(endpoint, status, result.error or result.status, kind, code=code)
+        return self._error(endpoint, status, _failure_message(result), kind, code=code)
 
     def _count_tokens(self, result: Result) -> None:
         self.metrics.tokens.labels("prompt").inc(result.prompt_tokens or 0)
@@ -782,7 +782,19 @@ def _failure_kind(result: Result) -> tuple[int, str, str]:
         return 504, "timeout", "deadline_exceeded"
     if result.status == "cancelled":
         return 409, "invalid_request_error", "cancelled"
+    if result.rejection is not None:  # the model server refused it as invalid: the caller's
+        return 400, "invalid_request_error", "rejected_by_model_server"
     return 500, "server_error", "generation_failed"
+
+
+def _failure_message(result: Result) -> str:
+    """What the caller is told of a request that did not succeed: the model server's own
+    message when it refused the request as invalid (inferq's error text names its
+    worker and the server's address, which are no business of the caller), else the
+    result's error."""
+    if result.rejection is not None:
+        return result.rejection
+    return result.error or result.status
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

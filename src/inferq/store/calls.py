@@ -59,6 +59,8 @@ class Completion:
     Attributes:
         status: ``succeeded``, ``failed`` (not retryable), ``expired`` or ``cancelled``.
         first_token_at: epoch seconds of the first output token, when known.
+        rejection: the model server's own message when it refused the request as
+            invalid (``ServerError.rejection``), else empty.
     """
 
     request_id: str
@@ -70,6 +72,7 @@ class Completion:
     first_token_at: float | None = None
     error: str = ""
     finish_reason: str | None = None
+    rejection: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -481,6 +484,7 @@ def complete_call(
             first,
             c.error,
             c.finish_reason or "",
+            c.rejection,
         ]
     return Call("complete", [], argv)
 

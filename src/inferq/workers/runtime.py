@@ -852,7 +852,8 @@ class Engine:
         self.failed += 1
         retry = failures.plan(exc, attempt)
         if not retry.retry:
-            self._queue(Completion(rid, attempt, "failed", error=str(exc)))
+            rejection = exc.rejection or ""
+            self._queue(Completion(rid, attempt, "failed", error=str(exc), rejection=rejection))
             return
         self.health.suspect(exc if exc.server_down else None)
         await self.health.judged()  # the worker unhealthy before its slot frees

@@ -1,8 +1,10 @@
 -- complete: record final results from a worker, fenced by attempt number.
 -- ARGV: 1 prefix, 2 worker id, 3 result ttl s, 4 events maxlen,
---       then 9-tuples: id, attempt, status ('succeeded'|'failed'|'expired'|'cancelled'), output,
---       prompt_tokens, completion_tokens, first_token_ms ('' if unknown), error,
---       finish_reason ('stop'|'length'|... as the model server said; '' if unknown)
+--       then 10-tuples: id, attempt, status ('succeeded'|'failed'|'expired'|'cancelled'),
+--       output, prompt_tokens, completion_tokens, first_token_ms ('' if unknown), error,
+--       finish_reason ('stop'|'length'|... as the model server said; '' if unknown),
+--       rejection (the model server's message when it refused the request as invalid,
+--       the caller's error; '' otherwise, and then no field is written)
 -- Events: finish/fail/expire with class, tenant, queue_ms, e2e_ms, ttft_ms (finish time
 -- when the model server reports no first token), output and prompt tokens, so
 -- metrics and reports need not read the request hashes.
@@ -14,7 +16,7 @@
 local p, w, ttl, maxlen = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local now = now_ms()
 local out = {}
-for i = 5, #ARGV, 9 do
+for i = 5, #ARGV, 10 do
   local id, attempt, status = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local key = k_req(p, id)
   local r = redis.call('HMGET', key, 'state', 'attempts', 'worker', 'need_mib', 'priority',
@@ -24,10 +26,15 @@ for i = 5, #ARGV, 9 do
     out[#out + 1] = 'stale'
   else
     release(p, id, w, r[4])
-    finalize(p, id, status, now, ttl, maxlen, {
+    local fields = {
       'output', ARGV[i + 3], 'prompt_tokens_used', ARGV[i + 4],
       'completion_tokens', ARGV[i + 5], 'first_token_ms', ARGV[i + 6], 'error', ARGV[i + 7],
-      'finish_reason', ARGV[i + 8]})
+      'finish_reason', ARGV[i + 8]}
+    if ARGV[i + 9] ~= '' then
+      fields[#fields + 1] = 'rejection'
+      fields[#fields + 1] = ARGV[i + 9]
+    end
+    finalize(p, id, status, now, ttl, maxlen, fields)
     local etype = 'finish'
     if status == 'failed' then etype = 'fail' elseif status == 'expired' then etype = 'expire'
     elseif status == 'cancelled' then etype = 'cancel' end

@@ -98,6 +98,9 @@ class ServerError(InferqError):
             endpoint included): the worker turns ``unhealthy`` at once instead of
             probing first (a probe of a hung server takes its whole timeout, and work
             would be assigned meanwhile).
+        rejection: the server's own message when it refused the request as invalid
+            (the caller's error: HTTP 400, 413, 422); the request fails at once with it
+            in ``Result.rejection``, and the gateway answers the caller 400 with it.
     """
 
     def __init__(
@@ -109,8 +112,10 @@ class ServerError(InferqError):
         kind: FailureKind | None = None,
         retry_after_s: float | None = None,
         server_down: bool = False,
+        rejection: str | None = None,
     ) -> None:
         self.retryable = retryable
+        self.rejection = rejection
         self.server_down = server_down
         self.status = status
         self.kind = kind

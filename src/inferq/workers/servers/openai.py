@@ -84,6 +84,11 @@ RESERVED_PARAMS = frozenset(
 SIM_PARAM_PREFIX = "sim_"
 #: 4xx statuses that say "try again" rather than "this request is invalid".
 RETRYABLE_4XX = frozenset({408, 429})
+#: 4xx answers that judge the request itself invalid, so the server's message is for the
+#: caller (a field inferq does not check: 400 Bad Request, 413 Content Too Large, 422
+#: Unprocessable Content, RFC 9110 section 15.5). Other 4xx (401, 403, 404: the worker's
+#: key or the server's routes) are the deployment's fault, not the caller's.
+REJECTING_4XX = frozenset({400, 413, 422})
 #: Longest server message kept in an error, characters.
 MAX_MESSAGE_CHARS = 1000
 #: Values of the ``telemetry`` option.
@@ -614,6 +619,7 @@ def status_error(request_id: str, response: httpx.Response) -> ServerError:
         f"{redact_url(str(response.request.url))}: {message}",
         retryable=retryable,
         status=status,
+        rejection=message if status in REJECTING_4XX else None,
         retry_after_s=retry_after_s(
             response.headers.get("retry-after"), now=_http_date(response.headers.get("date"))
         ),

@@ -175,9 +175,10 @@ class SimServer(ModelServer):
 def _output_tokens(request: ServerRequest) -> int:
     raw = request.payload.params.get(OUTPUT_TOKENS_PARAM, request.max_tokens)
     if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+        said = f"{OUTPUT_TOKENS_PARAM} must be an integer >= 0, got {raw!r}"
         raise ServerError(
-            f"sim: request {request.id}: payload.params.{OUTPUT_TOKENS_PARAM} must be an "
-            f"integer >= 0, got {raw!r}",
+            f"sim: request {request.id}: payload.params.{said}",
             retryable=False,
+            rejection=said,  # as a real server's 400: the caller's error
         )
     return min(request.max_tokens, raw)
