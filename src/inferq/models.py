@@ -179,7 +179,11 @@ class InferenceRequest(BaseModel):
         Resubmitting a key with another fingerprint is refused, as payment APIs
         refuse a reused key with other parameters (Stripe's idempotent requests).
         The tenant is in the key's name; the deadline and timeout are left out, so
-        a retry seconds later (a later deadline) still matches.
+        a retry seconds later (a later deadline) still matches. ``stream`` and
+        ``caller`` are left out too, on purpose: they say how the answer travels and
+        who relays it, not what is computed, so a retry without streaming after a
+        dropped stream is the same request (``result()`` gives its whole text) and a
+        streaming retry of a plain one gets its whole text from ``stream()`` at the end.
         """
         work = {
             "model": self.model,

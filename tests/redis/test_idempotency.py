@@ -16,9 +16,10 @@ import redis
 from inferq.client import AsyncClient, BatchRefused, Client
 from inferq.config import Settings
 from inferq.errors import IdempotencyConflict
-from inferq.models import RequestState
+from inferq.models import RequestState, Result, StreamChunk
 
 from ..conftest import REDIS_URL
+from .fleet import Fleet
 
 #: Pairs of (tenant, key) whose plain ``tenant:key`` (or ``tenant|key``, ``tenant.key``)
 #: joins collide, with a separator (":", "|", ".", "@", "-", "/") in every part, and
@@ -37,6 +38,12 @@ COLLIDING = [
 @pytest.fixture
 def client(redis_client: redis.Redis, settings: Settings) -> Client:
     return Client(settings=settings, connection=redis_client)
+
+
+@pytest.fixture
+def fast_client(redis_client: redis.Redis, fast_settings: Settings) -> Client:
+    """A client on the settings of the ``fleet`` fixture (the worker's heartbeats)."""
+    return Client(settings=fast_settings, connection=redis_client)
 
 
 @pytest.mark.parametrize(("first", "second"), COLLIDING)
@@ -168,3 +175,35 @@ def test_a_key_of_the_old_layout_is_a_stale_pointer(client: Client) -> None:
     handle = client.submit("hello", tenant="acme", idempotency_key="k")
     assert not handle.duplicate
     assert client.submit("hello", tenant="acme", idempotency_key="k").id == handle.id
+
+
+def test_stream_is_transport_not_work_a_retry_either_way_gets_the_whole_answer(
+    fleet: Fleet, fast_client: Client
+) -> None:
+    """``stream`` (like the deadline) is left out of the fingerprint on purpose: it says
+    how the answer travels, not what is computed. A request streamed, then resubmitted
+    under its key without streaming (the usual retry after a dropped stream), is the
+    same request and ``result()`` gives its whole text; resubmitted streaming after a
+    plain submission, ``stream()`` gives the whole text (one chunk when it is final)
+    and the result. Neither is refused nor run twice."""
+    fleet.worker("w1", time_scale=0.0)
+    fields = {"priority": "standard", "max_tokens": 6, "params": {"sim_output_tokens": 6}}
+    first = fast_client.submit("story", stream=True, idempotency_key="k-stream", **fields)
+    items = list(first.stream(timeout=30))
+    text = "".join(i.delta for i in items if isinstance(i, StreamChunk))
+    again = fast_client.submit("story", stream=False, idempotency_key="k-stream", **fields)
+    assert again.duplicate and again.id == first.id
+    whole = again.result(timeout=30)
+    assert whole.ok and whole.output == text and len(text.split()) == 6
+
+    plain = fast_client.submit("tale", stream=False, idempotency_key="k-plain", **fields)
+    streamed = fast_client.submit("tale", stream=True, idempotency_key="k-plain", **fields)
+    assert streamed.duplicate and streamed.id == plain.id
+    items = list(streamed.stream(timeout=30))
+    final = items[-1]
+    assert isinstance(final, Result) and final.ok
+    assert "".join(i.delta for i in items if isinstance(i, StreamChunk)) == final.output
+    assert final.output == plain.result(timeout=30).output
+    assert fast_client.status(plain.id).request.stream is False  # as first submitted
+    stats = fleet.store.redis.hgetall(fleet.store.keys.stats)
+    assert stats["submitted"] == "2" and stats["succeeded"] == "2"
