@@ -56,6 +56,7 @@ from inferq.policy.fairness import (
     swrr_winner,
     vtc_cost,
 )
+from inferq.policy.fleet import FleetIndex
 from inferq.policy.preemption import Urgency
 from inferq.policy.routing import (
     FleetCapacity,
@@ -74,19 +75,23 @@ from inferq.policy.snapshot import (
 )
 
 
-def decide(snapshot: Snapshot, policy: DispatchPolicy) -> Decision:
+def decide(snapshot: Snapshot, policy: DispatchPolicy, fleet: FleetIndex | None = None) -> Decision:
     """What to dispatch, expire and report now (see the module docstring for the order).
 
     Args:
         snapshot: queues (oldest first per class), workers, fairness state and
             output estimates at ``snapshot.now``.
         policy: classes, registry and batching limits.
+        fleet: ``snapshot.workers`` already indexed (the dispatcher keeps one between
+            steps, :class:`~inferq.policy.fleet.FleetIndex`): it must hold exactly
+            those views. None, or one made for another registry: indexed here. The
+            decision is the same either way.
 
     Returns:
         The decision; deterministic for a given input (the order of
         ``snapshot.workers`` does not matter; worker ids must be unique).
     """
-    return _Run(snapshot, policy).decide()
+    return _Run(snapshot, policy, fleet).decide()
 
 
 @dataclass(slots=True, eq=False)
@@ -104,12 +109,18 @@ class _Item:
 class _Run:
     """The working state of one :func:`decide` call."""
 
-    def __init__(self, snapshot: Snapshot, policy: DispatchPolicy) -> None:
+    def __init__(
+        self, snapshot: Snapshot, policy: DispatchPolicy, fleet: FleetIndex | None
+    ) -> None:
         self.snapshot = snapshot
         self.policy = policy
         self.now = snapshot.now
-        self.index = WorkerIndex(snapshot.workers, policy)
-        self.fleet = FleetCapacity(snapshot.workers, policy, snapshot.scaler_pools)
+        if fleet is None or not fleet.serves(policy):
+            fleet = FleetIndex.build(snapshot.workers, policy)
+        self.index = WorkerIndex(fleet.open_views(), policy, ranked=True)
+        self.fleet = FleetCapacity(
+            (), policy, snapshot.scaler_pools, largest_mib=fleet.largest_mib()
+        )
         self.expired: list[tuple[str, str]] = []
         self.unschedulable: list[tuple[str, str]] = []
         stored = snapshot.fairness.class_credit
@@ -136,7 +147,7 @@ class _Run:
             reason = f"priority class {name!r} is not configured"
             self.unschedulable.extend((r.id, reason) for r in snapshot.queued[name])
         skip = {rid for rid, _ in self.expired} | {rid for rid, _ in self.unschedulable}
-        self.urgency = Urgency(snapshot, policy, skip)
+        self.urgency = Urgency(snapshot, policy, skip, fleet)
 
     # --- loading -----------------------------------------------------------
 

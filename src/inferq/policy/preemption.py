@@ -47,6 +47,7 @@ workers) in, decisions out.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -55,6 +56,7 @@ from inferq.errors import InvalidRequest
 from inferq.policy.batching import OpenBatch
 from inferq.policy.estimate import estimate_output_tokens
 from inferq.policy.fairness import vtc_cost
+from inferq.policy.fleet import FleetIndex
 from inferq.policy.routing import need_mib, serving_models
 from inferq.policy.snapshot import (
     Batch,
@@ -97,9 +99,16 @@ class Urgency:
         policy: the dispatch policy.
         skip: ids of queued requests the decision does not dispatch (expired,
             unschedulable); they neither block nor reserve.
+        fleet: the snapshot's workers already indexed (None: indexed here when needed).
     """
 
-    def __init__(self, snapshot: Snapshot, policy: DispatchPolicy, skip: set[str]) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        policy: DispatchPolicy,
+        skip: set[str],
+        fleet: FleetIndex | None = None,
+    ) -> None:
         self.policy = policy
         self.rank = {c.name: i for i, c in enumerate(policy.classes)}
         self._by_model: dict[str, list[_Urgent]] = {}
@@ -126,20 +135,32 @@ class Urgency:
                     self._by_model.setdefault(m, []).append(entry)
                 found += 1
         self.reservations = reserve(
-            [e.req for e in self._by_id.values()], snapshot.workers, policy, now
+            [e.req for e in self._by_id.values()], snapshot.workers, policy, now, fleet
         )
         self._reserved_by = {r.worker_id: r for r in self.reservations}
         # What blockers() compares, once per decision (it runs for every candidate
-        # placement: ~700 times x up to 192 reservations in a busy 5,000-worker step).
-        self._rows = [
+        # placement: ~700 times x up to 192 reservations in a busy 5,000-worker step):
+        # per class rank, the reservations lacking room in age order; the workers
+        # reserved by higher classes and the answers per (rank, older reservations,
+        # tenant standing) are remembered until a reserved request is placed.
+        self._lacking: dict[int, list[tuple[str, _Urgent]]] = {}
+        self._lacking_age: dict[int, list[tuple[float, str]]] = {}
+        lacking = sorted(
             (
-                r,
-                self._by_id[r.request_id],
-                _age_order(self._by_id[r.request_id].req),
-                r.missing_mib > 0 or r.missing_slots > 0,
-            )
-            for r in self.reservations
-        ]
+                (_age_order(self._by_id[r.request_id].req), r)
+                for r in self.reservations
+                if r.missing_mib > 0 or r.missing_slots > 0
+            ),
+            key=lambda row: row[0],
+        )
+        for age, r in lacking:
+            self._lacking.setdefault(r.rank, []).append((r.worker_id, self._by_id[r.request_id]))
+            self._lacking_age.setdefault(r.rank, []).append(age)
+        self._reserving = {r.request_id for r in self.reservations}
+        self._higher: dict[int, frozenset[str]] = {}
+        self._memo: dict[int, tuple[Mapping[str, float], dict[tuple[int, float], frozenset[str]]]]
+        self._memo = {}
+        self._first: list[str] | None = None
 
     @property
     def active(self) -> bool:
@@ -149,8 +170,12 @@ class Urgency:
     def placed(self, request_id: str) -> None:
         """An overdue request was placed: it reserves no more."""
         entry = self._by_id.get(request_id)
-        if entry is not None:
+        if entry is not None and entry.pending:
             entry.pending = False
+            self._first = None
+            if request_id in self._reserving:  # its worker blocks no more
+                self._higher.clear()
+                self._memo.clear()
 
     def dropped(self, request_id: str) -> None:
         """An overdue request fits nowhere for the rest of the decision (it keeps its
@@ -158,19 +183,30 @@ class Urgency:
         entry = self._by_id.get(request_id)
         if entry is not None:
             entry.placeable = False
+            self._first = None
 
     def classes_first(self) -> list[str]:
-        """Classes with an overdue request that may still be placed, highest first (rule 2)."""
-        ranked = sorted(
-            {(e.rank, e.req.priority) for e in self._by_id.values() if e.pending and e.placeable}
-        )
-        return [name for _, name in ranked]
+        """Classes with an overdue request that may still be placed, highest first (rule 2).
+
+        The list is remembered until a request is placed or dropped; do not change it.
+        """
+        if self._first is None:
+            ranked = sorted(
+                {
+                    (e.rank, e.req.priority)
+                    for e in self._by_id.values()
+                    if e.pending and e.placeable
+                }
+            )
+            self._first = [name for _, name in ranked]
+        return self._first
 
     def exhausted(self, priority: str) -> None:
         """Class ``priority`` has nothing placeable left in this decision."""
         for e in self._by_id.values():
             if e.req.priority == priority:
                 e.placeable = False
+        self._first = None
 
     def blocks(
         self, batch: OpenBatch, req: QueuedRequest, standing: Mapping[str, float] | None = None
@@ -186,24 +222,40 @@ class Urgency:
         class while it lacks room there (at the snapshot), is older, and its tenant
         stands better in the class's VTC order (``standing``: tenant -> virtual time
         at the decision's start, missing = 0; a tie, as a newly active tenant's lift
-        makes, is left to VTC): EASY backfilling holds a reserved worker
+        makes, is left to VTC; the mapping must not change during the decision, which
+        remembers answers per mapping): EASY backfilling holds a reserved worker
         against later jobs, not only lower priorities, or another tenant's stream of
         small requests of the same class kept a large one from ever fitting; and only
         against tenants VTC would not serve first, or one tenant's flood of large
         requests would make a new tenant wait behind all of it.
         """
         rank = self.rank.get(req.priority, len(self.rank))
-        age = _age_order(req)
+        higher = self._higher.get(rank)
+        if higher is None:
+            higher = self._higher[rank] = frozenset(
+                r.worker_id
+                for r in self.reservations
+                if r.rank < rank and self._by_id[r.request_id].pending
+            )
+        # Own class: reservations lacking room, older than req (a request is never older
+        # than itself, so its own reservation is never among them).
+        older = bisect_left(self._lacking_age.get(rank, ()), _age_order(req))
+        if not older:
+            return higher
         mine = standing.get(req.tenant, 0.0)
-        out = set()
-        for res, entry, res_age, lacks in self._rows:
-            if not entry.pending or res.rank > rank or res.request_id == req.id:
-                continue
-            if res.rank < rank or (
-                lacks and res_age < age and standing.get(entry.req.tenant, 0.0) < mine
-            ):
-                out.add(res.worker_id)
-        return frozenset(out)
+        seen, answers = self._memo.get(rank, (None, None))
+        if seen is not standing or answers is None:
+            answers = {}
+            self._memo[rank] = (standing, answers)
+        found = answers.get((older, mine))
+        if found is None:
+            same = [
+                wid
+                for wid, entry in self._lacking[rank][:older]
+                if entry.pending and standing.get(entry.req.tenant, 0.0) < mine
+            ]
+            found = answers[(older, mine)] = higher.union(same) if same else higher
+        return found
 
     def unplaced(self) -> tuple[Reservation, ...]:
         """Reservations whose request is still waiting (the preemption step's input)."""
@@ -219,6 +271,7 @@ def reserve(
     workers: Sequence[WorkerView],
     policy: DispatchPolicy,
     now: float,
+    fleet: FleetIndex | None = None,
 ) -> tuple[Reservation, ...]:
     """One reserved worker per overdue request, highest class and oldest first (rule 3).
 
@@ -232,37 +285,27 @@ def reserve(
         workers: the snapshot's workers.
         policy: the dispatch policy (classes in priority order, registry).
         now: the decision's time, seconds.
+        fleet: ``workers`` already indexed (:class:`~inferq.policy.fleet.FleetIndex`,
+            the same views); None indexes them here.
 
     Returns:
         The reservations, in the order they were made.
     """
     rank = {c.name: i for i, c in enumerate(policy.classes)}
     ordered = sorted(urgent, key=lambda r: (rank.get(r.priority, len(rank)), *_age_order(r)))
-    taken: set[str] = set()
     out: list[Reservation] = []
-    # The key's worker parts, once per decision, by model, in two orders (it runs for up
-    # to 64 overdue requests per class against every worker: issue 17's busy fleet).
+    if not ordered:
+        return ()
+    # The key's worker parts come from the fleet index's two orders of the ready workers
+    # per model (issue 17's busy fleet: kept between decisions, not rebuilt here).
     # The lowest key for a need: a worker with free_mib >= need (missing 0) first, the
     # lowest (slot, utilisation, id) among those; else the most free MiB, then (slot,
     # utilisation, id). So: the first row not taken in most-free order tells which case,
     # and in the first case the first fitting row in (slot, utilisation, id) order wins.
-    Row = tuple[float, int, float, str, float, WorkerView]
-    by_free: dict[str, list[Row]] = {}
-    for w in workers:
-        if w.ready and w.slots >= 1:
-            row = (
-                w.free_mib,
-                0 if w.free_slots >= 1 else 1,
-                w.utilisation,
-                w.id,
-                w.kv_cache_mib,
-                w,
-            )
-            by_free.setdefault(w.model, []).append(row)
-    by_rest: dict[str, list[Row]] = {}
-    for model, rows in by_free.items():
-        rows.sort(key=lambda r: (-r[0], r[1], r[2], r[3]))
-        by_rest[model] = sorted(rows, key=lambda r: (r[1], r[2], r[3]))
+    index = fleet if fleet is not None and fleet.serves(policy) else None
+    if index is None:
+        index = FleetIndex.build(workers, policy)
+    taken: set[str] = set()
     for req in ordered:
         try:
             models = serving_models(req, policy, now)
@@ -271,23 +314,27 @@ def reserve(
         order = {m: i for i, m in enumerate(models)}
         best: tuple[tuple[float, int, int, float, str], WorkerView, float] | None = None
         for model, pref in order.items():
-            cands = by_free.get(model)
+            cands = index.by_free.get(model)
             if not cands:
                 continue
             need = need_mib(req, policy.model_by_name[model])
             top = next((r for r in cands if need <= r[4] and r[3] not in taken), None)
             if top is None:
                 continue
-            if top[0] < need:
-                pick, missing = top, need - top[0]
+            if -top[0] < need:
+                missing = need - -top[0]
+                key = (missing, top[1], pref, top[2], top[3])
+                view = top[5]
             else:
-                pick = next(
-                    r for r in by_rest[model] if need <= r[0] and need <= r[4] and r[3] not in taken
+                rest = next(
+                    r
+                    for r in index.by_rest[model]
+                    if need <= r[3] and need <= r[4] and r[2] not in taken
                 )
-                missing = 0.0
-            key = (missing, pick[1], pref, pick[2], pick[3])
+                key = (0.0, rest[0], pref, rest[1], rest[2])
+                view = rest[5]
             if best is None or key < best[0]:
-                best = (key, pick[5], need)
+                best = (key, view, need)
         if best is None:
             continue
         (missing_mib, missing_slot, *_), w, need = best
@@ -313,6 +360,7 @@ def choose_victims(
     snapshot: Snapshot,
     policy: DispatchPolicy,
     batches: Sequence[Batch] = (),
+    fleet: FleetIndex | None = None,
 ) -> tuple[Preemption, ...]:
     """Running requests to preempt so each unplaced reservation fits on its worker (rule 4).
 
@@ -323,6 +371,7 @@ def choose_victims(
         snapshot: the decision's snapshot (workers' capacity and reservations).
         policy: the dispatch policy (classes: ``preemptible``; the counter's weights).
         batches: the decision's batches (room they took on a reserved worker counts as used).
+        fleet: the snapshot's workers already indexed (the same views), or None.
 
     Returns:
         The preemptions, per reservation the lowest class first, then the fewest
@@ -330,7 +379,7 @@ def choose_victims(
         every eligible request (those preempted fewer than ``policy.max_preemptions``
         times) would not satisfy.
     """
-    workers = {w.id: w for w in snapshot.workers}
+    workers = fleet.views if fleet is not None else {w.id: w for w in snapshot.workers}
     took: dict[str, tuple[int, float]] = {}
     for b in batches:
         slots, mib = took.get(b.worker_id, (0, 0.0))

@@ -158,14 +158,19 @@ class WorkerIndex:
     Args:
         workers: the snapshot's workers (any order).
         policy: the dispatch policy (registry, ``max_batch``, token budget).
+        ranked: ``workers`` are already in (utilisation, id) order (a
+            :class:`~inferq.policy.fleet.FleetIndex`'s open workers): not sorted again.
     """
 
-    def __init__(self, workers: Iterable[WorkerView], policy: DispatchPolicy) -> None:
+    def __init__(
+        self, workers: Iterable[WorkerView], policy: DispatchPolicy, *, ranked: bool = False
+    ) -> None:
         self._max_batch = policy.max_batch
         self._budget = policy.batch_token_budget
         self._buckets: dict[str, list[OpenBatch]] = {}
-        ranked = sorted(workers, key=lambda w: (w.utilisation, w.id))
-        for w in ranked:
+        if not ranked:
+            workers = sorted(workers, key=lambda w: (w.utilisation, w.id))
+        for w in workers:
             spec = policy.model_by_name.get(w.model)
             if spec is None or not w.ready or w.isolated or w.free_slots < 1:
                 continue
@@ -244,6 +249,9 @@ class FleetCapacity:
         pools: models a running scaler manages: a request that only they serve is
             not unschedulable (the scaler starts a worker; its KV cache is unknown
             until it beats, so no size check applies until then).
+        largest_mib: model -> the largest KV cache of its live workers, MiB, already
+            known (:meth:`~inferq.policy.fleet.FleetIndex.largest_mib`); ``workers``
+            add to it.
     """
 
     def __init__(
@@ -251,10 +259,12 @@ class FleetCapacity:
         workers: Iterable[WorkerView],
         policy: DispatchPolicy,
         pools: frozenset[str] = frozenset(),
+        *,
+        largest_mib: dict[str, float] | None = None,
     ) -> None:
         self._policy = policy
         self._pools = pools
-        self.largest_mib: dict[str, float] = {}
+        self.largest_mib: dict[str, float] = dict(largest_mib or {})
         for w in workers:
             self.largest_mib[w.model] = max(self.largest_mib.get(w.model, 0.0), w.kv_cache_mib)
         self._live: dict[tuple[str, str], str | tuple[ModelSpec, ...]] = {}
