@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from inferq import defaults
 from inferq.store import scripts
-from inferq.store.calls import redis_time_ms
+from inferq.store.glance import redis_time_ms
 from inferq.store.keys import Keys
 from inferq.store.scripts import SCRIPTS, includes_of, script_source
 from inferq.store.snapshot import WORKER_FIELDS

@@ -1,7 +1,9 @@
 """The store's inspection and admin calls: what the CLI, the metrics and operators read.
 
-Queue depths and waits, event rates and the events stream, lifetime counters, the
-quarantine, the dead letter, purging a namespace. Part of :class:`~inferq.store.Store`.
+The events stream, lifetime counters, the quarantine, the dead letter, purging a
+namespace (queue depths and waits, event rates and the clock are
+:class:`~inferq.store.glance.Glance`'s, which needs no settings). Part of
+:class:`~inferq.store.Store`.
 """
 
 from __future__ import annotations
@@ -9,47 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from inferq import defaults
-from inferq.models import Event, from_ms
+from inferq.models import Event
 from inferq.store import calls
 from inferq.store.base import StoreBase
-from inferq.store.keys import count_field_queue
 
 
 class AdminCalls(StoreBase):
     """Reads for people and dashboards, and the two admin writes (dead-letter requeue, purge)."""
-
-    def queue_depths(self) -> list[tuple[str, str, int, float | None]]:
-        """(class, route, queued, oldest wait in seconds or None) for every queue.
-
-        The depth is the queue's counter (``counts`` field ``q:<class>|<route>``, kept by
-        the scripts with its sub-queues), the oldest wait the lowest head of its tenant
-        index: two reads per queue whatever its backlog or its tenants.
-        """
-        names = sorted(n for n in self.redis.smembers(self.keys.queues) if "|" in n)
-        parts = [name.split("|", 1) for name in names]
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.time()
-        pipe.hmget(self.keys.counts, [count_field_queue(c, r) for c, r in parts] or ["-"])
-        for cls, route in parts:
-            pipe.zrange(self.keys.tenant_index(cls, route), 0, 0, withscores=True)
-        time_reply, depths, *heads = pipe.execute()
-        now = calls.redis_time(time_reply)
-        out: list[tuple[str, str, int, float | None]] = []
-        for (cls, route), depth, head in zip(parts, depths, heads, strict=False):
-            oldest = max(0.0, now - from_ms(head[0][1])) if head else None
-            out.append((cls, route, max(0, int(depth or 0)), oldest))
-        return out
-
-    def event_rates(self, window_s: float = 60.0, cap: int = 20_000) -> dict[str, float]:
-        """Events per second by type over the last ``window_s`` seconds (at most ``cap`` read)."""
-        start = round((self.now() - window_s) * 1000)
-        entries = self.redis.xrange(self.keys.events, min=f"{start}-0", count=cap)
-        counts: dict[str, int] = {}
-        for _, fields in entries:
-            etype = fields.get("type", "?")
-            n = int(fields.get("n", 1)) if etype == "dispatch" else 1
-            counts[etype] = counts.get(etype, 0) + n
-        return {etype: n / window_s for etype, n in counts.items()}
 
     def events(self, count: int = 100, after: str = "-") -> list[Event]:
         """Oldest-first events after stream id ``after`` ('-' = from the start of the cap)."""
@@ -130,12 +98,6 @@ class AdminCalls(StoreBase):
         """Requeue a dead-lettered request with a fresh attempt budget and deadline."""
         call = calls.dead_requeue_call(self.keys, self.settings, request_id)
         return calls.parse_dead_requeue(self._call(call))
-
-    def namespace_has_keys(self) -> bool:
-        """Whether this namespace was ever used: one of the keys that every submit,
-        heartbeat or event writes exists (one EXISTS, no scan of the keyspace)."""
-        k = self.keys
-        return int(self.redis.exists(k.stats, k.events, k.workers, k.queues)) > 0
 
     def purge(self, on_batch: Callable[[int], None] | None = None) -> int:
         """Delete every key of this namespace; returns how many. Irreversible.

@@ -19,6 +19,7 @@ from inferq.models import InferenceRequest, RequestRecord, StreamChunk
 from inferq.store import calls
 from inferq.store.calls import Call, Chunk, Submitted
 from inferq.store.connection import MIN_BLOCK_S, AsyncConnection, block_limit_s, open_async_redis
+from inferq.store.glance import redis_time
 from inferq.store.keys import Keys
 from inferq.store.scripts import script_source
 
@@ -72,7 +73,7 @@ class AsyncStore:
 
     async def now(self) -> float:
         """Redis server time, epoch seconds."""
-        return calls.redis_time(await self.redis.time())
+        return redis_time(await self.redis.time())
 
     async def submit(
         self, request: InferenceRequest, *, explicit_deadline: bool = False

@@ -5,14 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from inferq.config import Settings
-from inferq.store import calls
 from inferq.store.calls import Call
 from inferq.store.connection import MIN_BLOCK_S, Connection, block_limit_s
-from inferq.store.keys import Keys
+from inferq.store.glance import Glance
 from inferq.store.scripts import SCRIPTS, script_source
 
 
-class StoreBase:
+class StoreBase(Glance):
     """A redis-py client with text replies, the deployment's settings and keys, and every
     Lua script registered on it (see :class:`~inferq.store.Store`).
 
@@ -22,11 +21,8 @@ class StoreBase:
     """
 
     def __init__(self, client: Connection, settings: Settings) -> None:
-        # Typed Any: with decode_responses=True every reply is str, which redis-py's
-        # stubs (bytes | str for every call) cannot express.
-        self.redis: Any = client
+        super().__init__(client, settings.namespace)
         self.settings = settings
-        self.keys = Keys(settings.namespace)
         self._scripts = {name: client.register_script(script_source(name)) for name in SCRIPTS}
         self._block_limit = block_limit_s(client)
 
@@ -38,13 +34,5 @@ class StoreBase:
             return wanted_s
         return max(MIN_BLOCK_S, min(wanted_s, self._block_limit))
 
-    def close(self) -> None:
-        """Close the connection pool."""
-        self.redis.close()
-
     def _call(self, call: Call, client: Any = None) -> Any:
         return self._scripts[call.script](keys=call.keys, args=call.args, client=client)
-
-    def now(self) -> float:
-        """Redis server time, epoch seconds (the one clock every script uses)."""
-        return calls.redis_time(self.redis.time())

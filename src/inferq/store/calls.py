@@ -829,21 +829,3 @@ def parse_estimates(raw: dict[str, str]) -> dict[tuple[str, str], float]:
         except ValueError:
             continue
     return out
-
-
-def redis_time(reply: Sequence[Any]) -> float:
-    """Redis ``TIME`` (seconds, microseconds) as epoch seconds."""
-    sec, usec = reply
-    return float(sec) + float(usec) / 1e6
-
-
-def redis_time_ms(reply: Sequence[Any]) -> int:
-    """Redis ``TIME`` as epoch milliseconds, floored as the scripts' clock
-    (``lua/includes/clock.lua``) floors it.
-
-    A Python ms that rounded instead would be one ahead of the scripts' ms in half of
-    each millisecond: a worker marked changed in that half-ms would score below a
-    snapshot's ``since_ms`` and be missed until the next full read.
-    """
-    sec, usec = reply
-    return int(sec) * 1000 + int(usec) // 1000

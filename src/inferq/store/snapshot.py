@@ -24,7 +24,8 @@ from inferq.policy.snapshot import (
     Snapshot,
     WorkerView,
 )
-from inferq.store.calls import parse_estimates, redis_time, redis_time_ms
+from inferq.store.calls import parse_estimates
+from inferq.store.glance import redis_time, redis_time_ms
 from inferq.store.keys import Keys
 
 #: Requests per queue whose fields a snapshot reads at least, when any slot is free.
