@@ -57,10 +57,7 @@ from pydantic_settings import (
 from inferq import defaults
 from inferq.devices import LatencyProfile, profile_for
 from inferq.errors import ConfigError, UnknownPriorityClass
-
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-#: A cell's name: it starts every request id of the cell (see :mod:`inferq.cells`).
-CELL_NAME_PATTERN = r"^[a-z0-9]{1,16}$"
+from inferq.names import CELL_NAME_PATTERN, NAME_PATTERN
 
 
 class PriorityClass(BaseModel):

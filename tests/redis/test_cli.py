@@ -184,7 +184,8 @@ def test_top_renders_until_interrupted(run, monkeypatch: pytest.MonkeyPatch) -> 
     # Without a terminal (CliRunner's output is none): the view once, no live loop.
     out = run("top", "--interval", "0.01")
     assert out.exit_code == 0 and "queued" in out.output and calls["n"] == 0
-    monkeypatch.setattr("inferq.cli.main.console", Console(force_terminal=True))
+    terminal = Console(force_terminal=True)
+    monkeypatch.setattr("inferq.cli.main.console", lambda: terminal)
     out = run("top", "--interval", "0.01")
     assert out.exit_code == 0 and "queued" in out.output and calls["n"] == 2
 

@@ -132,9 +132,9 @@ def list_keys(obj: Context, as_json: bool) -> None:
             created,
             str(row["note"]),
         )
-    console.print(table)
+    console().print(table)
     if not rows:
-        console.print("no API keys stored (inferq keys add --tenant NAME)")
+        console().print("no API keys stored (inferq keys add --tenant NAME)")
 
 
 @keys.command("revoke")

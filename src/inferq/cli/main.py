@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from inferq import defaults, envvars
 from inferq.cli.common import (
     Context,
     LazyGroup,
@@ -42,9 +44,10 @@ from inferq.cli.common import (
 from inferq.errors import InferqError, redact_url
 from inferq.extras import import_extra
 from inferq.logs import setup_logging
-from inferq.models import Result, StreamChunk
 
 if TYPE_CHECKING:
+    from inferq.config import Settings
+    from inferq.models import Result, StreamChunk
     from inferq.store import Store
 
 #: Commands imported only when they run (their modules pull in heavy dependencies).
@@ -102,14 +105,48 @@ def cli(
     log_json: bool,
 ) -> None:
     """inferq: priority-, deadline- and GPU-aware scheduling of LLM inference on Redis."""
-    from inferq.config import Settings
-
+    for line in envvars.warnings(os.environ):
+        click.echo(line, err=True)
     setup_logging(log_level, json_lines=log_json)
     overrides: dict[str, Any] = {}
     if redis_url:
         overrides["redis_url"] = redis_url
     if namespace:
         overrides["namespace"] = namespace
+    target = None
+    if ctx.invoked_subcommand in CONNECTION_ONLY_COMMANDS and config_path is None and cell is None:
+        target = connection_target(overrides)
+    if target is not None:
+        ctx.obj = Context(load=lambda: load_settings(config_path, cell, overrides), target=target)
+    else:
+        ctx.obj = Context(load_settings(config_path, cell, overrides))
+
+
+#: Commands that need only the Redis URL and the namespace (they read through
+#: ``Context.glance``): without a settings file, a cell or another setting in the
+#: environment, they start without loading the settings (issue 15: CLI start time).
+CONNECTION_ONLY_COMMANDS = frozenset({"queues"})
+
+
+def connection_target(overrides: dict[str, Any]) -> tuple[str, str] | None:
+    """``(redis_url, namespace)`` the settings would hold, when they are all that the
+    settings would differ from their defaults by; None when the settings must be loaded
+    (see :func:`inferq.envvars.connection_only`). ``overrides`` come from the options."""
+    env = envvars.connection_only(os.environ)
+    if env is None:
+        return None
+    url = overrides.get("redis_url") or env[0] or defaults.REDIS_URL
+    namespace = overrides.get("namespace") or env[1] or defaults.NAMESPACE
+    return (url, namespace) if envvars.valid_namespace(namespace) else None
+
+
+def load_settings(config_path: str | None, cell: str | None, overrides: dict[str, Any]) -> Settings:
+    """The settings of the command line: file, environment, options, then ``--cell``.
+
+    Exits with one error line when they are invalid or the cell is unknown.
+    """
+    from inferq.config import Settings
+
     try:
         settings = Settings.load(config_path, **overrides)
     except InferqError as exc:
@@ -118,7 +155,7 @@ def cli(
         if cell not in settings.cells:
             fail(f"--cell: {cell!r} is not a cell (configured: {sorted(settings.cells) or 'none'})")
         settings = settings.model_copy(update={"redis_url": settings.cells[cell].redis_url})
-    ctx.obj = Context(settings)
+    return settings
 
 
 def emit(data: Any, as_json: bool, render: Callable[[Any], Any]) -> None:
@@ -126,7 +163,7 @@ def emit(data: Any, as_json: bool, render: Callable[[Any], Any]) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str, sort_keys=True))
     else:
-        console.print(render(data))
+        console().print(render(data))
 
 
 # --- requests -----------------------------------------------------------------------
@@ -227,7 +264,7 @@ def note_if_unserved(obj: Context, store: Store, request_id: str) -> None:
     route = parse_route(request.model)
     if served(route, obj.settings.models, available, degrade=cls.allow_degrade):
         return
-    err_console.print(
+    err_console().print(
         f"note: no live worker and no scaler pool serves model {request.model!r} in "
         f"namespace {obj.settings.namespace!r} now; {request_id} waits until one does, or "
         f"until its deadline in {request.deadline - request.submitted_at:.0f} s",
@@ -241,6 +278,7 @@ def print_stream(items: Iterable[StreamChunk | Result], as_json: bool) -> None:
     its panel, or with ``as_json`` one JSON object per line (chunks, then the result).
     Exits 1 when the request did not succeed."""
     from inferq.cli import views
+    from inferq.models import Result
 
     result: Result | None = None
     for item in items:
@@ -261,7 +299,7 @@ def print_stream(items: Iterable[StreamChunk | Result], as_json: bool) -> None:
     else:
         click.echo()
         # The output was just printed as it came: the panel gives the rest.
-        console.print(views.result_panel({**data, "output": None}))
+        console().print(views.result_panel({**data, "output": None}))
     if not result.ok:
         sys.exit(1)
 
@@ -304,8 +342,8 @@ def queues(obj: Context, as_json: bool) -> None:
     """Queue depth per route and class, oldest wait, submit and finish rates."""
     from inferq.cli import views
 
-    rates = obj.store.event_rates()
-    rows = views.queue_rows(obj.store)
+    rates = obj.glance.event_rates()
+    rows = views.queue_rows(obj.glance)
     emit(rows, as_json, lambda rows: views.queue_table(rows, rates))
     if not rows:
         hint_if_empty(obj)
@@ -416,10 +454,10 @@ def top(obj: Context, interval: float) -> None:
 
     from inferq.cli import views
 
-    if not console.is_terminal:
-        console.print(views.report_render(views.report_dict(obj.store)))
+    if not console().is_terminal:
+        console().print(views.report_render(views.report_dict(obj.store)))
         return
-    with Live(views.report_render(views.report_dict(obj.store)), console=console) as live:
+    with Live(views.report_render(views.report_dict(obj.store)), console=console()) as live:
         try:
             while True:
                 time.sleep(interval)
@@ -769,9 +807,9 @@ def demo(
         redis=redis_kind,
     )
     try:
-        run_demo(opts, console)
+        run_demo(opts, console())
     except KeyboardInterrupt:
-        err_console.print("interrupted: everything the demo started was stopped")
+        err_console().print("interrupted: everything the demo started was stopped")
         sys.exit(130)
 
 

@@ -1,20 +1,27 @@
-"""What the CLI shows: data gathered from the store, rendered as rich tables or JSON."""
+"""What the CLI shows: data gathered from the store, rendered as rich tables or JSON.
+
+rich, the settings, the models and the store are imported where a function uses them,
+not here: ``inferq queues --json`` renders nothing and reads through
+:class:`~inferq.store.glance.Glance`, so it starts without them (issue 15).
+"""
 
 from __future__ import annotations
 
 import json
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Group
-from rich.panel import Panel
-from rich.table import Table
-
-from inferq.config import Settings
 from inferq.errors import InferqError, redact_url
-from inferq.models import Event, RequestRecord, Result
-from inferq.store import REDIS_ERRORS, Store, connect, describe_error
+
+if TYPE_CHECKING:
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.table import Table
+
+    from inferq.config import Settings
+    from inferq.models import Event, RequestRecord, Result
+    from inferq.store import Glance, Store
 
 
 def _s(value: float | None) -> str:
@@ -28,7 +35,7 @@ def _id_column(table: Table, name: str, values: list[str]) -> None:
     table.add_column(name, no_wrap=True, min_width=width, overflow="ignore")
 
 
-def queue_rows(store: Store) -> list[dict[str, Any]]:
+def queue_rows(store: Glance) -> list[dict[str, Any]]:
     """One row per (class, route) queue: depth and oldest wait (s)."""
     return [
         {"class": cls, "route": route, "queued": depth, "oldest_wait_s": oldest}
@@ -37,6 +44,8 @@ def queue_rows(store: Store) -> list[dict[str, Any]]:
 
 
 def queue_table(rows: list[dict[str, Any]], rates: dict[str, float] | None = None) -> Table:
+    from rich.table import Table
+
     table = Table(title="queues")
     for col in ("class", "route", "queued", "oldest wait"):
         table.add_column(col, justify="right" if col != "route" and col != "class" else "left")
@@ -82,6 +91,8 @@ def worker_rows(store: Store) -> list[dict[str, Any]]:
 
 def worker_table(rows: list[dict[str, Any]], counts: bool = False) -> Table:
     """Workers as a table; ``counts`` adds the report's finished/failed columns."""
+    from rich.table import Table
+
     table = Table(title="workers")
     extra = ("finished", "failed") if counts else ()
     _id_column(table, "id", [r["id"] for r in rows])
@@ -139,6 +150,9 @@ def record_dict(record: RequestRecord) -> dict[str, Any]:
 
 
 def record_panel(data: dict[str, Any]) -> Panel:
+    from rich.panel import Panel
+    from rich.table import Table
+
     table = Table.grid(padding=(0, 2))
     for key in (
         "state",
@@ -174,6 +188,9 @@ def result_dict(result: Result) -> dict[str, Any]:
 
 
 def result_panel(data: dict[str, Any]) -> Panel:
+    from rich.panel import Panel
+    from rich.table import Table
+
     table = Table.grid(padding=(0, 2))
     table.add_row("status", data["status"])
     for key, label in (("queue_wait_s", "queue wait"), ("ttft_s", "TTFT"), ("e2e_s", "e2e")):
@@ -187,6 +204,8 @@ def result_panel(data: dict[str, Any]) -> Panel:
 
 
 def dead_table(rows: list[dict[str, Any]]) -> Table:
+    from rich.table import Table
+
     table = Table(title="dead letter")
     _id_column(table, "id", [r["id"] for r in rows])
     for col in ("priority", "tenant", "attempts", "last error"):
@@ -258,6 +277,9 @@ def report_dict(store: Store) -> dict[str, Any]:
 
 
 def report_render(data: dict[str, Any]) -> Group:
+    from rich.console import Group
+    from rich.table import Table
+
     head = Table.grid(padding=(0, 3))
     counters = data["counters"]
     head.add_row(
@@ -282,6 +304,8 @@ def cells_list(settings: Settings) -> list[dict[str, Any]]:
     A cell that does not answer gets ``reachable: False`` and the error; the others are
     still read (one cell's outage does not hide the rest).
     """
+    from inferq.store import REDIS_ERRORS, Store, connect, describe_error
+
     rows: list[dict[str, Any]] = []
     for name, spec in settings.cells.items():
         row: dict[str, Any] = {
@@ -317,6 +341,8 @@ def cells_list(settings: Settings) -> list[dict[str, Any]]:
 
 
 def cells_render(rows: list[dict[str, Any]]) -> Table:
+    from rich.table import Table
+
     table = Table(title="cells")
     for col in ("cell", "redis", "routes", "tenants", "queued", "workers"):
         table.add_column(col, justify="right" if col == "queued" else "left", overflow="fold")
