@@ -126,6 +126,25 @@ def test_ids_are_never_truncated_on_80_columns(
         assert max(len(line) for line in out.splitlines()) <= 80 or long_worker in out
 
 
+def test_piped_tables_cut_no_cell(namespace: str, store: Store, settings: Settings) -> None:
+    """Off a terminal (a pipe, CI) rich fitted tables to 80 columns: the workers table
+    lost its last columns and the dead letter's cells ended in "…". Now each row is one
+    whole line (for grep), up to views' PIPE_WIDTH."""
+    long_worker = "gpu-node-a100-80gb-rack12-slot3-" + "x" * 30
+    store.heartbeat(worker_info(long_worker, model="llama-3.1-70b-awq"), ttl_s=30)
+    out = inferq(namespace, "workers")
+    assert out.returncode == 0 and "…" not in out.stdout, out.stdout
+    row = next(line for line in out.stdout.splitlines() if long_worker in line)
+    for cell in ("llama-3.1-70b-awq", "ready", "s ago"):
+        assert cell in row, out.stdout
+    ready_worker(store, "w1")
+    rid = dead_letter(store, settings)
+    out = inferq(namespace, "dead-letter", "list")
+    assert out.returncode == 0 and "…" not in out.stdout, out.stdout
+    row = next(line for line in out.stdout.splitlines() if rid in line)
+    assert "realtime" in row and "default" in row, out.stdout
+
+
 def test_an_unused_namespace_gets_a_hint(namespace: str) -> None:
     for args in (["queues"], ["workers", "--json"], ["dead-letter", "list"]):
         out = inferq(namespace, *args)

@@ -35,6 +35,61 @@ def console() -> Console:
     return Console()
 
 
+def show(renderable: Any) -> None:
+    """Print a rich renderable (tables, panels, groups of them) on stdout, cutting nothing.
+
+    rich fits output to the terminal, or to 80 columns off a terminal (a pipe, a file,
+    CI), and cut what did not fit with "…": ids and model names included, or whole
+    columns cropped (issue 15). Here every cell that does not fit folds onto more lines
+    instead (no "…"), ids stay whole (their columns do not wrap, see
+    ``views._id_column``), and the width grows to what those need. Off a terminal it
+    grows further, up to :data:`PIPE_WIDTH`, so a table keeps one line per row for
+    ``grep`` and ``awk``; on a terminal a line wider than the window wraps there.
+    """
+    from rich.measure import Measurement
+
+    out = console()
+    _fold_cells(renderable)
+    size = Measurement.get(out, out.options.update_width(_MEASURE_WIDTH), renderable)
+    needed = size.minimum if out.is_terminal else max(size.minimum, min(size.maximum, PIPE_WIDTH))
+    if needed <= out.width:
+        out.print(renderable)
+        return
+    fitted = out.width
+    out.width = needed
+    try:
+        out.print(renderable, crop=False)
+    finally:
+        out.width = fitted
+
+
+#: The widest output :func:`show` widens to off a terminal for free text (a column that
+#: must not wrap, an id, may need more and gets it).
+PIPE_WIDTH = 240
+#: The width a renderable is measured at (any width above what a table can need).
+_MEASURE_WIDTH = 100_000
+
+
+def _fold_cells(renderable: Any) -> None:
+    """Make every table column inside ``renderable`` fold what does not fit instead of
+    cutting it with "…" (columns given another overflow keep it)."""
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.table import Table
+
+    if isinstance(renderable, Table):
+        for column in renderable.columns:
+            if column.overflow == "ellipsis":
+                column.overflow = "fold"
+            for cell in column.cells:
+                _fold_cells(cell)
+    elif isinstance(renderable, Group):
+        for child in renderable.renderables:
+            _fold_cells(child)
+    elif isinstance(renderable, Panel):
+        _fold_cells(renderable.renderable)
+
+
 @functools.cache
 def err_console() -> Console:
     """The console of stderr."""

@@ -15,7 +15,7 @@ import time
 import click
 from rich.table import Column, Table
 
-from inferq.cli.common import Context, console, fail, handle_errors, pass_ctx
+from inferq.cli.common import Context, console, fail, handle_errors, pass_ctx, show
 from inferq.gateway.tenants import (
     KEY_ID_LEN,
     StoredKey,
@@ -132,7 +132,7 @@ def list_keys(obj: Context, as_json: bool) -> None:
             created,
             str(row["note"]),
         )
-    console().print(table)
+    show(table)
     if not rows:
         console().print("no API keys stored (inferq keys add --tenant NAME)")
 

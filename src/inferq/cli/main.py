@@ -39,6 +39,7 @@ from inferq.cli.common import (
     pass_ctx,
     progress,
     say_ready,
+    show,
     start_metrics,
 )
 from inferq.errors import InferqError, redact_url
@@ -163,7 +164,7 @@ def emit(data: Any, as_json: bool, render: Callable[[Any], Any]) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str, sort_keys=True))
     else:
-        console().print(render(data))
+        show(render(data))
 
 
 # --- requests -----------------------------------------------------------------------
@@ -299,7 +300,7 @@ def print_stream(items: Iterable[StreamChunk | Result], as_json: bool) -> None:
     else:
         click.echo()
         # The output was just printed as it came: the panel gives the rest.
-        console().print(views.result_panel({**data, "output": None}))
+        show(views.result_panel({**data, "output": None}))
     if not result.ok:
         sys.exit(1)
 
@@ -455,7 +456,7 @@ def top(obj: Context, interval: float) -> None:
     from inferq.cli import views
 
     if not console().is_terminal:
-        console().print(views.report_render(views.report_dict(obj.store)))
+        show(views.report_render(views.report_dict(obj.store)))
         return
     with Live(views.report_render(views.report_dict(obj.store)), console=console()) as live:
         try:

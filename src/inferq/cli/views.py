@@ -47,8 +47,10 @@ def queue_table(rows: list[dict[str, Any]], rates: dict[str, float] | None = Non
     from rich.table import Table
 
     table = Table(title="queues")
-    for col in ("class", "route", "queued", "oldest wait"):
-        table.add_column(col, justify="right" if col != "route" and col != "class" else "left")
+    _id_column(table, "class", [r["class"] for r in rows])
+    _id_column(table, "route", [r["route"] for r in rows])
+    for col in ("queued", "oldest wait"):
+        table.add_column(col, justify="right")
     for r in rows:
         table.add_row(r["class"], r["route"], str(r["queued"]), _s(r["oldest_wait_s"]))
     if rates is not None:
