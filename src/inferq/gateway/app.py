@@ -87,6 +87,10 @@ def max_body_bytes(settings: Settings) -> int:
     return BODY_BYTES_PER_PROMPT_BYTE * settings.max_prompt_bytes + BODY_BASE_BYTES
 
 
+#: Seconds before a failed renewal of the gateway's liveness lease is tried again: after a
+#: Redis outage longer than the lease, the renewal must land within the dispatcher's
+#: reaping grace (``OUTAGE_GRACE_MIN_S``, 3 s), or the live streams would be cancelled.
+CALLER_LEASE_RETRY_S = 0.5
 #: Seconds a client may take to send its whole body (9 MiB at 150 KiB/s); a client that
 #: stalls mid-body would otherwise hold its connection and task for ever.
 BODY_READ_TIMEOUT_S = 60.0
@@ -427,15 +431,18 @@ class Gateway:
     async def _renew_caller_lease(self) -> None:
         """Renew the liveness lease every third of ``gateway_lease_s`` in every cell this
         replica has submitted to, for as long as it runs; a renewal that fails (Redis
-        unreachable) is retried at the next turn."""
+        unreachable) is retried after :data:`CALLER_LEASE_RETRY_S`."""
         every = self.settings.gateway_lease_s / 3
+        wait = every
         while True:
-            await asyncio.sleep(every)
+            await asyncio.sleep(wait)
+            wait = every
             for store in [self.aclient.store, *self.aclient.cells.others()]:
                 try:
                     await store.renew_caller(self.caller_id, self.settings.gateway_lease_s)
-                except Exception as exc:  # Redis away: retried next turn; the loop must live
+                except Exception as exc:  # Redis away: retried soon; the loop must live
                     log.warning("could not renew the gateway's liveness lease: %s", exc)
+                    wait = min(every, CALLER_LEASE_RETRY_S)
 
     async def _stream(
         self,
