@@ -520,3 +520,62 @@ def test_a_worker_asked_to_drain_is_offered_nothing_from_the_next_step(
     assert jobs_of(store, "w1") == []
     assert {store.record(h.id).worker for h in handles} == {"w2"}
     assert store.redis.hget(store.keys.worker("w1"), "state") == WorkerState.DRAINING.value
+
+
+def _settle(store: Store, steps: int = 3) -> int:
+    """Dispatcher steps as its loop runs them (a failed step repairs); quarantined count."""
+    d, found = Dispatcher(store), 0
+    for _ in range(steps):
+        try:
+            found += d.step().quarantined
+        except Exception:  # the loop's own rule: repair after a failed step
+            found += d._repair()
+    return found
+
+
+@pytest.mark.parametrize("kind", ["string", "list", "deleted"])
+def test_a_request_record_of_the_wrong_type_leaves_its_counters_when_quarantined(
+    store: Store, client: Client, kind: str
+) -> None:
+    """A submitted request's record overwritten by hand with another type (or deleted) is
+    quarantined; it was counted in c:<class> and t:<class>:<tenant> when submitted, so
+    those must go down with it (they stayed one too high for ever: backpressure and the
+    tenant's backlog charged for a request that is gone). The others' counts are kept."""
+    bad = client.submit("x", priority="realtime", max_tokens=4, tenant="t1")
+    client.submit("x", priority="realtime", max_tokens=4, tenant="t1")
+    client.submit("x", priority="realtime", max_tokens=4, tenant="t2")
+    key = store.keys.req(bad.id)
+    store.redis.delete(key)
+    if kind == "string":
+        store.redis.set(key, "not a hash")
+    elif kind == "list":
+        store.redis.rpush(key, "not", "a", "hash")
+    assert _settle(store) == 1
+    counts = store.queued_counts()
+    assert counts.get("c:realtime") == 2, counts
+    assert counts.get("t:realtime:t1") == 1 and counts.get("t:realtime:t2") == 1, counts
+    assert len(queued_ids(store, "realtime", "llama-3.1-8b")) == 2  # depth agrees too
+
+
+def test_a_sub_queue_of_the_wrong_type_is_quarantined_with_its_counters(
+    store: Store, client: Client
+) -> None:
+    """A tenant's sub-queue overwritten by hand with a hash failed every dispatcher step
+    (and the repair itself, which read it too), and its requests stayed counted in
+    c:<class>, t:<class>:<tenant> and the queue's depth. It is quarantined, the counters
+    drop to what the queue still holds, and the other tenant's request is dispatched."""
+    client.submit("x", priority="realtime", max_tokens=4, tenant="t1")
+    client.submit("x", priority="realtime", max_tokens=4, tenant="t1")
+    good = client.submit("x", priority="realtime", max_tokens=4, tenant="t2")
+    sub = store.keys.tenant_queue("realtime", "llama-3.1-8b", "t1")
+    store.redis.delete(sub)
+    store.redis.hset(sub, "not", "a zset")
+    assert _settle(store) == 1
+    assert "not a zset" in store.quarantined()[sub]
+    counts = store.queued_counts()
+    assert counts.get("c:realtime") == 1 and "t:realtime:t1" not in counts, counts
+    assert store.redis.zscore(store.keys.fair_live("realtime"), "t1") is None
+    assert queued_ids(store, "realtime", "llama-3.1-8b") == [good.id]
+    ready_worker(store, "w1")
+    assert Dispatcher(store).step().dispatched == 1
+    assert store.record(good.id).worker == "w1"

@@ -372,8 +372,10 @@ class Dispatcher:
     def _repair(self) -> int:
         """After a failed step: quarantine what breaks the scripts and reads; returns how many."""
         try:
-            return self.store.quarantine_bad_queue_names() + (
-                self.store.quarantine_non_hash_requests(self.classes, self.queue_head)
+            return (
+                self.store.quarantine_bad_queue_names()
+                + self.store.quarantine_mistyped_queues(self.classes)
+                + self.store.quarantine_non_hash_requests(self.classes, self.queue_head)
             )
         except Exception:  # the repair itself must not kill the loop either
             log.exception("could not look for corrupt records")

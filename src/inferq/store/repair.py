@@ -19,6 +19,45 @@ def malformed_queue_names(client: Any, keys: Keys) -> list[str]:
     return [n for n in client.smembers(keys.queues) if not all(n.partition("|")[::2])]
 
 
+def mistyped_queues(client: Any, keys: Keys, classes: Sequence[str]) -> list[Corrupt]:
+    """Tenant indexes and tenants' sub-queues holding another type than a zset (every
+    read of the queue fails on them: the snapshot's, this repair's own), each with no
+    index entry to drop (``quarantine.lua`` takes a sub-queue's tenant out of its index
+    and recounts the counters it held).
+
+    Reads every queue's tenant index and the type of each of its tenants' sub-queues:
+    O(backlogged tenants), on the repair path only (after a failed step).
+    """
+    k = keys
+    names = [n.split("|", 1) for n in client.smembers(k.queues) if "|" in n]
+    names = [(c, r) for c, r in names if c in classes and r]
+    pipe = client.pipeline(transaction=False)
+    for cls, route in names:
+        pipe.type(k.tenant_index(cls, route))
+    out: list[Corrupt] = []
+    zsets: list[tuple[str, str]] = []
+    for (cls, route), kind in zip(names, pipe.execute(), strict=True):
+        if kind in ("zset", "none"):
+            zsets.append((cls, route))
+        else:
+            out.append((k.tenant_index(cls, route), f"tenant index is a {kind}, not a zset", []))
+    pipe = client.pipeline(transaction=False)
+    for cls, route in zsets:
+        pipe.zrange(k.tenant_index(cls, route), 0, -1)
+    subs = [
+        k.tenant_queue(cls, route, tenant)
+        for (cls, route), tenants in zip(zsets, pipe.execute(), strict=True)
+        for tenant in tenants
+    ]
+    pipe = client.pipeline(transaction=False)
+    for key in subs:
+        pipe.type(key)
+    for key, kind in zip(subs, pipe.execute(), strict=True):
+        if kind not in ("zset", "none"):
+            out.append((key, f"sub-queue is a {kind}, not a zset", []))
+    return out
+
+
 def non_hash_requests(
     client: Any, keys: Keys, classes: Sequence[str], head: int, now_ms: int
 ) -> list[Corrupt]:

@@ -352,6 +352,16 @@ class Store(AdminCalls):
             self.redis.srem(k.queues, name)
         return len(bad)
 
+    def quarantine_mistyped_queues(self, classes: Sequence[str]) -> int:
+        """Quarantine tenant indexes and sub-queues of the queues of ``classes`` that are
+        not zsets (every read of the queue fails on them); a sub-queue's tenant leaves its
+        index and the queued counters it held are recounted (``quarantine.lua``).
+        Returns how many were found."""
+        found = repair.mistyped_queues(self.redis, self.keys, classes)
+        for key, reason, members in found:
+            self.quarantine(key, reason, members)
+        return len(found)
+
     def quarantine_non_hash_requests(self, classes: Sequence[str], head: int) -> int:
         """Quarantine request keys holding another type than a hash (every script fails on
         them), where the dispatcher's step meets request ids: the heads of the queues of

@@ -1,19 +1,62 @@
 -- quarantine: move a corrupt record aside and drop its id from the indexes that name it.
--- KEYS[1] the corrupt key (may be absent, e.g. a queue member with no record)
+-- KEYS[1] the corrupt key (may be absent, e.g. a queue member with no record): a request
+--         hash, a tenant's sub-queue (tq:...), a heartbeat, ...
 -- KEYS[2] when KEYS[1] is a request hash: its payload key (moved aside with it)
 -- ARGV: 1 prefix, 2 reason, 3 events maxlen, then pairs: index key, member to remove
 -- Returns 1.
 -- Invariant: nothing is deleted: the record is renamed to quarantined:<key> and the reason
 -- kept in the quarantine hash, where `inferq` reports it; no daemon meets it again. An id
 -- taken out of a tenant's sub-queue moves the tenant index and the depth counter with it
--- (includes/queue.lua), and leaves the class and tenant queued counters and fair:live
--- (includes/counts.lua) as a withdrawn request does: a submitted request is counted there
--- too: only when the record is a hash in state `queued` (an id with no record, or a record
--- without a state, was never submitted, so never counted).
+-- (includes/queue.lua). The queued counters of every (class, tenant) it touched (an id
+-- taken out of a sub-queue, a sub-queue set aside) are then recounted from what is queued:
+-- the tenant's ids in the class's sub-queues plus its delayed retries
+-- (includes/counts.lua's invariant), c:<class> and fair:live following by the same
+-- difference; a set-aside sub-queue's queue depth is recounted too. The record cannot say
+-- whether it was counted (a string, a list or a deleted key at a submitted request's key
+-- was counted; an id planted with no record was not): membership can.
 -- include: clock, keys, events, queue, counts
 local p, reason = ARGV[1], ARGV[2]
-local counted = redis.call('TYPE', KEYS[1]).ok == 'hash'
-  and redis.call('HGET', KEYS[1], 'state') == 'queued'
+
+local function zcard_of(key)
+  if redis.call('TYPE', key).ok ~= 'zset' then return 0 end
+  return redis.call('ZCARD', key)
+end
+
+-- The routes of a class's queues (the `queues` set's `class|route` members).
+local function routes_of(class)
+  local out = {}
+  for _, name in ipairs(redis.call('SMEMBERS', p .. 'queues')) do
+    local c, route = name:match('^([^|]+)|(.+)$')
+    if c == class then out[#out + 1] = route end
+  end
+  return out
+end
+
+-- t:<class>:<tenant> (and c:<class>, fair:live by count_queued) set to what is queued.
+local function recount_tenant(class, tenant)
+  local n = 0
+  for _, route in ipairs(routes_of(class)) do n = n + zcard_of(k_tqueue(p, class, route, tenant)) end
+  if redis.call('TYPE', p .. 'delayed').ok == 'zset' then
+    for _, id in ipairs(redis.call('ZRANGE', p .. 'delayed', 0, -1)) do
+      local r = redis.pcall('HMGET', k_req(p, id), 'priority', 'tenant')
+      if type(r) == 'table' and not r.err and r[1] == class and r[2] == tenant then n = n + 1 end
+    end
+  end
+  local had = tonumber(redis.call('HGET', p .. 'counts', 't:' .. class .. ':' .. tenant)) or 0
+  if n ~= had then count_queued(p, class, tenant, n - had, true) end
+end
+
+-- counts:q:<class>|<route> set to the ids in the queue's sub-queues.
+local function recount_queue(class, route)
+  local n, index = 0, k_tindex(p, class, route)
+  if redis.call('TYPE', index).ok == 'zset' then
+    for _, tenant in ipairs(redis.call('ZRANGE', index, 0, -1)) do
+      n = n + zcard_of(k_tqueue(p, class, route, tenant))
+    end
+  end
+  redis.call('HSET', p .. 'counts', 'q:' .. class .. '|' .. route, n)
+end
+
 for _, key in ipairs(KEYS) do
   if redis.call('EXISTS', key) == 1 then
     redis.call('RENAME', key, p .. 'quarantined:' .. key)
@@ -21,14 +64,22 @@ for _, key in ipairs(KEYS) do
   end
 end
 redis.call('HSET', p .. 'quarantine', KEYS[1], reason)
+local touched = {}
+local q_class, q_route, q_tenant = parse_tqueue(p, KEYS[1])
+if q_class then
+  redis.call('ZREM', k_tindex(p, q_class, q_route), q_tenant)
+  recount_queue(q_class, q_route)
+  touched[#touched + 1] = {q_class, q_tenant}
+end
 for i = 4, #ARGV, 2 do
   if redis.call('ZREM', ARGV[i], ARGV[i + 1]) == 1 then
     local class, route, tenant = parse_tqueue(p, ARGV[i])
     if class then
       subqueue_removed(p, class, route, tenant)
-      if counted then count_queued(p, class, tenant, -1) end
+      touched[#touched + 1] = {class, tenant}
     end
   end
 end
+for _, ct in ipairs(touched) do recount_tenant(ct[1], ct[2]) end
 emit(p, ARGV[3], 'quarantine', 'key', KEYS[1], 'reason', reason)
 return 1
