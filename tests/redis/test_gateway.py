@@ -356,6 +356,12 @@ def test_every_refusal_names_the_field_the_caller_sent(gateway: GatewayServer) -
         ({}, {"X-Inferq-Timeout": "10000000"}, "X-Inferq-Timeout"),
         ({"stop": "s" * 20_000}, {}, "stop"),
         ({"user": "\ud800"}, {}, "user"),
+        ({"messages": [{"role": "user", "content": "\ud800"}]}, {}, "messages[0].content"),
+        (
+            {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b\x00"}]},
+            {},
+            "messages[1].content",
+        ),
         ({"metadata": {"a": deep}, "stop": "s" * 100}, {}, "metadata"),
     ]:
         response = httpx.post(

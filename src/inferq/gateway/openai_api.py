@@ -42,6 +42,8 @@ TIMEOUT_HEADER = "X-Inferq-Timeout"
 #: Python's ``float()``/``int()`` also take ``1_0``, ``1e1``, ``inf``, ``nan``, signs,
 #: spaces and non-ASCII digits, none of which an HTTP client means as a plain number.
 PLAIN_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+#: A list index in a dotted field path (``messages.1.content``).
+_INDEX = re.compile(r"\.([0-9]+)(?=\.|$)")
 #: Body fields the gateway reads itself; every other known field is a sampling parameter.
 _HANDLED = frozenset(
     {
@@ -181,7 +183,9 @@ def as_sent(exc: InvalidRequest, sub: Submission, names: Mapping[str, str]) -> I
     header for the value it gave (``names``: inferq's name -> the caller's, over
     ``sub.names``), and a sampling field for ``params`` (the gateway gathers them there:
     ``params.<name>`` is ``<name>``, and a refusal of ``params`` as a whole names the
-    field that breaks it, see :func:`_culprit`). Returns ``exc`` when nothing differs.
+    field that breaks it, see :func:`_culprit`); a list index as the body spells it
+    (intake's ``messages.1.content`` is ``messages[1].content``). Returns ``exc`` when
+    nothing differs.
     """
     head, dot, rest = exc.field.partition(".")
     params = sub.fields.get("params") or {}
@@ -189,6 +193,7 @@ def as_sent(exc: InvalidRequest, sub: Submission, names: Mapping[str, str]) -> I
         sent = rest if dot else _culprit(params)
     else:
         sent = {**sub.names, **names}.get(head, head) + dot + rest
+    sent = _INDEX.sub(r"[\1]", sent)
     if sent == exc.field:
         return exc
     return type(exc)(sent, exc.reason)
