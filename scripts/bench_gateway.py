@@ -28,6 +28,12 @@ requests/s and CPU milliseconds per request of the gateway process beside LiteLL
 
     python scripts/bench_gateway.py --litellm-venv /work/venv-litellm --json gateway.json
 
+``--baseline REV`` adds the client and gateway paths of a second stack whose
+dispatcher, worker and gateway run that commit (a temporary worktree), interleaved with
+the others in the same run, for a before/after on one machine load::
+
+    python scripts/bench_gateway.py --baseline 999aca8 --throughput-requests 0 --zero-requests 0
+
 LiteLLM pins many packages, so it lives in its own environment::
 
     python3 -m venv /work/venv-litellm
@@ -68,6 +74,8 @@ MODEL = BUNDLED_NAME
 #: LiteLLM's name of the stand-in (the same model name would route to llama.cpp).
 STANDIN_MODEL = f"{MODEL}-standin"
 MESSAGES = [{"role": "user", "content": "Name three colours of the rainbow."}]
+#: The name of the ``--baseline`` stack's paths in the tables.
+BASE = "baseline"
 #: Seconds each component gets to start (LiteLLM's proxy imports for ~20 s on 2 cores).
 START_S = 120.0
 
@@ -210,9 +218,15 @@ class Stack:
     gateway: Proc
 
 
-def start_stack(run: Run, redis_url: str, namespace: str, backend: str, slots: int) -> Stack:
+def start_stack(
+    run: Run, redis_url: str, namespace: str, backend: str, slots: int, src: Path | None = None
+) -> Stack:
+    """A stack on ``backend``; with ``src``, its processes import inferq from that tree
+    (first on ``PYTHONPATH``: ``--baseline``)."""
     settings = Settings.load(redis_url=redis_url, namespace=namespace)
     env = {"INFERQ_REDIS_URL": redis_url, "INFERQ_NAMESPACE": namespace}
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
     inferq = [sys.executable, "-m", "inferq"]
     tag = namespace[-4:]
     dispatcher = run.start(f"dispatcher-{tag}", [*inferq, "dispatcher"], env)
@@ -446,6 +460,12 @@ def main() -> None:
     p.add_argument("--zero-requests", type=int, default=1000, help="per path (0: skip)")
     p.add_argument("--concurrency", type=_bench.positive, default=16, help="zero-latency phase")
     p.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also time the client and gateway paths of a stack running this commit "
+        "(dispatcher, worker and gateway from a temporary worktree; same run, interleaved)",
+    )
+    p.add_argument(
         "--litellm-venv",
         type=Path,
         default=Path(os.environ.get("LITELLM_VENV", "/work/venv-litellm")),
@@ -464,21 +484,36 @@ def main() -> None:
         tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp,
         _bench.namespace(args.redis_url) as ns_llm,
         _bench.namespace(args.redis_url) as ns_zero,
+        _bench.namespace(args.redis_url) as ns_base,
+        contextlib.ExitStack() as on_exit,
     ):
+        base: tuple[str, Path] | None = None
+        if args.baseline:
+            tree = on_exit.enter_context(_bench.baseline_tree(args.baseline))
+            base = (ns_base, tree / "src")
         run = Run(Path(tmp))
         try:
-            measure(run, args, figures, ns_llm, ns_zero, litellm_bin)
+            measure(run, args, figures, ns_llm, ns_zero, litellm_bin, base)
         finally:
             run.stop()
     _bench.write_json(args.json, args.redis_url, figures)
 
 
 def measure(
-    run: Run, args: Any, figures: dict[str, Any], ns_llm: str, ns_zero: str, litellm_bin: Path
+    run: Run,
+    args: Any,
+    figures: dict[str, Any],
+    ns_llm: str,
+    ns_zero: str,
+    litellm_bin: Path,
+    base: tuple[str, Path] | None = None,
 ) -> None:
     llama = start_llama(run, args.slots)
     standin = start_standin(run, tokens=5)
     stack = start_stack(run, args.redis_url, ns_llm, llama, args.slots)
+    base_stack = None
+    if base is not None:
+        base_stack = start_stack(run, args.redis_url, base[0], llama, args.slots, src=base[1])
     zero_stack = start_stack(run, args.redis_url, ns_zero, standin, 64)
     litellm: tuple[str, Proc, str] | None = None
     if litellm_bin.exists():
@@ -494,15 +529,25 @@ def measure(
         name: (lambda url=url: ttft_http(http, url, payload)) for name, url in urls.items()
     }
     paths["inferq client"] = lambda: ttft_client(client, args.max_tokens)
+    base_client = None
+    if base_stack is not None:
+        # The baseline's client path reads with this tree's client library (in-process);
+        # its dispatcher, worker and gateway are the baseline's.
+        base_client = Client(settings=base_stack.settings, connection=connect(args.redis_url))
+        paths[f"{BASE} client"] = lambda: ttft_client(base_client, args.max_tokens)
+        paths[f"{BASE} gateway"] = lambda: ttft_http(http, base_stack.gateway_url, payload)
     samples = sequential_ttft(paths, args.requests, args.warmup)
     client.close()
+    if base_client is not None:
+        base_client.close()
     http.close()
 
     # --- TTFT on llama.cpp
     direct = samples["direct"]
     rows = []
     ttft: dict[str, Any] = {}
-    for name in ("direct", "inferq client", "inferq gateway", "LiteLLM"):
+    names = ("direct", "inferq client", "inferq gateway", "LiteLLM")
+    for name in (*names, f"{BASE} client", f"{BASE} gateway"):
         if name not in samples:
             continue
         values = samples[name]
@@ -528,6 +573,16 @@ def measure(
         f"the gateway's own share (gateway - Python client): p50 {share50:.2f} ms, "
         f"p99 {share99:.2f} ms (goal <= 2 / <= 10 ms: {'met' if met else 'NOT met'})"
     )
+    if f"{BASE} gateway" in ttft:
+        was = ttft[f"{BASE} gateway"]["p50_ms"] - ttft[f"{BASE} client"]["p50_ms"]
+        figures["baseline"] = {"rev": args.baseline, "gateway_share_p50_ms": was}
+        _bench.note(
+            f"baseline {args.baseline}: gateway share p50 {was:.2f} ms; added TTFT p50 "
+            f"client {ttft[f'{BASE} client']['added_p50_ms']:.2f} ms, gateway "
+            f"{ttft[f'{BASE} gateway']['added_p50_ms']:.2f} ms (this tree: "
+            f"{ttft['inferq client']['added_p50_ms']:.2f}, "
+            f"{ttft['inferq gateway']['added_p50_ms']:.2f})"
+        )
     if "LiteLLM" in ttft:
         ours, theirs = ttft["inferq gateway"], ttft["LiteLLM"]
         lower = ours["added_p50_ms"] < theirs["added_p50_ms"]
