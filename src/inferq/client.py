@@ -142,10 +142,15 @@ class BatchRefused(QueueFull):
 class RequestHandle:
     """A submitted request: its id and shortcuts to wait, inspect and cancel it."""
 
-    def __init__(self, client: Client, submitted: Submitted) -> None:
+    def __init__(
+        self, client: Client, submitted: Submitted, request: InferenceRequest | None = None
+    ) -> None:
         self.client = client
         self.id = submitted.id
         self.duplicate = submitted.duplicate
+        # The streamed request this handle submitted: its stream is read without reading
+        # its record first (a duplicate's record may say otherwise: read it).
+        self._streamed = _streamed(request, submitted.duplicate)
 
     def result(self, timeout: float | None = None) -> Result:
         """Block until the final result (see :meth:`Client.result`)."""
@@ -156,6 +161,9 @@ class RequestHandle:
     ) -> Iterator[StreamItem]:
         """Chunks of the output as they are generated, then the final result (see
         :meth:`Client.stream`)."""
+        if self._streamed is not None:
+            store = self.client.cells.for_id(self.id)
+            return self.client._chunks(store, self.id, self._streamed, timeout, after)
         return self.client.stream(self.id, timeout=timeout, after=after)
 
     def status(self) -> RequestRecord:
@@ -232,7 +240,7 @@ class Client:
             build_request(self.settings, prompt=prompt, **fields)
         )
         submitted = store.submit(request, explicit_deadline="deadline" in fields)
-        return RequestHandle(self, submitted)
+        return RequestHandle(self, submitted, request)
 
     def submit_many(self, items: Iterable[Mapping[str, Any]]) -> list[RequestHandle]:
         """Validate every item, then enqueue them all in one pipelined round trip.
@@ -320,10 +328,21 @@ class Client:
         if not record.request.stream:  # nothing is published: the whole text at the end
             yield from _StreamFold(after is not None).finish(self.result(request_id, timeout))
             return
+        yield from self._chunks(store, request_id, record.request.deadline, timeout, after)
+
+    def _chunks(
+        self,
+        store: Store,
+        request_id: str,
+        deadline: float,
+        timeout: float | None,
+        after: str | None,
+    ) -> Iterator[StreamItem]:
+        """:meth:`stream` of a streamed request whose deadline (epoch s) is known."""
         fold = _StreamFold(after is not None)
         last = after or "0"
         wait = _ResultWait(self.settings, request_id, timeout)
-        block_s = _first_block(record, timeout)
+        block_s = _first_block(deadline, timeout)
         failures = 0
         while True:
             try:
@@ -406,7 +425,7 @@ class AsyncClient:
             build_request(self.settings, prompt=prompt, **fields)
         )
         submitted = await store.submit(request, explicit_deadline="deadline" in fields)
-        return AsyncRequestHandle(self, submitted.id, submitted.duplicate)
+        return AsyncRequestHandle(self, submitted.id, submitted.duplicate, request)
 
     async def submit_request(
         self, request: InferenceRequest, *, explicit_deadline: bool = False
@@ -424,7 +443,7 @@ class AsyncClient:
         """
         request, store = self.cells.for_request(request)
         submitted = await store.submit(request, explicit_deadline=explicit_deadline)
-        return AsyncRequestHandle(self, submitted.id, submitted.duplicate)
+        return AsyncRequestHandle(self, submitted.id, submitted.duplicate, request)
 
     async def submit_many(self, items: Iterable[Mapping[str, Any]]) -> list[AsyncRequestHandle]:
         """See :meth:`Client.submit_many` (one pipelined round trip per cell)."""
@@ -465,10 +484,22 @@ class AsyncClient:
             for item in _StreamFold(after is not None).finish(result):
                 yield item
             return
+        async for item in self._chunks(store, request_id, record.request.deadline, timeout, after):
+            yield item
+
+    async def _chunks(
+        self,
+        store: AsyncStore,
+        request_id: str,
+        deadline: float,
+        timeout: float | None,
+        after: str | None,
+    ) -> AsyncIterator[StreamItem]:
+        """:meth:`stream` of a streamed request whose deadline (epoch s) is known."""
         fold = _StreamFold(after is not None)
         last = after or "0"
         wait = _ResultWait(self.settings, request_id, timeout)
-        block_s = _first_block(record, timeout)
+        block_s = _first_block(deadline, timeout)
         failures = 0
         while True:
             try:
@@ -519,10 +550,17 @@ class AsyncRequestHandle:
         duplicate: true when the idempotency key already named this request.
     """
 
-    def __init__(self, client: AsyncClient, request_id: str, duplicate: bool = False) -> None:
+    def __init__(
+        self,
+        client: AsyncClient,
+        request_id: str,
+        duplicate: bool = False,
+        request: InferenceRequest | None = None,
+    ) -> None:
         self.client = client
         self.id = request_id
         self.duplicate = duplicate
+        self._streamed = _streamed(request, duplicate)  # see RequestHandle
 
     async def result(self, timeout: float | None = None) -> Result:
         return await self.client.result(self.id, timeout=timeout)
@@ -531,6 +569,9 @@ class AsyncRequestHandle:
         self, timeout: float | None = None, after: str | None = None
     ) -> AsyncIterator[StreamItem]:
         """See :meth:`Client.stream` (an async iterator)."""
+        if self._streamed is not None:
+            store = self.client.cells.for_id(self.id)
+            return self.client._chunks(store, self.id, self._streamed, timeout, after)
         return self.client.stream(self.id, timeout=timeout, after=after)
 
     async def status(self) -> RequestRecord:
@@ -725,11 +766,24 @@ class _StreamFold:
         yield result
 
 
-def _first_block(record: RequestRecord, timeout: float | None) -> float:
-    """How long the first read of a stream blocks: until the deadline or ``timeout``."""
+def _first_block(deadline: float, timeout: float | None) -> float:
+    """How long the first read of a stream blocks: until the deadline (epoch s) or
+    ``timeout``."""
     if timeout is not None:
         return max(timeout, 0.001)
-    return max(record.request.deadline - time.time(), 0.05)
+    return max(deadline - time.time(), 0.05)
+
+
+def _streamed(request: InferenceRequest | None, duplicate: bool) -> float | None:
+    """The deadline (epoch s) of a streamed request a handle has just submitted, for its
+    stream to be read at once: the first XREAD goes right after the submit, with no
+    read of the record first (issue 14: the gateway's path to its first chunk). None
+    when unknown, not streamed, or a duplicate (an earlier request's record rules).
+    The deadline only bounds the first read's block (capped at ``BLOCK_CHUNK_S``); an
+    empty read looks at the record as before."""
+    if request is None or duplicate or not request.stream:
+        return None
+    return request.deadline
 
 
 def _pace(before: float, wait: float) -> None:

@@ -269,3 +269,27 @@ def test_chunks_do_not_wait_for_the_engines_thread_pool(
         wait_for(lambda: store.redis.xlen(store.keys.stream(rid)) > 0, 10, "the first chunk")
     finally:
         held.set()
+
+
+def test_a_handle_reads_its_stream_without_reading_its_record(
+    store: Store, fast_settings: Settings
+) -> None:
+    """The handle of a streamed request it submitted knows the request: its first read is
+    the XREAD (the record's HGETALL + GET came first, on the way to the first chunk).
+    A duplicate's handle reads the record: the earlier request's settings rule."""
+    url = fast_settings.redis_url
+    counted = redis.Redis.from_url(url, decode_responses=True, connection_class=RoundTrips)
+    client = Client(settings=fast_settings, connection=counted)
+    handle = client.submit("x", model="llama-3.1-8b", stream=True, idempotency_key="k1")
+    store.publish_chunks([Chunk(handle.id, 1, 0, "Hel", 1)])
+    RoundTrips.sent.clear()
+    first = next(iter(handle.stream(timeout=5)))
+    assert isinstance(first, StreamChunk) and first.delta == "Hel"
+    assert [head.split("\r\n")[2] for _, head in RoundTrips.sent] == ["XREAD"]
+    again = client.submit("x", model="llama-3.1-8b", stream=True, idempotency_key="k1")
+    assert again.duplicate and again.id == handle.id
+    RoundTrips.sent.clear()
+    assert next(iter(again.stream(timeout=5))) == first
+    assert [head.split("\r\n")[2] for _, head in RoundTrips.sent][-1] == "XREAD"
+    assert len(RoundTrips.sent) == 2  # the record (one pipeline), then the stream
+    counted.close()

@@ -46,7 +46,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from inferq.cells import cell_for
-from inferq.client import AsyncClient
+from inferq.client import AsyncClient, AsyncRequestHandle
 from inferq.config import Settings
 from inferq.errors import InferqError, InvalidRequest, QueueFull, RedisUnavailable
 from inferq.gateway import openai_api as api
@@ -372,7 +372,7 @@ class Gateway:
         created = int(time.time())
         if sub.stream:
             return await self._stream(
-                request, sub, handle.id, inferq_request.max_tokens, created, received
+                request, sub, handle, inferq_request.max_tokens, created, received
             )
         try:
             result = await self._unless_disconnected(
@@ -448,12 +448,15 @@ class Gateway:
         self,
         request: Request,
         sub: api.Submission,
-        request_id: str,
+        handle: AsyncRequestHandle,
         max_tokens: int,
         created: int,
         received: float,
     ) -> Response:
-        items = self.aclient.stream(request_id)
+        # The handle's stream: its first XREAD goes right after the submit, no read of
+        # the record first (issue 14).
+        request_id = handle.id
+        items = handle.stream()
         try:
             first = await self._unless_disconnected(request, anext(items), request_id)
         except Disconnected:
