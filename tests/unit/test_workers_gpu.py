@@ -17,7 +17,7 @@ from inferq.models import ServerTelemetry
 from inferq.workers.gpu import GpuInfo, GpuReader, configured_gpu
 from inferq.workers.telemetry import booked_kv_cache_mib, measured_kv_free_mib, min_kv_mib
 
-from ..fakes.nvml import GIB, MIB, FakeGpu, fake_pynvml, install
+from ..fakes.nvml import GIB, MIB, FakeGpu, FakeMig, fake_pynvml, install
 
 SPECS = Settings().model_by_name
 H200_MIB = 143_771
@@ -130,6 +130,88 @@ def test_a_gpu_that_stops_answering_reports_unmeasured_then_recovers(
     assert len([r for r in caplog.records if "failed" in r.message]) == 1  # once
     nvml.gpus[0].lost = False
     assert gpus.read().free_mib == 100 * 1024
+
+
+# --- MIG instances ----------------------------------------------------------------------
+
+#: A MIG instance's UUID: ``nvidia-smi -L`` lists it as ``MIG-<uuid>`` (R470 and later).
+MIG_A = "MIG-5c89d8a3-aaaa"
+MIG_B = "MIG-7f1e04b2-bbbb"
+
+
+def mig_machine(monkeypatch: pytest.MonkeyPatch, **kw: object) -> object:
+    """GPU 0 whole; GPU 1 in MIG mode: a 3g.71gb instance (GPU instance 1, 60 GiB free)
+    and, after an empty slot, a 1g.18gb one (GPU instance 9, 10 GiB free)."""
+    migs: list[FakeMig | None] = [
+        FakeMig(MIG_A, gi=1, free=60 * GIB),
+        None,
+        FakeMig(MIG_B, gi=9, name="NVIDIA H200 MIG 1g.18gb", total=18 * GIB, free=10 * GIB),
+    ]
+    gpus = [FakeGpu("GPU-0a0a"), FakeGpu("GPU-1b1b", migs=migs)]
+    return install(monkeypatch, fake_pynvml(gpus, **kw))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("cuda", "index", "uuid"),
+    [
+        (MIG_B, 0, MIG_B),  # a MIG UUID, as nvidia-smi -L lists it
+        ("MIG-7f1e", 0, MIG_B),  # a unique prefix of one
+        ("MIG-GPU-1b1b/9/0", 0, MIG_B),  # the R450/R460 form: GPU UUID / GI id / CI id
+        (f"{MIG_A},{MIG_B}", 1, MIG_B),  # the variable's order
+        (f"0,{MIG_A}", 1, MIG_A),  # beside a whole GPU
+    ],
+)
+def test_a_cuda_device_that_is_a_mig_instance_reads_that_instance(
+    monkeypatch: pytest.MonkeyPatch, cuda: str, index: int, uuid: str
+) -> None:
+    """A worker pinned to a MIG instance reads the instance's memory, not its GPU's (or
+    the whole machine's GPU 0, which a MIG UUID used to fall back to: no device)."""
+    nvml = mig_machine(monkeypatch)
+    gpus = reader((index,), cuda)
+    info = gpus.read()
+    assert info.uuids == (uuid,)
+    want = {MIG_A: (71 * 1024, 60 * 1024), MIG_B: (18 * 1024, 10 * 1024)}[uuid]
+    assert (info.total_mib, info.free_mib) == want
+    assert info.name.startswith("NVIDIA H200 MIG ")
+    mig = nvml.gpus[1].migs[0 if uuid == MIG_A else 2]  # type: ignore[attr-defined]
+    mig.free = 1 * GIB  # another process on the instance: the next beat sees it
+    assert gpus.read().free_mib == 1024
+
+
+@pytest.mark.parametrize(
+    ("cuda", "why"),
+    [
+        ("MIG-ffff0000-dddd", "names no MIG instance"),  # not on this machine
+        ("MIG-GPU-1b1b/4/0", "names no MIG instance"),  # no GPU instance 4
+        ("MIG-GPU-1b1b/nine", "not MIG-GPU-<uuid>/<gpu instance>/<compute instance>"),
+        ("MIG-GPU-9z9z/1/0", "names no MIG instance"),  # no such GPU
+        ("MIG-", "names no MIG instance"),  # a prefix of every instance names none
+    ],
+)
+def test_a_mig_instance_nvml_cannot_resolve_is_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, cuda: str, why: str
+) -> None:
+    nvml = mig_machine(monkeypatch)
+    with pytest.raises(ConfigError) as err:
+        reader((0,), cuda)
+    message = str(err.value)
+    assert f"CUDA_VISIBLE_DEVICES={cuda!r}" in message and why in message
+    assert MIG_A in message and MIG_B in message  # what it could have named
+    assert nvml.initialised == 0  # NVML released on the way out
+
+
+def test_without_nvmls_mig_calls_a_mig_instance_is_refused_not_misread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An nvidia-ml-py (or driver) without MIG support cannot tell a MIG instance's
+    memory: the worker refuses to start, naming the variable, rather than report the
+    whole GPU's memory or the configured figure as the instance's."""
+    mig_machine(monkeypatch, mig_api=False)
+    with pytest.raises(ConfigError) as err:
+        reader((0,), MIG_B)
+    message = str(err.value)
+    assert f"CUDA_VISIBLE_DEVICES={MIG_B!r}" in message
+    assert "--vram-mib" in message  # what to do instead
 
 
 # --- the start rule and the measured KV room -------------------------------------------
