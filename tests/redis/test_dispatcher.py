@@ -17,6 +17,9 @@ from inferq.config import Settings
 from inferq.delivery import BATCH_FUNC, BatchJob, ForbiddenJob, rq_connection, worker_queue
 from inferq.dispatcher.daemon import Dispatcher
 from inferq.models import RequestState, WorkerState
+from inferq.policy.dispatch import decide
+from inferq.policy.fleet import FleetIndex
+from inferq.policy.snapshot import DispatchPolicy
 from inferq.store import Completion, DispatchView, Store
 
 from ..helpers import KeepAlive, plant_queued, queued_ids, ready_worker
@@ -466,6 +469,57 @@ def test_the_fleet_is_read_again_only_where_it_changed(store: Store, client: Cli
     store.redis.zadd(k.workers, {"hand": 1})
     view = read()
     assert "hand" in view.stale_workers and "hand" not in {w.id for w in view.snapshot.workers}
+
+
+def test_the_fleet_index_follows_every_read_and_decides_as_a_fresh_one(
+    store: Store, client: Client
+) -> None:
+    """Issue 17's busy fleet: the cache keeps the policy's :class:`FleetIndex` in step
+    with its views through partial reads, removals, full reads and hand-written
+    workers; the view carries it only when it holds exactly the snapshot's workers
+    (not with a stale worker left out), and a decision with it is the one without."""
+    k = store.keys
+    policy = DispatchPolicy.from_settings(store.settings)
+    fleet = store.fleet
+    fleet.full_every_s = 3600
+    infos = [ready_worker(store, f"w{i}", slots=4) for i in range(3)]
+    ready_worker(store, "big", model="llama-2-13b", slots=2)
+
+    def read() -> DispatchView:
+        time.sleep(0.003)  # keep marks out of the read's millisecond (see above)
+        view = store.dispatch_view(["realtime"], 8, 30, policy=policy)
+        time.sleep(0.003)
+        if view.fleet is not None:
+            fresh = FleetIndex.build(view.snapshot.workers, policy)
+            assert view.fleet.views == fresh.views
+            assert list(view.fleet.open_views()) == list(fresh.open_views())
+            assert (view.fleet.by_free, view.fleet.by_rest) == (fresh.by_free, fresh.by_rest)
+            assert view.fleet.largest_mib() == fresh.largest_mib()
+            snap = view.snapshot
+            assert decide(snap, policy, view.fleet) == decide(snap, policy)
+        return view
+
+    assert read().fleet is fleet.index is not None and fleet.full_reads == 1
+    handles = [client.submit("x", priority="realtime", max_tokens=4) for _ in range(3)]
+    tq = k.tenant_queue("realtime", "llama-3.1-8b", "default")
+    assert store.assign("w1", "b1", [(handles[0].id, tq, 1), (handles[1].id, tq, 1)])
+    store.heartbeat(infos[2].model_copy(update={"state": WorkerState.DRAINING}), ttl_s=30)
+    view = read()
+    assert fleet.full_reads == 1 and fleet.index is not None
+    assert [w.id for w in fleet.index.open_views()] == ["big", "w0", "w1"]  # by utilisation
+    store.remove_worker("w0", reason="test", dead=False)
+    assert "w0" not in read().fleet.views  # type: ignore[union-attr]
+    store.redis.hset(
+        k.worker("hand"), mapping=infos[0].model_copy(update={"id": "hand"}).to_fields()
+    )
+    store.redis.zadd(k.workers, {"hand": store.now() * 1000})
+    view = read()  # a full read: the index is rebuilt with the views
+    assert fleet.full_reads == 2 and "hand" in view.fleet.views  # type: ignore[union-attr]
+    store.redis.zadd(k.workers, {"hand": 1})  # stale: left out of the view, not the cache
+    view = read()
+    assert view.fleet is None and "hand" not in {w.id for w in view.snapshot.workers}
+    for h in handles:
+        client.cancel(h.id)
 
 
 def test_a_change_marked_in_the_millisecond_of_a_read_is_seen_by_the_next(

@@ -203,11 +203,12 @@ class Dispatcher:
             tenant_weight=self.policy.tenant_weight,
             models=self.models,
             route_models=self._route_models,
+            policy=self.policy,
         )
         self._quarantine(view, report)
         snapshot = replace(view.snapshot, scaler_pools=self._pools)
         t1 = time.perf_counter()
-        decision = decide(snapshot, self.policy)
+        decision = decide(snapshot, self.policy, view.fleet)
         report.decide_s = time.perf_counter() - t1
         if decision.expired:
             report.expired += len(self.store.expire_ids(decision.expired))
@@ -270,7 +271,7 @@ class Dispatcher:
         """Abort the fewest lower-class requests that make room for waiting reservations."""
         running = self.store.running_on(sorted({r.worker_id for r in decision.reservations}))
         victims = choose_victims(
-            decision.reservations, running, view.snapshot, self.policy, decision.batches
+            decision.reservations, running, view.snapshot, self.policy, decision.batches, view.fleet
         )
         if not victims:
             return

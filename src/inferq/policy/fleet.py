@@ -53,6 +53,7 @@ class FleetIndex:
         workers: initial views (unique ids), put one by one.
 
     Attributes:
+        policy: the policy it was made for.
         views: worker id -> its view, every worker held.
         by_free: model -> ready workers with slots in most-free order (:data:`FreeRow`).
         by_rest: model -> the same workers in slot order (:data:`RestRow`).
@@ -60,6 +61,7 @@ class FleetIndex:
     """
 
     def __init__(self, policy: DispatchPolicy, workers: Iterable[WorkerView] = ()) -> None:
+        self.policy = policy
         self.models: tuple[ModelSpec, ...] = policy.models
         self._registry = policy.model_by_name
         self.views: dict[str, WorkerView] = {}

@@ -17,7 +17,9 @@ from typing import Any
 
 from inferq import defaults
 from inferq.models import WorkerState, from_ms
+from inferq.policy.fleet import FleetIndex
 from inferq.policy.snapshot import (
+    DispatchPolicy,
     FairnessState,
     QueuedRequest,
     RunningRequest,
@@ -75,12 +77,16 @@ class DispatchView:
             assign script).
         corrupt: (key, reason, [(index key, member)]) records to quarantine.
         stale_workers: ids in the workers index whose last beat is older than the TTL.
+        fleet: ``snapshot.workers`` indexed for the policy (the cache's
+            :class:`~inferq.policy.fleet.FleetIndex`, valid until its next read); None
+            when no ``policy`` was given or a stale worker is left out of the view.
     """
 
     snapshot: Snapshot
     queue_of: dict[str, str]
     corrupt: list[Corrupt]
     stale_workers: list[str]
+    fleet: FleetIndex | None = None
 
 
 def read_dispatch_view(
@@ -94,6 +100,7 @@ def read_dispatch_view(
     models: Sequence[str] | None = None,
     cache: FleetCache | None = None,
     route_models: Callable[[str], Sequence[str]] | None = None,
+    policy: DispatchPolicy | None = None,
 ) -> DispatchView:
     """Read everything one dispatch decision needs, in at most six pipelined round trips.
 
@@ -136,9 +143,13 @@ def read_dispatch_view(
         route_models: route -> the models that may serve it (fallbacks included); a
             queue's window then counts the free slots of those models' workers only.
             None: every free slot counts for every queue.
+        policy: the dispatch policy: the cache keeps the fleet indexed for it
+            (:meth:`FleetCache.keep_index`) and the view carries that index.
     """
     k = keys
     fleet = cache if cache is not None else FleetCache()
+    if policy is not None:
+        fleet.keep_index(policy)
     full_read = fleet.full_due(time.monotonic())
     pipe = client.pipeline(transaction=False)
     pipe.time()
@@ -190,12 +201,13 @@ def read_dispatch_view(
     corrupt: list[Corrupt] = [
         (k.worker(wid), reason, [(k.workers, wid)]) for wid, reason in fleet.bad.items()
     ]
-    gone = set(stale)
+    gone = set(stale).intersection(fleet.views)
     views = (
         [v for wid, v in fleet.views.items() if wid not in gone]
         if gone
         else list(fleet.views.values())
     )
+    index = fleet.index if not gone else None
 
     # Read the policy fields of only as many requests per queue as the free slots
     # could take, x4 and at least a few dozen (unschedulable work is reported even on
@@ -205,9 +217,12 @@ def read_dispatch_view(
     # that may serve its route (fallbacks included): 16 freed 8B workers do not make
     # the 70B queues read 4 x 128 requests each.
     free_of: dict[str, int] = {}
-    for w in views:
-        if w.ready:
-            free_of[w.model] = free_of.get(w.model, 0) + w.free_slots
+    if index is not None:
+        free_of = index.free_slots_of  # kept per worker: no walk over the fleet
+    else:
+        for w in views:
+            if w.ready:
+                free_of[w.model] = free_of.get(w.model, 0) + w.free_slots
     free = sum(free_of.values())
     queue_of: dict[str, str] = {}
     tenants_of = {c: set[str]() for c in classes}
@@ -321,7 +336,7 @@ def read_dispatch_view(
         backlogged_tenants=backlogged,
         output_estimates=estimates,
     )
-    return DispatchView(snapshot, queue_of, corrupt, stale)
+    return DispatchView(snapshot, queue_of, corrupt, stale, index)
 
 
 class FleetCache:
@@ -343,6 +358,8 @@ class FleetCache:
         bad: worker id -> why its heartbeat does not parse (quarantined by the dispatcher).
         blank: ids in the index without a heartbeat hash (expired; the reaper removes them).
         since_ms: Redis ms of the last read of the marks (None: nothing read yet).
+        index: ``views`` indexed for the dispatch policy (:meth:`keep_index`), updated
+            with them worker by worker; None until asked for.
         full_reads, partial_reads, workers_read: counters for benchmarks.
     """
 
@@ -352,6 +369,7 @@ class FleetCache:
         self.bad: dict[str, str] = {}
         self.blank: set[str] = set()
         self.since_ms: int | None = None
+        self.index: FleetIndex | None = None
         self._full_at = -math.inf
         self._read_at = -math.inf
         self.full_reads = 0
@@ -372,33 +390,45 @@ class FleetCache:
             or mono - self._read_at >= keep
         )
 
+    def keep_index(self, policy: DispatchPolicy) -> FleetIndex:
+        """The views indexed for ``policy``, kept in step from now on (made once, and
+        again only for another registry)."""
+        if self.index is None or not self.index.serves(policy):
+            self.index = FleetIndex.build(self.views.values(), policy)
+        return self.index
+
     def _set(self, wid: str, fields: Sequence[str | None], load: Sequence[str | None]) -> None:
         if all(v is None for v in fields):
-            self.views.pop(wid, None)
-            self.bad.pop(wid, None)
+            self._drop(wid)
             self.blank.add(wid)
             return
         try:
             view = worker_view(wid, fields, load)
         except ValueError as exc:
-            self.views.pop(wid, None)
-            self.blank.discard(wid)
+            self._drop(wid)
             self.bad[wid] = f"heartbeat: {exc}"
             return
         self.bad.pop(wid, None)
         self.blank.discard(wid)
         self.views[wid] = view  # in place when known: the fleet's order stays stable
+        if self.index is not None:
+            self.index.put(view)
 
     def _drop(self, wid: str) -> None:
         self.views.pop(wid, None)
         self.bad.pop(wid, None)
         self.blank.discard(wid)
+        if self.index is not None:
+            self.index.discard(wid)
 
     def reset(self, workers: Sequence[str], rows: Sequence[Any], now_ms: int) -> None:
         """Replace the cache with a full read: ``rows`` = (heartbeat fields, load) per worker."""
         self.views, self.bad, self.blank = {}, {}, set()
+        index, self.index = self.index, None  # rebuilt below in one sort, not worker by worker
         for i, wid in enumerate(workers):
             self._set(wid, rows[2 * i], rows[2 * i + 1])
+        if index is not None:
+            self.index = FleetIndex.build(self.views.values(), index.policy)
         self.since_ms = now_ms
         self._full_at = self._read_at = time.monotonic()
         self.full_reads += 1

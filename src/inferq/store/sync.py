@@ -20,7 +20,7 @@ from inferq.config import Settings
 from inferq.errors import CorruptRecord, IdempotencyConflict, QueueFull, RequestNotFound
 from inferq.models import InferenceRequest, RequestRecord, StreamChunk, WorkerInfo
 from inferq.policy.estimate import update_moving_mean
-from inferq.policy.snapshot import Decision, RunningRequest
+from inferq.policy.snapshot import Decision, DispatchPolicy, RunningRequest
 from inferq.store import calls, repair
 from inferq.store.admin import AdminCalls
 from inferq.store.calls import Abort, Chunk, Completion, Submitted
@@ -245,9 +245,11 @@ class Store(AdminCalls):
         tenant_weight: Callable[[str], float] = lambda _: 1.0,
         models: Sequence[str] | None = None,
         route_models: Callable[[str], Sequence[str]] | None = None,
+        policy: DispatchPolicy | None = None,
     ) -> DispatchView:
         """Everything one dispatch decision needs (see :func:`read_dispatch_view`); the
-        fleet is read incrementally through this store's :attr:`fleet` cache."""
+        fleet is read incrementally through this store's :attr:`fleet` cache (and kept
+        indexed for ``policy`` when given)."""
         return read_dispatch_view(
             self.redis,
             self.keys,
@@ -258,6 +260,7 @@ class Store(AdminCalls):
             models=models,
             cache=self.fleet,
             route_models=route_models,
+            policy=policy,
         )
 
     def running_on(self, worker_ids: Sequence[str]) -> dict[str, list[RunningRequest]]:
