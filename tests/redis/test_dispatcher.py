@@ -633,3 +633,25 @@ def test_a_sub_queue_of_the_wrong_type_is_quarantined_with_its_counters(
     ready_worker(store, "w1")
     assert Dispatcher(store).step().dispatched == 1
     assert store.record(good.id).worker == "w1"
+
+
+def test_a_tenant_index_of_the_wrong_type_is_rebuilt_from_the_sub_queues(
+    store: Store, client: Client
+) -> None:
+    """A queue's tenant index overwritten by hand with a hash failed every step. Set
+    aside alone, it left the queue's sub-queues unindexed: their requests, still queued
+    and counted, were invisible to every snapshot until they expired. The quarantine
+    rebuilds the index from the class's backlogged tenants' sub-queues."""
+    handles = [
+        client.submit("x", priority="realtime", max_tokens=4, tenant=t) for t in ("t1", "t1", "t2")
+    ]
+    index = store.keys.tenant_index("realtime", "llama-3.1-8b")
+    store.redis.delete(index)
+    store.redis.hset(index, "not", "a zset")
+    assert _settle(store) == 1
+    assert "not a zset" in store.quarantined()[index]
+    assert queued_ids(store, "realtime", "llama-3.1-8b") == [h.id for h in handles]
+    counts = store.queued_counts()
+    assert counts.get("c:realtime") == 3 and counts.get("t:realtime:t1") == 2, counts
+    ready_worker(store, "w1")
+    assert Dispatcher(store).step().dispatched == 3

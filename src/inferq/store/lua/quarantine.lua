@@ -11,7 +11,9 @@
 -- taken out of a sub-queue, a sub-queue set aside) are then recounted from what is queued:
 -- the tenant's ids in the class's sub-queues plus its delayed retries
 -- (includes/counts.lua's invariant), c:<class> and fair:live following by the same
--- difference; a set-aside sub-queue's queue depth is recounted too. The record cannot say
+-- difference; a set-aside sub-queue's queue depth is recounted too, and a set-aside tenant
+-- index is rebuilt from the sub-queues of the class's backlogged tenants (fair:live), so
+-- no queued request is left unindexed. The record cannot say
 -- whether it was counted (a string, a list or a deleted key at a submitted request's key
 -- was counted; an id planted with no record was not): membership can.
 -- include: clock, keys, events, queue, counts
@@ -57,6 +59,27 @@ local function recount_queue(class, route)
   redis.call('HSET', p .. 'counts', 'q:' .. class .. '|' .. route, n)
 end
 
+-- (class, route) of a tenant index key (tix:<class>:<route>; a class holds no ':'), or nil.
+local function parse_tindex(key)
+  local head = p .. 'tix:'
+  if key:sub(1, #head) ~= head then return nil end
+  return key:sub(#head + 1):match('^([^:]+):(.+)$')
+end
+
+-- A set-aside tenant index rebuilt from the sub-queues of the class's backlogged tenants
+-- (fair:live:<class>), so their requests are seen again.
+local function rebuild_index(class, route)
+  local index = k_tindex(p, class, route)
+  for _, tenant in ipairs(redis.call('ZRANGE', p .. 'fair:live:' .. class, 0, -1)) do
+    local sub = k_tqueue(p, class, route, tenant)
+    if redis.call('TYPE', sub).ok == 'zset' then
+      local first = redis.call('ZRANGE', sub, 0, 0, 'WITHSCORES')
+      if first[2] then redis.call('ZADD', index, first[2], tenant) end
+    end
+  end
+  recount_queue(class, route)
+end
+
 for _, key in ipairs(KEYS) do
   if redis.call('EXISTS', key) == 1 then
     redis.call('RENAME', key, p .. 'quarantined:' .. key)
@@ -71,6 +94,8 @@ if q_class then
   recount_queue(q_class, q_route)
   touched[#touched + 1] = {q_class, q_tenant}
 end
+local i_class, i_route = parse_tindex(KEYS[1])
+if i_class then rebuild_index(i_class, i_route) end
 for i = 4, #ARGV, 2 do
   if redis.call('ZREM', ARGV[i], ARGV[i + 1]) == 1 then
     local class, route, tenant = parse_tqueue(p, ARGV[i])
