@@ -118,7 +118,7 @@ def test_the_gateway_serves_stored_keys_until_revoked(  # type: ignore[no-untype
         client.chat.completions.create(
             model=MODEL, messages=MESSAGES, extra_headers={"X-Inferq-Priority": "realtime"}
         )
-    assert denied.value.body["param"] == "priority"  # type: ignore[index]
+    assert denied.value.body["param"] == "X-Inferq-Priority"  # type: ignore[index]  # as sent
     # The keys file still counts beside the stored keys.
     filed = sdk(stored_gateway, "sk-file").chat.completions.create(
         model=MODEL, messages=MESSAGES, max_tokens=1, extra_body={"sim_output_tokens": 1}
