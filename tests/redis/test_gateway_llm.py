@@ -121,3 +121,28 @@ def test_closing_the_stream_stops_generation_on_the_server(
         timeout=fast_settings.heartbeat_interval_s * 3 + 2,
     )
     assert idle_after < 5
+
+
+def test_the_servers_own_400_reaches_the_sdk_as_a_400(
+    stack: Stack, gateway: GatewayServer, store: Store
+) -> None:
+    """llama.cpp refuses ``top_k: "x"`` (a field inferq passes on unchecked) with a 400;
+    the caller got a 500 with inferq's internal error text. Now a 400 with the server's
+    own message, streamed or not, and the request failed once, never retried."""
+    stack.worker("w1")
+    client = sdk(gateway)
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=4,
+                stream=stream,
+                extra_body={"top_k": "x"},
+            )
+        error = refused.value.body
+        assert error["code"] == "rejected_by_model_server", error  # type: ignore[index]
+        assert "top_k" in error["message"] and "openai:" not in error["message"]  # type: ignore[index]
+    stats = store.redis.hgetall(store.keys.stats)
+    assert stats.get("failed") == "2" and "retried" not in stats, stats
+    assert store.dead_letters() == []
