@@ -158,3 +158,37 @@ def test_rq_heartbeat_is_one_round_trip_and_not_repeated_at_once(store: Store) -
         assert len(sent) == 3 and consumer.connection.ttl(consumer.key) <= consumer.worker_ttl + 60
     finally:
         consumer.connection.delete(consumer.key)
+
+
+@pytest.mark.usefixtures("restore_signals")
+def test_a_stop_signal_taken_before_rqs_handlers_stops_the_loop_before_any_batch(
+    store: Store,
+) -> None:
+    """The worker records a stop signal that arrives before RQ's loop installs its own
+    handlers (``stop_pending``); one that arrived after the worker checked it, but before
+    RQ's handlers, was lost: the worker served on until a second signal (seen as the
+    flaky ``test_a_sigterm_drain_exits_at_once_even_with_the_flag``). RQ's loop must
+    drain at once, before dequeuing anything."""
+    import os
+    import threading
+
+    handler = Handler(store, "w5")
+    BatchSender(store.settings.redis_url, store.keys).send(
+        "w5", "0" * 22 + "f00d", [("r1", 1)], timeout_s=60
+    )
+    stop = threading.Event()
+    consumer = make_consumer(handler, store.settings.redis_url, stop_pending=stop)
+    handler.consumer = consumer
+    stop.set()  # the signal came in the gap: recorded, RQ's handlers not yet in place
+    # Without the fix the loop serves the batch and then blocks: a later SIGTERM ends it.
+    safety = threading.Timer(5.0, os.kill, (os.getpid(), signal.SIGTERM))
+    delivery.bind(handler)
+    safety.start()
+    try:
+        consumer.serve()
+        assert handler.draining and handler.seen == []
+        assert len(consumer.queues[0]) == 1  # left for accept_claimed after the drain
+    finally:
+        safety.cancel()
+        delivery.bind(None)
+        consumer.purge()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 from types import FrameType
 
@@ -64,6 +65,9 @@ class InferqWorker(SimpleWorker):
     """
 
     handler: BatchHandler
+    #: Set by the process's own handler for a stop signal that came before RQ's loop
+    #: installed its handlers (see :meth:`_install_signal_handlers`).
+    stop_pending: threading.Event | None = None
     #: Inside :meth:`execute_job` (a stop signal then lets the batch finish).
     _in_job = False
     #: (monotonic time, TTL) of the last heartbeat RQ wrote (see :meth:`heartbeat`).
@@ -106,6 +110,12 @@ class InferqWorker(SimpleWorker):
 
     def _install_signal_handlers(self) -> None:
         draining = self.handler.draining  # a second pass of work()
+        if not draining and self.stop_pending is not None and self.stop_pending.is_set():
+            # A stop signal came before these handlers (after the worker last looked):
+            # it is this loop's first signal, so drain before dequeuing anything.
+            self.handler.begin_drain()
+            self._stop_requested = True
+            draining = True
         on_signal = self._on_second_signal if draining else self._on_first_signal
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
@@ -195,9 +205,14 @@ class InferqWorker(SimpleWorker):
         os._exit(1)
 
 
-def make_consumer(handler: BatchHandler, redis_url: str) -> InferqWorker:
+def make_consumer(
+    handler: BatchHandler, redis_url: str, *, stop_pending: threading.Event | None = None
+) -> InferqWorker:
     """The RQ worker consuming ``handler``'s private queue (not started: see
     :meth:`InferqWorker.serve`). Must run in the main thread (RQ installs signal handlers).
+
+    ``stop_pending``: the event the process's own stop-signal handler sets before RQ's
+    loop runs; set when the loop installs its handlers, the loop drains at once.
 
     Raises:
         ConfigError: the URL is malformed (password redacted).
@@ -214,6 +229,7 @@ def make_consumer(handler: BatchHandler, redis_url: str) -> InferqWorker:
         default_result_ttl=RQ_RESULT_TTL_S,
     )
     worker.handler = handler
+    worker.stop_pending = stop_pending
     return worker
 
 

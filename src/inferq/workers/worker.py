@@ -103,7 +103,12 @@ def run_worker(
     joined the fleet. Must run in the main thread (RQ installs signal handlers).
     """
     engine = build_engine(settings, opts)
-    consumer = delivery.make_consumer(engine, settings.redis_url)
+    # A stop signal before RQ's loop installs its handlers (during the model's load, or a
+    # drain asked through Redis that the first beats deliver) would otherwise kill the
+    # process with SIGTERM's default action: record it and drain without serving; one
+    # that comes after the check below but before RQ's handlers, RQ's loop finds set.
+    early = threading.Event()
+    consumer = delivery.make_consumer(engine, settings.redis_url, stop_pending=early)
     asked = threading.Event()  # the drain came through Redis, not from a signal
     if opts.stay_after_drain:
         signal_self = engine.on_drain_requested
@@ -114,10 +119,6 @@ def run_worker(
 
         engine.on_drain_requested = on_drain_requested
     delivery.bind(engine)
-    # A stop signal before RQ's loop installs its handlers (during the model's load, or a
-    # drain asked through Redis that the first beats deliver) would otherwise kill the
-    # process with SIGTERM's default action: record it and drain without serving.
-    early = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: early.set())
     try:
