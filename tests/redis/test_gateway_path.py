@@ -8,9 +8,11 @@ stream, so every command it sent from its submit to its first XREAD can be count
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import httpx
+import pytest
 import redis
 
 from inferq.config import Settings
@@ -56,6 +58,11 @@ def _post(url: str) -> None:
         pass
 
 
+def _submits(store: Store) -> int:
+    """Requests submitted so far (the events stream's ``submit`` entries)."""
+    return sum(1 for e in store.events() if e.type == "submit")
+
+
 def _reads_stream(seen: tuple[str, str]) -> bool:
     """An XREAD of a request's output stream (not the events stream)."""
     return seen[1].startswith("XREAD") and ":stream:" in seen[1]
@@ -87,3 +94,26 @@ def test_the_gateway_reads_the_stream_right_after_its_submit(tmp_path: Path) -> 
     )
     between = [c.split(" ", 1)[0] for p, c in seen[submit + 1 : xread] if p == port]
     assert between == [], between
+
+
+def test_the_view_of_the_fleet_is_kept_fresh_off_the_requests_way(
+    settings: Settings, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While requests come, the gateway reads the fleet's models again in the background
+    (every FLEET_REFRESH_S), so a request finds its view fresh instead of reading it on its
+    way to the submit (two round trips in every FLEET_CACHE_S); a worker gone still turns
+    the next request into a 503 within FLEET_CACHE_S (``test_gateway_keys.py``)."""
+    ready_worker(store, "w1", model=MODEL)
+    with GatewayServer(settings, None, rate_limits=False) as gateway:
+        fleet = gateway.app.state.gateway.aclient.cells.get(None)
+        reads: list[float] = []
+        real = fleet.live_models
+
+        async def counted() -> dict[str, int]:
+            reads.append(time.monotonic())
+            return await real()  # type: ignore[no-any-return]
+
+        monkeypatch.setattr(fleet, "live_models", counted)
+        _post(gateway.url)  # reads the view (no view yet)
+        assert _submits(store) == 1
+        wait_for(lambda: len(reads) >= 3, 10, "reads of the fleet with no request waiting")

@@ -67,6 +67,13 @@ T = TypeVar("T")
 
 #: How long a replica trusts its view of the fleet's models, seconds (one heartbeat).
 FLEET_CACHE_S = 1.0
+#: While requests come, the view is read again this often in the background, seconds, so
+#: a request finds it fresh (under FLEET_CACHE_S old) instead of reading it on its way to
+#: the submit: two round trips, once in every FLEET_CACHE_S (issue 14).
+FLEET_REFRESH_S = FLEET_CACHE_S / 2
+#: The background reads of a cell stop after this long without a request for it, seconds
+#: (the next request reads the view itself and starts them again).
+FLEET_IDLE_S = 30.0
 #: ``Retry-After`` of a full queue, seconds: queues drain at the fleet's pace, not a window's.
 QUEUE_FULL_RETRY_S = 1
 #: What reading a cell's fleet may raise and survive (that cell then serves nothing).
@@ -199,6 +206,8 @@ class Gateway:
         self.client: AsyncClient | None = None
         self.limits: RateLimits | None = None
         self._fleet: dict[str | None, tuple[float, set[str]]] = {}  # cell -> (read at, models)
+        self._fleet_used: dict[str | None, float] = {}  # cell -> when a request last asked
+        self._fleet_readers: dict[str | None, asyncio.Future[None]] = {}  # see _refresh_fleet
         self._pools = set(settings.scaling.pools)
         self._classes = [c.name for c in settings.classes]
         #: This process's id as the caller of the requests it submits (its lease's name).
@@ -233,6 +242,9 @@ class Gateway:
         lease.start()
 
     async def stop(self) -> None:
+        for reader in list(self._fleet_readers.values()):
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
         if self._lease_task is not None:
             self._lease_task.cancel()
             await asyncio.gather(self._lease_task, return_exceptions=True)
@@ -630,17 +642,36 @@ class Gateway:
 
     async def _live_models(self, cell: str | None) -> set[str]:
         """Models of the live workers of ``cell`` (None: the only Redis), read at most once
-        per :data:`FLEET_CACHE_S`; empty while the cell's Redis does not answer."""
+        per :data:`FLEET_CACHE_S`; empty while the cell's Redis does not answer. While
+        requests come the view is kept fresh in the background (:meth:`_refresh_fleet`)."""
+        self._fleet_used[cell] = time.monotonic()
+        if cell not in self._fleet_readers:
+            reader = asyncio.ensure_future(self._refresh_fleet(cell))
+            self._fleet_readers[cell] = reader
+            reader.add_done_callback(lambda _: self._fleet_readers.pop(cell, None))
         at, models = self._fleet.get(cell, (float("-inf"), set()))
-        now = time.monotonic()
-        if now - at > FLEET_CACHE_S:
-            try:
-                models = set(await self.aclient.cells.get(cell).live_models())
-            except _FLEET_ERRORS as exc:
-                log.warning("the fleet of cell %s is unreadable: %s", cell or "(home)", exc)
-                models = set()
-            self._fleet[cell] = (now, models)
+        if time.monotonic() - at > FLEET_CACHE_S:
+            models = await self._read_fleet(cell)
         return models
+
+    async def _read_fleet(self, cell: str | None) -> set[str]:
+        """Read the models of ``cell``'s live workers into the view (timed from the read's
+        start)."""
+        began = time.monotonic()
+        try:
+            models = set(await self.aclient.cells.get(cell).live_models())
+        except _FLEET_ERRORS as exc:
+            log.warning("the fleet of cell %s is unreadable: %s", cell or "(home)", exc)
+            models = set()
+        self._fleet[cell] = (began, models)
+        return models
+
+    async def _refresh_fleet(self, cell: str | None) -> None:
+        """Read ``cell``'s view every :data:`FLEET_REFRESH_S` until no request has asked
+        for it for :data:`FLEET_IDLE_S`."""
+        while time.monotonic() - self._fleet_used.get(cell, 0.0) < FLEET_IDLE_S:
+            await asyncio.sleep(FLEET_REFRESH_S)
+            await self._read_fleet(cell)
 
     # --- answers --------------------------------------------------------------------------
 
