@@ -655,3 +655,31 @@ def test_a_tenant_index_of_the_wrong_type_is_rebuilt_from_the_sub_queues(
     assert counts.get("c:realtime") == 3 and counts.get("t:realtime:t1") == 2, counts
     ready_worker(store, "w1")
     assert Dispatcher(store).step().dispatched == 3
+
+
+def test_a_delayed_retry_whose_record_turns_into_a_string_leaves_its_counters(
+    store: Store, client: Client
+) -> None:
+    """A retry backing off (delayed set) whose record is overwritten with a string:
+    promote.lua took it out of the delayed set and then failed on its record, so the id
+    was in no index any more, still counted in c:<class> and t:<class>:<tenant>, and no
+    repair could find it. It is quarantined from the delayed set and the counters are
+    recounted from what is queued (the record cannot say which class and tenant)."""
+    ready_worker(store, "w1")
+    bad = client.submit("x", priority="realtime", max_tokens=4, tenant="t1")
+    other = client.submit("x", priority="realtime", max_tokens=4, tenant="t1")
+    qkey = store.keys.tenant_queue("realtime", "llama-3.1-8b", "t1")
+    [(_, attempt)] = store.assign("w1", "b1", [(bad.id, qkey, 1.0)])
+    store.requeue([(bad.id, attempt, "w1", "boom")], delay_s=0.01)
+    key = store.keys.req(bad.id)
+    store.redis.delete(key)
+    store.redis.set(key, "not a hash")
+    time.sleep(0.05)
+    store.redis.hset(store.keys.worker("w1"), "state", "unhealthy")  # keep `other` queued
+    assert _settle(store) == 1
+    assert "not a hash" in store.quarantined()[key]
+    assert store.redis.zscore(store.keys.delayed, bad.id) is None
+    counts = store.queued_counts()
+    assert counts.get("c:realtime") == 1 and counts.get("t:realtime:t1") == 1, counts
+    assert queued_ids(store, "realtime", "llama-3.1-8b") == [other.id]
+    Dispatcher(store).step()  # steps go on

@@ -65,7 +65,7 @@ def non_hash_requests(
 
     Looks where the dispatcher's step meets request ids: the heads of the tenants'
     sub-queues of the queues of ``classes`` (about ``head`` ids per queue), the
-    deadlines and leases due at ``now_ms``.
+    deadlines, leases and delayed retries due at ``now_ms``.
     """
     k = keys
     names = [n.split("|", 1) for n in client.smembers(k.queues) if "|" in n]
@@ -75,7 +75,8 @@ def non_hash_requests(
         pipe.zrange(k.tenant_index(cls, route), 0, head - 1)
     pipe.zrangebyscore(k.deadlines, "-inf", now_ms, start=0, num=head)
     pipe.zrangebyscore(k.leases, "-inf", now_ms, start=0, num=head)
-    *indexes, due, lapsed = pipe.execute()
+    pipe.zrangebyscore(k.delayed, "-inf", now_ms, start=0, num=head)
+    *indexes, due, lapsed, promotable = pipe.execute()
     # The heads of the sub-queues of the first ``head`` tenants of each queue, about
     # ``head`` ids per queue in all (where a snapshot reads).
     sub_queues = [
@@ -90,7 +91,7 @@ def non_hash_requests(
     for (tq, _), ids in zip(sub_queues, pipe.execute(), strict=True):
         for rid in ids:
             found.setdefault(rid, set()).add(tq)
-    for rid in [*due, *lapsed]:
+    for rid in [*due, *lapsed, *promotable]:
         found.setdefault(rid, set())
     ids = list(found)
     pipe = client.pipeline(transaction=False)
@@ -102,6 +103,6 @@ def non_hash_requests(
         if kind in ("hash", "none"):
             continue
         members = [(qk, rid) for qk in sorted(found[rid])]
-        members += [(k.deadlines, rid), (k.leases, rid)]
+        members += [(k.deadlines, rid), (k.leases, rid), (k.delayed, rid)]
         out.append((k.req(rid), f"request record is a {kind}, not a hash", members))
     return out

@@ -7,15 +7,17 @@
 -- (includes/queue.lua). A request that left `queued` meanwhile
 -- (expired, cancelled) only leaves the delayed set. A record whose submit time does not
 -- parse goes back to its sub-queue's head (queue_add), where the dispatcher's snapshot
--- quarantines it with its counters (quarantine.lua).
+-- quarantines it with its counters (quarantine.lua). A record that is not a hash fails the
+-- script before anything of its own is written (it stays in the delayed set), so the
+-- dispatcher's repair finds it there and quarantines it (store/repair.py).
 -- include: clock, keys, queue, wake
 local p, limit = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()
 local n = 0
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', p .. 'delayed', '-inf', now, 'LIMIT', 0, limit)) do
-  redis.call('ZREM', p .. 'delayed', id)
   local key = k_req(p, id)
   local r = redis.call('HMGET', key, 'state', 'priority', 'model', 'submitted_ms', 'tenant')
+  redis.call('ZREM', p .. 'delayed', id)
   if r[1] == 'queued' then
     queue_add(p, r[2], r[3], r[5], id, r[4])
     redis.call('HDEL', key, 'not_before_ms')

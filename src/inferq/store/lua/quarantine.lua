@@ -15,7 +15,10 @@
 -- index is rebuilt from the sub-queues of the class's backlogged tenants (fair:live), so
 -- no queued request is left unindexed. The record cannot say
 -- whether it was counted (a string, a list or a deleted key at a submitted request's key
--- was counted; an id planted with no record was not): membership can.
+-- was counted; an id planted with no record was not): membership can. A request key that is
+-- not a hash names no class or tenant: every queued counter is recounted then (the
+-- tenants of every tenant index and every delayed retry: O(backlogged tenants + delayed),
+-- on this rare path only).
 -- include: clock, keys, events, queue, counts
 local p, reason = ARGV[1], ARGV[2]
 
@@ -46,6 +49,48 @@ local function recount_tenant(class, tenant)
   end
   local had = tonumber(redis.call('HGET', p .. 'counts', 't:' .. class .. ':' .. tenant)) or 0
   if n ~= had then count_queued(p, class, tenant, n - had, true) end
+end
+
+-- Every t:<class>:<tenant> and c:<class> set to what is queued (the tenants of every
+-- tenant index, the delayed retries by their records).
+local function recount_all()
+  local truth, classes = {}, {}
+  local function add(class, tenant, n)
+    classes[class] = true
+    truth[class] = truth[class] or {}
+    truth[class][tenant] = (truth[class][tenant] or 0) + n
+  end
+  for _, name in ipairs(redis.call('SMEMBERS', p .. 'queues')) do
+    local class, route = name:match('^([^|]+)|(.+)$')
+    local index = class and k_tindex(p, class, route)
+    if index and redis.call('TYPE', index).ok == 'zset' then
+      for _, tenant in ipairs(redis.call('ZRANGE', index, 0, -1)) do
+        add(class, tenant, zcard_of(k_tqueue(p, class, route, tenant)))
+      end
+    end
+  end
+  if redis.call('TYPE', p .. 'delayed').ok == 'zset' then
+    for _, id in ipairs(redis.call('ZRANGE', p .. 'delayed', 0, -1)) do
+      local r = redis.pcall('HMGET', k_req(p, id), 'priority', 'tenant')
+      if type(r) == 'table' and not r.err and r[1] and r[2] then add(r[1], r[2], 1) end
+    end
+  end
+  local counts = redis.call('HGETALL', p .. 'counts')
+  for i = 1, #counts - 1, 2 do
+    local class, tenant = counts[i]:match('^t:([^:]+):(.*)$')
+    if class then add(class, tenant, 0) end
+    class = counts[i]:match('^c:(.+)$')
+    if class then classes[class] = true end
+  end
+  for class in pairs(classes) do
+    local total = 0
+    for tenant, n in pairs(truth[class] or {}) do
+      local had = tonumber(redis.call('HGET', p .. 'counts', 't:' .. class .. ':' .. tenant)) or 0
+      if n ~= had then count_queued(p, class, tenant, n - had, true) end
+      total = total + n
+    end
+    redis.call('HSET', p .. 'counts', 'c:' .. class, total)
+  end
 end
 
 -- counts:q:<class>|<route> set to the ids in the queue's sub-queues.
@@ -80,6 +125,8 @@ local function rebuild_index(class, route)
   recount_queue(class, route)
 end
 
+-- A request key (it has a payload key, KEYS[2]) that is not a hash: which counters?
+local unreadable = KEYS[2] ~= nil and redis.call('TYPE', KEYS[1]).ok ~= 'hash'
 for _, key in ipairs(KEYS) do
   if redis.call('EXISTS', key) == 1 then
     redis.call('RENAME', key, p .. 'quarantined:' .. key)
@@ -105,6 +152,10 @@ for i = 4, #ARGV, 2 do
     end
   end
 end
-for _, ct in ipairs(touched) do recount_tenant(ct[1], ct[2]) end
+if unreadable then
+  recount_all()
+else
+  for _, ct in ipairs(touched) do recount_tenant(ct[1], ct[2]) end
+end
 emit(p, ARGV[3], 'quarantine', 'key', KEYS[1], 'reason', reason)
 return 1
