@@ -79,15 +79,16 @@ class NoDelivery:
         pass
 
 
-def step_cost(d: Dispatcher, counting: CountingRedis) -> tuple[tuple[int, int], float]:
-    """(Commands sent, values read) and seconds taken by one step on an empty queue."""
-    d._housekept_at = time.monotonic()  # expiry/recovery run once per tick: not this step
-    sent, values = counting.sent, counting.values
-    t0 = time.perf_counter()
-    report = d.step()
-    took = time.perf_counter() - t0
-    assert report.dispatched == 0
-    return (counting.sent - sent, counting.values - values), took
+def step_cost(d: Dispatcher, counting: CountingRedis) -> tuple[int, int]:
+    """(Commands sent, values read) by the cheapest of 5 steps on an empty queue: a step
+    that is a periodic full read of the fleet costs more and is not what is compared."""
+    costs = []
+    for _ in range(5):
+        d._housekept_at = time.monotonic()  # expiry/recovery run once per tick: not this step
+        sent, values = counting.sent, counting.values
+        assert d.step().dispatched == 0
+        costs.append((counting.sent - sent, counting.values - values))
+    return min(costs)
 
 
 def serve(
@@ -125,7 +126,7 @@ def test_one_off_tenants_and_task_types_leave_no_lasting_cost(settings: Settings
     sender = NoDelivery()
     d.sender = sender  # type: ignore[assignment]
     serve(store, client, d, sender, info, ["warm"])  # the queue exists before and after
-    cost_before, took_before = min((step_cost(d, counting) for _ in range(5)), key=lambda c: c[1])
+    cost_before = step_cost(d, counting)
 
     for start in range(0, N, 1000):
         serve(store, client, d, sender, info, [f"{i}" for i in range(start, start + 1000)])
@@ -137,9 +138,7 @@ def test_one_off_tenants_and_task_types_leave_no_lasting_cost(settings: Settings
     assert not store.redis.exists(k.tenant_index("standard", MODEL))
     assert [f for f in store.redis.hkeys(k.counts) if f.startswith("t:")] == []
 
-    cost_after, took_after = min((step_cost(d, counting) for _ in range(5)), key=lambda c: c[1])
-    assert cost_after == cost_before
-    assert took_after < 10 * took_before + 0.05  # loose: the figures are in bench_dispatch
+    assert step_cost(d, counting) == cost_before  # the time per step: bench_dispatch.py
 
     # The tenants go idle: TENANT_IDLE_S later (their last-seen times moved back) every
     # step folds up to FOLD_LIMIT of them until none is left; a backlogged one stays.
