@@ -229,3 +229,26 @@ def test_a_corrupt_payload_fails_its_request_and_the_worker_goes_on(system: Syst
     assert store.redis.scard(store.keys.inflight("w1")) == 0  # its slot was given back
     system.finishes(3)
     system.alive()
+
+
+def test_a_heartbeat_key_of_another_type_is_quarantined_and_dispatch_goes_on(
+    system: System,
+) -> None:
+    """A worker id in the index whose heartbeat key is not a hash (and one whose in-flight
+    set is not a set) failed every snapshot's HMGET and the reaper's script, and the repair
+    did not look at workers: every step failed, and nothing was dispatched again."""
+    store, keys = system.store, system.store.keys
+    system.finishes(2)
+    now_ms = store.now() * 1000
+    store.redis.set(keys.worker("stringy-w"), "not a hash")
+    store.redis.hset(keys.worker("listy-w"), mapping=worker_info("listy-w").to_fields())
+    store.redis.rpush(keys.inflight("listy-w"), "not a set")
+    store.redis.zadd(keys.workers, {"stringy-w": now_ms, "listy-w": now_ms})
+    wait_for(
+        lambda: {keys.worker("stringy-w"), keys.inflight("listy-w")} <= set(store.quarantined()),
+        what="the mistyped worker keys quarantined",
+    )
+    assert "heartbeat is a string" in store.quarantined()[keys.worker("stringy-w")]
+    assert store.redis.zscore(keys.workers, "stringy-w") is None
+    system.finishes(5)
+    system.alive()

@@ -376,6 +376,7 @@ class Dispatcher:
             return (
                 self.store.quarantine_bad_queue_names()
                 + self.store.quarantine_mistyped_queues(self.classes)
+                + self.store.quarantine_mistyped_workers()
                 + self.store.quarantine_non_hash_requests(self.classes, self.queue_head)
             )
         except Exception:  # the repair itself must not kill the loop either

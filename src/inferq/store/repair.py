@@ -106,3 +106,34 @@ def non_hash_requests(
         members += [(k.deadlines, rid), (k.leases, rid), (k.delayed, rid)]
         out.append((k.req(rid), f"request record is a {kind}, not a hash", members))
     return out
+
+
+def mistyped_workers(client: Any, keys: Keys) -> list[Corrupt]:
+    """Per-worker keys of the workers index holding another type than theirs: a heartbeat
+    (``worker:<w>``) or reservation (``load:<w>``) that is not a hash, an in-flight set
+    (``inflight:<w>``) that is not a set. The snapshot's HMGETs, the reaper's
+    ``remove_worker.lua`` and the scaler's reads fail on them at every step; a heartbeat
+    that merely does not parse is quarantined by the snapshot itself.
+
+    A heartbeat leaves the index with it (a live worker registers again on its next
+    beat); a load or in-flight key is set aside alone. Reads the type of three keys per
+    worker: O(workers), on the repair path only (after a failed step).
+    """
+    k = keys
+    workers = client.zrange(k.workers, 0, -1)
+    wanted = [
+        (wid, key, kind)
+        for wid in workers
+        for key, kind in ((k.worker(wid), "hash"), (k.load(wid), "hash"), (k.inflight(wid), "set"))
+    ]
+    pipe = client.pipeline(transaction=False)
+    for _, key, _ in wanted:
+        pipe.type(key)
+    out: list[Corrupt] = []
+    for (wid, key, kind), found in zip(wanted, pipe.execute(), strict=True):
+        if found in (kind, "none"):
+            continue
+        what = "heartbeat" if key == k.worker(wid) else key.removeprefix(k.prefix).split(":")[0]
+        members = [(k.workers, wid)] if key == k.worker(wid) else []
+        out.append((key, f"{what} is a {found}, not a {kind}", members))
+    return out

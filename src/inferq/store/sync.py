@@ -365,6 +365,15 @@ class Store(AdminCalls):
             self.quarantine(key, reason, members)
         return len(found)
 
+    def quarantine_mistyped_workers(self) -> int:
+        """Quarantine heartbeat, load and in-flight keys of the workers index holding
+        another type than theirs (every snapshot and the reaper fail on them); a heartbeat
+        leaves the index with it. Returns how many were found."""
+        found = repair.mistyped_workers(self.redis, self.keys)
+        for key, reason, members in found:
+            self.quarantine(key, reason, members)
+        return len(found)
+
     def quarantine_non_hash_requests(self, classes: Sequence[str], head: int) -> int:
         """Quarantine request keys holding another type than a hash (every script fails on
         them), where the dispatcher's step meets request ids: the heads of the queues of
