@@ -611,6 +611,23 @@ def test_a_request_record_of_the_wrong_type_leaves_its_counters_when_quarantined
     assert len(queued_ids(store, "realtime", "llama-3.1-8b")) == 2  # depth agrees too
 
 
+def test_an_uncounted_id_planted_in_a_sub_queue_leaves_the_queue_depth_true(
+    store: Store, client: Client
+) -> None:
+    """An id written into a tenant's sub-queue by hand (no record, never counted) is
+    quarantined; its removal took the queue's depth counter down by one although the id
+    had never raised it, so ``q:<class>|<route>`` read one below the queue for ever (the
+    class and tenant counters are recounted from membership, the depth was not)."""
+    good = client.submit("x", priority="realtime", max_tokens=4, tenant="t1")
+    route = "llama-3.1-8b"
+    store.redis.zadd(store.keys.tenant_queue("realtime", route, "t1"), {"ghost": 1})
+    store.redis.zadd(store.keys.tenant_index("realtime", route), {"t1": 1})
+    assert _settle(store) == 1
+    assert queued_ids(store, "realtime", route) == [good.id]  # asserts the depth agrees
+    counts = store.queued_counts()
+    assert counts.get("c:realtime") == 1 and counts.get("t:realtime:t1") == 1, counts
+
+
 def test_a_sub_queue_of_the_wrong_type_is_quarantined_with_its_counters(
     store: Store, client: Client
 ) -> None:

@@ -11,7 +11,8 @@
 -- taken out of a sub-queue, a sub-queue set aside) are then recounted from what is queued:
 -- the tenant's ids in the class's sub-queues plus its delayed retries
 -- (includes/counts.lua's invariant), c:<class> and fair:live following by the same
--- difference; a set-aside sub-queue's queue depth is recounted too, and a set-aside tenant
+-- difference; the depth of a queue an id left (q:<class>|<route>: an id planted by hand
+-- never raised it) or whose sub-queue was set aside is recounted too, and a set-aside tenant
 -- index is rebuilt from the sub-queues of the class's backlogged tenants (fair:live), so
 -- no queued request is left unindexed. The record cannot say
 -- whether it was counted (a string, a list or a deleted key at a submitted request's key
@@ -143,15 +144,18 @@ if q_class then
 end
 local i_class, i_route = parse_tindex(KEYS[1])
 if i_class then rebuild_index(i_class, i_route) end
+local queues = {}  -- class|route of each queue an id left: its depth is recounted
 for i = 4, #ARGV, 2 do
   if redis.call('ZREM', ARGV[i], ARGV[i + 1]) == 1 then
     local class, route, tenant = parse_tqueue(p, ARGV[i])
     if class then
       subqueue_removed(p, class, route, tenant)
       touched[#touched + 1] = {class, tenant}
+      queues[class .. '|' .. route] = {class, route}
     end
   end
 end
+for _, q in pairs(queues) do recount_queue(q[1], q[2]) end
 if unreadable then
   recount_all()
 else
