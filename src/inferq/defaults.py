@@ -350,6 +350,12 @@ SCALE_TREND_SLOPE_S = 30.0
 #: Time constant of the smoothed service time, seconds: a minute of finishes (dozens
 #: of requests even on the light Azure code trace), so one long prompt cannot double it.
 SCALE_SERVICE_SMOOTHING_S = 60.0
+#: Slack before the censoring correction (inferq.policy.capacity.censoring_factor) lowers a
+#: capacity sized on finished requests: Little's law over the running requests must give
+#: a mean service time this much (20%) above the finishes' before it is believed, so the
+#: noise of a 10 s window (a snapshot of in-flight counts, a heavy-tailed mean) does not
+#: shrink the capacity in steady state; the cold start's survivorship bias is 2-5x.
+SCALE_CENSORING_MARGIN = 0.2
 
 # --- baseline scaling policies the simulator compares (issue #7) ---
 #: ``seed``: the seed text's rule: scale up when more than 20 requests are pending

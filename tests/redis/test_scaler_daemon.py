@@ -77,7 +77,8 @@ def make(store: Store, platform: Platform | None = None, **kw: object) -> Scaler
 
 #: Queued standard requests that need more than one worker: at the default 256
 #: output tokens an 8B worker on an H200 serves one in ~1.2 s, 8 at a time, so 200
-#: queued (to clear in backlog_drain_s = 10 s) need ~3 workers.
+#: queued (to clear within backlog_drain_s = 10 s or the cold start, the longer) need
+#: more than one.
 BACKLOG = 200
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -9,7 +12,12 @@ from hypothesis import strategies as st
 from inferq.config import ModelSpec, Settings
 from inferq.devices import profile_for
 from inferq.latency import service_time, step_s
-from inferq.policy.capacity import strictest_tpot, tpot_concurrency, worker_capacity
+from inferq.policy.capacity import (
+    censoring_factor,
+    strictest_tpot,
+    tpot_concurrency,
+    worker_capacity,
+)
 
 # Pinned: an 8B model on an H200 (the issue's measured card), 110 GiB of KV cache.
 SPEC = ModelSpec(
@@ -80,3 +88,75 @@ def test_capacity_stays_within_every_limit(
     if cap.concurrency > 1:
         assert cap.kv_share <= occ + 1e-9
     assert cap.rate > 0
+
+
+# --- the censoring correction (issue 16: the first finishes are the short requests) ---
+
+
+@given(
+    measured=st.floats(0.01, 1_000),
+    running=st.floats(0, 10_000),
+    rate=st.floats(0.001, 1_000),
+    margin=st.floats(0, 1),
+)
+def test_the_censoring_factor_only_ever_lowers_a_capacity(
+    measured: float, running: float, rate: float, margin: float
+) -> None:
+    f = censoring_factor(measured, running, rate, margin)
+    assert 0 < f <= 1
+    little_s = running / rate
+    if little_s <= (1 + margin) * measured:  # the finishes agree with Little's law
+        assert f == 1
+    else:  # the corrected service time is Little's, less the margin
+        assert measured / f == pytest.approx(little_s / (1 + margin))
+
+
+def test_nothing_running_or_arriving_leaves_the_capacity_alone() -> None:
+    assert censoring_factor(2.0, 0, 9.0, 0.2) == 1.0
+    assert censoring_factor(2.0, 50, 0.0, 0.2) == 1.0
+
+
+def _lognormal_start(sigma: float, elapsed_s: float, seed: int) -> tuple[float, float, float]:
+    """A fleet that starts empty: Poisson arrivals at 20/s from 0, lognormal service
+    times of mean 15 s. At ``elapsed_s``: (mean of the last 10 s of finishes, running
+    / rate as Little's law has it, the true mean service time)."""
+    rng = random.Random(seed)
+    mean_s, rate = 15.0, 20.0
+    mu = math.log(mean_s) - sigma**2 / 2
+    t, finished, running = 0.0, [], 0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= elapsed_s:
+            break
+        end = t + rng.lognormvariate(mu, sigma)
+        if end <= elapsed_s:
+            if end >= elapsed_s - 10:
+                finished.append(end - t)
+        else:
+            running += 1
+    return sum(finished) / len(finished), running / rate, mean_s
+
+
+@pytest.mark.parametrize("sigma", [0.5, 1.0, 1.5])
+@pytest.mark.parametrize("elapsed_s", [10.0, 20.0, 40.0])
+def test_on_a_lognormal_start_the_correction_is_less_biased_and_never_overshoots(
+    sigma: float, elapsed_s: float
+) -> None:
+    measured, little_s, true_s = _lognormal_start(sigma, elapsed_s, seed=7)
+    corrected = measured / censoring_factor(measured, little_s * 20.0, 20.0, 0.2)
+    # the finishes alone see only the short requests: biased low
+    assert measured < 0.92 * true_s
+    # Little's law counts the long ones still running: never further from the truth, and
+    # never past it (it estimates E[min(S, elapsed)] <= E[S]), so a capacity corrected by
+    # it is never below what a worker carries. Not unbiased: nothing seen before a long
+    # request ends can tell how long it is (at 20 s: 4.2 -> 6.1 s for sigma 1.5, truth 15).
+    assert measured <= corrected <= true_s
+    if sigma >= 1.0 and elapsed_s <= 20.0:  # heavy tail, early: a large correction
+        assert corrected >= 1.2 * measured
+
+
+@pytest.mark.parametrize("sigma", [0.5, 1.0, 1.5])
+def test_in_steady_state_the_correction_does_not_apply(sigma: float) -> None:
+    # long after the start, finishes and Little's law estimate the same mean
+    measured, little_s, _ = _lognormal_start(sigma, 3_000.0, seed=11)
+    assert censoring_factor(measured, little_s * 20.0, 20.0, 0.2) == 1.0

@@ -78,8 +78,10 @@ def test_arrivals_need_workers_by_littles_law() -> None:
 
 
 def test_backlog_is_weighted_by_class_realtime_counting_more() -> None:
-    rt = one(load(ready=1, queued={"realtime": 40}, oldest_wait_s={"realtime": 0.0}))
-    batch = one(load(ready=1, queued={"batch": 40}, oldest_wait_s={"batch": 0.0}))
+    # cold start 0: the backlog is cleared over backlog_drain_s (10 s), not the horizon
+    fast = {"ready": 1, "cold_start_s": 0.0}
+    rt = one(load(**fast, queued={"realtime": 40}, oldest_wait_s={"realtime": 0.0}))
+    batch = one(load(**fast, queued={"batch": 40}, oldest_wait_s={"batch": 0.0}))
     # 40 x 5 / 10 s = 20 req/s -> 20 workers; 40 x 1/6 / 10 s -> 0.67 -> 1 (hold).
     assert rt.desired == 8  # max_workers
     assert has(rt, "backlog 200 weighted") and has(rt, "bounds: max 8")
@@ -87,15 +89,88 @@ def test_backlog_is_weighted_by_class_realtime_counting_more() -> None:
 
 
 def test_an_old_backlog_counts_more_than_a_new_one() -> None:
+    fast = {"ready": 1, "cold_start_s": 0.0}
     new = one(
-        load(ready=1, queued={"standard": 30}, oldest_wait_s={"standard": 0.0}),
+        load(**fast, queued={"standard": 30}, oldest_wait_s={"standard": 0.0}),
         limits={"m": ModelLimits(max_workers=100)},
     )
     old = one(
-        load(ready=1, queued={"standard": 30}, oldest_wait_s={"standard": 10.0}),
+        load(**fast, queued={"standard": 30}, oldest_wait_s={"standard": 10.0}),
         limits={"m": ModelLimits(max_workers=100)},
     )
     assert (new.desired, old.desired) == (3, 6)
+
+
+def test_a_backlog_is_cleared_over_a_cold_start_at_the_soonest() -> None:
+    # 40 realtime x 5 = 200 weighted: a worker launched now is useful after the cold
+    # start (30 s) and a decision (5 s), so the backlog is spread over 35 s, not 10 s:
+    # 200 / 35 = 5.71 req/s at 1 req/s per worker -> 6 workers, not 20 (issue 16's
+    # sinusoid: 10 s launched 8 workers for a queue that 5 cleared, kept to the end).
+    d = one(load(ready=1, queued={"realtime": 40}, oldest_wait_s={"realtime": 0.0}))
+    assert d.desired == 6
+    assert has(d, "to clear it in 35 s")
+
+
+def _censored(**kw: object) -> ModelLoad:
+    """Four workers whose window's finishes were the short requests: 2 s each, sizing a
+    worker at 14 req/s, while 160 requests run (Little: 160 / 9 req/s = 17.8 s each)."""
+    base: dict[str, object] = {
+        "ready": 4,
+        "arrival_rate": 9.0,
+        "mean_service_s": 2.0,
+        "cold_start_s": 15.0,
+        "capacity_rate": 14.0,
+        "busy": {f"w{i}": 40 for i in range(4)},
+    }
+    base.update(kw)
+    return load(**base)
+
+
+def test_running_requests_lower_a_capacity_sized_on_short_finishes() -> None:
+    # raw: 9 / 14 = 0.64 workers (hold 4); corrected: 14 x 1.2 x 2 / 17.8 = 1.89 req/s
+    # per worker -> 9 / 1.89 = 4.8 -> 5 (issue 16's first crest: launches ~2 min late)
+    d = one(_censored())
+    assert (d.action, d.desired) == ("up", 5)
+
+
+def test_a_capacity_whose_finishes_match_littles_law_stands() -> None:
+    # 9 req/s x 2 s = 18 running: the finishes are not censored, 9 / 14 -> 1 worker
+    _, state = decide(_censored(busy={"w0": 10, "w1": 8}))
+    assert state.model("m").capacity == pytest.approx(14.0)
+    _, state = decide(_censored(busy={"w0": 21}))  # 17% over Little: within the margin
+    assert state.model("m").capacity == pytest.approx(14.0)
+
+
+def test_the_first_minute_of_capacities_is_not_averaged() -> None:
+    # the earliest windows are the most censored: the latest stands for a smoothing constant
+    first = ScalerState()
+    _, state = decide(_censored(capacity_rate=14.0, busy={}), state=first, now=NOW)
+    _, state = decide(_censored(capacity_rate=3.0, busy={}), state=state, now=NOW + 5)
+    assert state.model("m").capacity == pytest.approx(3.0)
+    _, state = decide(_censored(capacity_rate=2.0, busy={}), state=state, now=NOW + 65)
+    _, state = decide(_censored(capacity_rate=4.0, busy={}), state=state, now=NOW + 70)
+    # a minute on: averaged again (time constant 60 s)
+    at65 = 3.0 + (2.0 - 3.0) * (1 - math.exp(-60 / 60))
+    assert state.model("m").capacity == pytest.approx(at65 + (4.0 - at65) * (1 - math.exp(-5 / 60)))
+
+
+def _rising_state(slope: float) -> ScalerState:
+    """Level 3 req/s and ``slope`` req/s per s, observed now (the trend update is a no-op)."""
+    return ScalerState(models={"m": ModelScaleState(level=3.0, slope=slope, observed_at=NOW)})
+
+
+def test_a_rising_wave_is_not_held_in_the_tolerance_band() -> None:
+    # 3 workers at 1 req/s each, 3.2 req/s: 7% over, inside the 10% band. A trend of
+    # +0.008 req/s per s (+0.5 a minute) carries the rate 3.0 -> 3.4 (+13%) within cold
+    # start 15 + decision 5 + slope constant 30 s: the band does not hold the 4th worker.
+    rise = load(ready=3, arrival_rate=3.2, mean_service_s=4.0, cold_start_s=15.0)
+    up = one(rise, state=_rising_state(0.008))
+    assert (up.action, up.desired) == ("up", 4)
+    assert has(up, "rising")
+    # +0.005 req/s per s: 3.25 within 50 s, inside the band: noise, held
+    for slope in (0.0, 0.005):
+        flat = one(rise, state=_rising_state(slope))
+        assert flat.action == "hold" and has(flat, "within tolerance")
 
 
 def test_oldest_wait_past_its_sla_threshold_adds_a_worker() -> None:

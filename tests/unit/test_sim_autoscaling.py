@@ -36,14 +36,16 @@ def test_shaped_load_reverses_at_most_once_per_10_minutes_and_saves_gpus(tmp_pat
         assert lost <= bound, (cls, lost)
 
 
-#: inferq's GPU-seconds over the peak-provisioned fleet's on this workload: 7,257 / 9,452
-#: = 0.768 measured with this seed (was 0.83 before the scale-down followed the window's
-#: mean need; a 20-minute day has less trough than the 30-minute runs of
-#: docs/evaluation.md, where the ratio is 0.67).
-GPU_RATIO_BOUND = 0.78
+#: inferq's GPU-seconds over the peak-provisioned fleet's on this workload: 6,894 / 9,452
+#: = 0.729 measured with this seed (0.770 before the scaler corrected its capacity for
+#: the requests still running and stopped holding a rising wave in its tolerance band;
+#: 0.83 before the scale-down followed the window's mean need; a 20-minute day has less
+#: trough than the 30-minute runs of docs/evaluation.md, where the ratio is 0.65).
+GPU_RATIO_BOUND = 0.74
 
 #: Attainment (flat SLA) inferq may lose against the peak fleet here, per class: the
-#: measurement with this seed rounded up (realtime 0.6 points, standard 1.0), not the
-#: issue's goal of 0.5, which this 20-minute day misses: its first crest comes before the
-#: scaler has two minutes of finished requests to size on (docs/evaluation.md).
-SLA_POINTS_LOST = {"realtime": 0.007, "standard": 0.011}
+#: measurement with this seed rounded up (realtime 0.37 points, standard 0.69; 0.52 and
+#: 0.91 before the censoring correction), not the issue's goal of 0.5, which standard
+#: misses on this 20-minute day: its first crest comes within two minutes of the start,
+#: before the fleet has served as long as its long requests take (docs/evaluation.md).
+SLA_POINTS_LOST = {"realtime": 0.004, "standard": 0.007}

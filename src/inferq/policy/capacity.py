@@ -129,3 +129,41 @@ def worker_capacity(
         rate=c / total if total > 0 else math.inf,
         limited_by=limit,
     )
+
+
+def censoring_factor(
+    measured_service_s: float, running: float, arrival_rate: float, margin: float
+) -> float:
+    """How much to trust a capacity sized on finished requests, given those still running.
+
+    A window's finishes are a right-censored sample: a request that has not finished is
+    missing from it, and the longer a request, the likelier it is missing. Where the
+    fleet has served for less than its long requests take (a cold start, the first
+    minutes of a run) the finishes are the short requests only, so the measured service
+    time, and the capacity sized on it (:func:`worker_capacity`: ``c / service time``),
+    are too small and too large by up to 4x (issue 16's sinusoid, first crest). Little's
+    law counts the running requests too: ``L = arrival_rate x W``, so ``running /
+    arrival_rate`` estimates the mean time in service ``W`` of all requests, long ones
+    included, without waiting for them to finish (Little 1961; the same correction as
+    the total-time-on-test estimator of right-censored durations, which adds the running
+    ones' elapsed time to the finished ones' durations).
+
+    Returns ``measured_service_s / W`` (with ``1 + margin`` of slack for the noise of
+    a 10 s window), capped at 1: it only ever lowers a capacity. Where a queue forms,
+    the running requests are capped by the fleet and ``W`` looks short, so the factor
+    is 1 and the finishes' capacity stands (in steady state, both estimate the same
+    mean: Little's law holds for any service-time distribution).
+
+    Args:
+        measured_service_s: mean dispatch -> finish of the window's finishes, s (> 0).
+        running: requests in service now (the ready workers' in-flight counts).
+        arrival_rate: requests/s arriving (the smoothed level).
+        margin: relative slack before the correction applies (>= 0).
+
+    Returns:
+        A factor in (0, 1] to multiply the finishes' capacity rate by.
+    """
+    if running <= 0 or arrival_rate <= 0 or measured_service_s <= 0:
+        return 1.0
+    little_s = running / arrival_rate
+    return min(1.0, (1.0 + margin) * measured_service_s / little_s)

@@ -13,18 +13,22 @@ The rule, per model (units: requests, seconds, workers)::
     lam  = max(arrival_rate, level + slope * h)         arrivals when it is ready
     age  = 1 + min(1, oldest_c / sla_c) * (age_max - 1) per class c
     B    = sum_c queued_c * weight_c * age_c            weighted backlog
-    need = (lam + B / backlog_drain_s) / mu             workers needed
+    need = (lam + B / max(backlog_drain_s, h)) / mu     workers needed
 
 ``capacity_rate`` is what one worker carries with its class targets still met
 (:mod:`inferq.policy.capacity`: KV cache at the target occupancy, the TPOT limit,
-slots); without it the rule falls back to Little's law over the slots.
+slots), lowered where the finishes it rests on miss long requests still running
+(:func:`inferq.policy.capacity.censoring_factor`: Little's law over the in-flight
+count); without it the rule falls back to Little's law over the slots. A backlog
+is cleared over ``h`` at the soonest: a worker launched for it is useful no sooner.
 ``level`` and ``slope`` are Holt's double exponential smoothing of the arrival
 rate (Holt 1957; irregular steps as in Wright 1986), kept in the state, so a
 rising wave is met by workers launched one cold start ahead of it. ``current``
 is ``ready + starting``: capacity on its way counts, so a burst never cascades
 launches. Then, in order:
 
-1. tolerance band: hold while ``|need / current - 1| <= tolerance`` (the HPA rule);
+1. tolerance band: hold while ``|need / current - 1| <= tolerance`` (the HPA rule),
+   except upwards while the trend will leave the band within ``h + trend_slope_s``;
    below it, scale down only to ``ceil(need_avg / down_threshold)`` (asymmetric: up at
    the moment's ``need``, down on ``need_avg``, the need averaged over ``down_window_s``,
    with ``1 / down_threshold`` of headroom); ``mu`` is smoothed like the service time;
@@ -57,6 +61,7 @@ from typing import Literal
 from inferq import defaults
 from inferq.config import PriorityClass, ScalingSettings
 from inferq.errors import ConfigError, CorruptRecord
+from inferq.policy.capacity import censoring_factor
 
 Action = Literal["up", "down", "hold"]
 
@@ -124,6 +129,8 @@ class ScalingConfig:
             oldest request ages to its SLA.
         trend_level_s / trend_slope_s: time constants of the rate's level and slope, s.
         service_smoothing_s: time constant of the smoothed service time, s.
+        censoring_margin: slack before running requests lower a capacity sized on
+            finished ones (:func:`inferq.policy.capacity.censoring_factor`), >= 0.
         interval_s: seconds between two decisions (the daemon's loop period); a
             worker launched at the next decision is ready ``interval_s`` later.
 
@@ -151,6 +158,7 @@ class ScalingConfig:
     trend_level_s: float = defaults.SCALE_TREND_LEVEL_S
     trend_slope_s: float = defaults.SCALE_TREND_SLOPE_S
     service_smoothing_s: float = defaults.SCALE_SERVICE_SMOOTHING_S
+    censoring_margin: float = defaults.SCALE_CENSORING_MARGIN
     interval_s: float = defaults.SCALER_INTERVAL_S
 
     def __post_init__(self) -> None:
@@ -182,6 +190,8 @@ class ScalingConfig:
             raise ConfigError(
                 f"target_wait_fraction must be in (0, 1], got {self.target_wait_fraction}"
             )
+        if self.censoring_margin < 0:
+            raise ConfigError(f"censoring_margin must be >= 0, got {self.censoring_margin}")
         if self.age_factor_max < 1:
             raise ConfigError(f"age_factor_max must be >= 1, got {self.age_factor_max}")
         for cls, weight in self.class_weights.items():
@@ -331,6 +341,7 @@ class ModelScaleState:
             without a break, s (None while it has not).
         service_s: smoothed service time, s (None before the first observation).
         capacity: smoothed ``capacity_rate``, requests/s per worker (None before the first).
+        capacity_since: time of the first ``capacity_rate`` seen, s (None before it).
         need_avg: the need averaged over ``down_window_s`` (an exponential moving
             average), workers (None before the first decision).
         need_since: time of the first need in ``need_avg``, s.
@@ -347,6 +358,7 @@ class ModelScaleState:
     surplus_since: float | None = None
     service_s: float | None = None
     capacity: float | None = None
+    capacity_since: float | None = None
     need_avg: float | None = None
     need_since: float | None = None
 
@@ -451,7 +463,7 @@ def decide_scale(
     plans: list[ScaleDecision] = []
     for load in loads:
         ms = _update_trend(state.model(load.model), load.arrival_rate, now, config)
-        ms = _smooth_service(ms, load.mean_service_s, load.capacity_rate, now, config)
+        ms = _smooth_service(ms, load.mean_service_s, _uncensored(load, ms, config), now, config)
         assert ms.service_s is not None
         smoothed = replace(
             load,
@@ -463,6 +475,33 @@ def decide_scale(
         plans.append(plan)
     decisions = grant_budget(plans, loads, config)
     return decisions, stamp_decisions(decisions, models, now)
+
+
+def _uncensored(load: ModelLoad, ms: ModelScaleState, config: ScalingConfig) -> float | None:
+    """The load's capacity rate, lowered where its finishes miss the long requests still
+    running (:func:`inferq.policy.capacity.censoring_factor`, over the smoothed arrivals)."""
+    if load.capacity_rate is None:
+        return None
+    rate = ms.level or load.arrival_rate
+    running = sum(load.busy.values())
+    factor = censoring_factor(load.mean_service_s, running, rate, config.censoring_margin)
+    return load.capacity_rate * factor
+
+
+def _rising(load: ModelLoad, ms: ModelScaleState, config: ScalingConfig) -> bool:
+    """The arrival trend will carry the need out of the tolerance band upwards within a
+    cold start, a decision and the slope's own time constant (``trend_slope_s``).
+
+    The band holds a fleet at up to ``1 + tolerance`` of the need, and a worker launched
+    once the need leaves it is useful a cold start and a decision later: on a wave that
+    rises faster than that (issue 16's sinusoid, second rise: +0.45 workers a minute),
+    the queue forms before the worker arrives. A rise the trend has held for a slope time
+    constant is not the noise the band is there for, so it does not hold a scale-up.
+    """
+    if ms.level is None or ms.level <= 0:
+        return False
+    lead = load.cold_start_s + config.interval_s + config.trend_slope_s
+    return ms.forecast(lead) > ms.level * (1.0 + config.tolerance)
 
 
 def _plan(
@@ -478,7 +517,10 @@ def _plan(
     first = ms.need_since is None  # no history at all: the moment is all there is
     ms = _average_need(ms, need, now, config)
     settled = first or (ms.need_since is not None and now - ms.need_since >= config.down_window_s)
-    want = _within_tolerance(need, ms.need_avg if settled else None, current, config, reasons)
+    rising = _rising(load, ms, config)
+    want = _within_tolerance(
+        need, ms.need_avg if settled else None, current, config, reasons, rising
+    )
     floor = _sla_floor(load, config, sla, reasons)
     want = max(want, floor)
     target = bounded(want, limits, reasons)
@@ -513,7 +555,8 @@ def _need(
     predicted = ms.forecast(horizon)
     rate = max(load.arrival_rate, predicted)
     backlog = _weighted_backlog(load, config, sla)
-    need = (rate + backlog / config.backlog_drain_s) / mu
+    drain_s = max(config.backlog_drain_s, horizon)
+    need = (rate + backlog / drain_s) / mu
     if load.capacity_rate:
         reasons = [
             f"need {need:.2f}: arrivals {rate:.2f} req/s / {mu:.2f} req/s per worker "
@@ -532,8 +575,8 @@ def _need(
     if backlog > 0:
         reasons.append(
             f"backlog {backlog:.0f} weighted ({load.total_queued} queued) "
-            f"> capacity: +{backlog / config.backlog_drain_s / mu:.2f} workers "
-            f"to clear it in {config.backlog_drain_s:.0f} s"
+            f"> capacity: +{backlog / drain_s / mu:.2f} workers "
+            f"to clear it in {drain_s:.0f} s"
         )
     if load.starting:
         reasons.append(f"{load.starting} starting counted as capacity")
@@ -571,8 +614,10 @@ def _within_tolerance(
     current: int,
     config: ScalingConfig,
     reasons: list[str],
+    rising: bool = False,
 ) -> int:
-    """Up to ``ceil(need)`` at once; down only to what the need averaged over the down
+    """Up to ``ceil(need)`` at once (the band does not hold it while ``rising``:
+    :func:`_rising`); down only to what the need averaged over the down
     window asks, with ``1 / down_threshold`` of headroom (None: less than a window seen
     since the first decision or the last scale-up: the moment's need, and
     :func:`_scale_down` drains only idle workers then; the first minutes' finishes are
@@ -585,7 +630,10 @@ def _within_tolerance(
     on the moment is reset by every burst and never gives a worker back.
     """
     tolerance = config.tolerance
-    if current > 0 and abs(need / current - 1.0) <= tolerance:
+    band = current > 0 and abs(need / current - 1.0) <= tolerance
+    if band and rising and need > current + _EPS:
+        reasons.append(f"rising: the trend leaves the {tolerance:.0%} band within its horizon")
+    elif band:
         reasons.append(f"within tolerance {tolerance:.0%} of {current}")
         return current
     up = max(0, math.ceil(need - _EPS))
@@ -809,18 +857,28 @@ def _smooth_service(
     the conversation trace it swung 1.3-3.8 req/s per worker between 10 s windows, and
     the need with it (2.3-5.3 workers for a steady load), so one high window launched
     workers and a high window every few minutes kept the surplus from ever lasting.
+
+    The first ``service_smoothing_s`` of capacities are not averaged: the latest stands.
+    Finishes are censored by the history's length (a request longer than the time
+    served so far cannot have finished), so the earliest windows are the most biased
+    (the shortest requests only) and averaging them in would keep their bias for a
+    smoothing constant; each later window is less censored than the one before.
     """
+    since = ms.capacity_since
+    if since is None and capacity is not None:
+        since = now
     if ms.service_s is None or ms.observed_at is None:
-        return replace(ms, service_s=measured_s, capacity=capacity)
+        return replace(ms, service_s=measured_s, capacity=capacity, capacity_since=since)
     dt = max(0.0, now - (ms.checked_at or ms.observed_at))
     a = 1.0 - math.exp(-dt / config.service_smoothing_s) if dt > 0 else 0.0
     if capacity is None:
         smoothed = ms.capacity
-    elif ms.capacity is None:
+    elif ms.capacity is None or now - (since or now) < config.service_smoothing_s:
         smoothed = capacity
     else:
         smoothed = a * capacity + (1.0 - a) * ms.capacity
-    return replace(ms, service_s=a * measured_s + (1.0 - a) * ms.service_s, capacity=smoothed)
+    service_s = a * measured_s + (1.0 - a) * ms.service_s
+    return replace(ms, service_s=service_s, capacity=smoothed, capacity_since=since)
 
 
 def stamp_decisions(
