@@ -611,6 +611,29 @@ def test_a_request_record_of_the_wrong_type_leaves_its_counters_when_quarantined
     assert len(queued_ids(store, "realtime", "llama-3.1-8b")) == 2  # depth agrees too
 
 
+def test_a_live_workers_corrupt_reservation_is_rebuilt_not_its_heartbeat_quarantined(
+    store: Store, client: Client
+) -> None:
+    """A number in ``load:<w>`` that does not parse made the snapshot quarantine the
+    worker's heartbeat: the live worker registered again on its next beat, met the same
+    load, and was quarantined again at every step, never given work. The load is set
+    aside and rebuilt from what the worker holds; the worker keeps serving."""
+    ready_worker(store, "w1", slots=4)
+    held = client.submit("held", priority="realtime", max_tokens=4)
+    assert Dispatcher(store).step().dispatched == 1
+    store.redis.hset(store.keys.load("w1"), "slots", "lots")
+    d = Dispatcher(store)
+    d.step()
+    ready_worker(store, "w1", slots=4)  # its next beat
+    assert store.keys.load("w1") in store.quarantined()
+    assert store.keys.worker("w1") not in store.quarantined()
+    load = store.redis.hgetall(store.keys.load("w1"))
+    assert int(load["slots"]) == 1 and float(load["mib"]) > 0, load  # what it holds
+    fresh = client.submit("fresh", priority="realtime", max_tokens=4)
+    assert d.step().dispatched == 1
+    assert store.record(fresh.id).worker == "w1" and store.record(held.id).worker == "w1"
+
+
 def test_an_uncounted_id_planted_in_a_sub_queue_leaves_the_queue_depth_true(
     store: Store, client: Client
 ) -> None:

@@ -198,9 +198,7 @@ def read_dispatch_view(
             # read the whole fleet now (two more round trips, rare).
             fleet.read_full(client, k, now_ms)
 
-    corrupt: list[Corrupt] = [
-        (k.worker(wid), reason, [(k.workers, wid)]) for wid, reason in fleet.bad.items()
-    ]
+    corrupt: list[Corrupt] = [_bad_worker(k, wid, reason) for wid, reason in fleet.bad.items()]
     gone = set(stale).intersection(fleet.views)
     views = (
         [v for wid, v in fleet.views.items() if wid not in gone]
@@ -404,6 +402,10 @@ class FleetCache:
             return
         try:
             view = worker_view(wid, fields, load)
+        except LoadError as exc:
+            self._drop(wid)
+            self.bad[wid] = f"{LOAD_REASON}{exc}"
+            return
         except ValueError as exc:
             self._drop(wid)
             self.bad[wid] = f"heartbeat: {exc}"
@@ -457,6 +459,25 @@ class FleetCache:
         self.reset(workers, pipe.execute(), now_ms)
 
 
+#: How a reason in :attr:`FleetCache.bad` starts when the worker's reservation
+#: (``load:<w>``) is what does not parse, not its heartbeat.
+LOAD_REASON = "load: "
+
+
+class LoadError(ValueError):
+    """A worker's reservation (``load:<w>``) does not parse."""
+
+
+def _bad_worker(k: Keys, wid: str, reason: str) -> Corrupt:
+    """What to quarantine for a worker whose view does not parse: its heartbeat, out of the
+    workers index; or, when its reservation is what is broken, that alone (the worker is
+    live and beats on; ``quarantine.lua`` rebuilds the reservation from what it holds),
+    or the worker would be quarantined again after each beat and never given work."""
+    if reason.startswith(LOAD_REASON):
+        return (k.load(wid), reason, [])
+    return (k.worker(wid), reason, [(k.workers, wid)])
+
+
 def worker_view(wid: str, fields: Sequence[str | None], load: Sequence[str | None]) -> WorkerView:
     """The policy's view of a worker from :data:`WORKER_FIELDS` and its load hash.
 
@@ -464,8 +485,14 @@ def worker_view(wid: str, fields: Sequence[str | None], load: Sequence[str | Non
     every dispatcher step (500 workers: ~40 ms of validation saved per step).
 
     Raises:
+        LoadError: the reservation does not parse (it is quarantined and rebuilt).
         ValueError: a field is missing or out of range (the record is quarantined).
     """
+    try:
+        reserved_slots = max(0, int(load[0] or 0))
+        reserved_mib = max(0.0, float(load[1] or 0.0))
+    except ValueError as exc:
+        raise LoadError(str(exc)) from None
     model, params_b, state, slots, kv, _, measured = fields
     if not model or state is None:
         raise ValueError("missing field 'model' or 'state'")
@@ -476,8 +503,8 @@ def worker_view(wid: str, fields: Sequence[str | None], load: Sequence[str | Non
         ready=WorkerState(state) is WorkerState.READY,
         slots=int(slots or "0"),
         kv_cache_mib=float(kv or "nan"),
-        reserved_slots=max(0, int(load[0] or 0)),
-        reserved_mib=max(0.0, float(load[1] or 0.0)),
+        reserved_slots=reserved_slots,
+        reserved_mib=reserved_mib,
         isolated=len(load) > 2 and bool(load[2]),
         measured_free_mib=float(measured) if measured else None,
     )

@@ -20,7 +20,11 @@
 -- not a hash names no class or tenant: every queued counter is recounted then (the
 -- tenants of every tenant index and every delayed retry: O(backlogged tenants + delayed),
 -- on this rare path only).
--- include: clock, keys, events, queue, counts
+-- A worker's reservation (load:<w>) set aside is rebuilt from what the worker holds (its
+-- inflight:<w> ids still assigned to or running on it: one slot and need_mib each, and
+-- `isolated` for a suspect among them) and the worker is marked changed, so a live worker
+-- goes on serving and is never promised capacity it does not have.
+-- include: clock, keys, events, queue, counts, changed
 local p, reason = ARGV[1], ARGV[2]
 
 local function zcard_of(key)
@@ -126,6 +130,35 @@ local function rebuild_index(class, route)
   recount_queue(class, route)
 end
 
+-- The worker id of a reservation key (load:<w>), or nil.
+local function parse_load(key)
+  local head = p .. 'load:'
+  if key:sub(1, #head) ~= head then return nil end
+  return key:sub(#head + 1)
+end
+
+-- load:<w> rebuilt from inflight:<w> (the invariant of assign.lua and release.lua).
+local function rebuild_load(w)
+  local slots, mib, isolated = 0, 0, nil
+  local held = k_inflight(p, w)
+  if redis.call('TYPE', held).ok == 'set' then
+    for _, id in ipairs(redis.call('SMEMBERS', held)) do
+      local r = redis.pcall('HMGET', k_req(p, id), 'state', 'worker', 'need_mib', 'suspect')
+      if type(r) == 'table' and not r.err and (r[1] == 'assigned' or r[1] == 'running')
+          and r[2] == w then
+        slots = slots + 1
+        mib = mib + (tonumber(r[3]) or 0)
+        if r[4] == '1' then isolated = id end
+      end
+    end
+  end
+  if slots > 0 then
+    redis.call('HSET', k_load(p, w), 'slots', slots, 'mib', mib)
+    if isolated then redis.call('HSET', k_load(p, w), 'isolated', isolated) end
+  end
+  worker_changed(p, w)
+end
+
 -- A request key (it has a payload key, KEYS[2]) that is not a hash: which counters?
 local unreadable = KEYS[2] ~= nil and redis.call('TYPE', KEYS[1]).ok ~= 'hash'
 for _, key in ipairs(KEYS) do
@@ -144,6 +177,8 @@ if q_class then
 end
 local i_class, i_route = parse_tindex(KEYS[1])
 if i_class then rebuild_index(i_class, i_route) end
+local load_of = parse_load(KEYS[1])
+if load_of then rebuild_load(load_of) end
 local queues = {}  -- class|route of each queue an id left: its depth is recounted
 for i = 4, #ARGV, 2 do
   if redis.call('ZREM', ARGV[i], ARGV[i + 1]) == 1 then
