@@ -91,6 +91,29 @@ def test_assign_is_a_compare_and_set(store: Store, settings: Settings) -> None:
     assert rec.state is RequestState.ASSIGNED and rec.worker == "w1" and rec.attempt == 1
 
 
+def test_an_assign_resent_after_a_lost_reply_returns_its_own_claims(
+    store: Store, settings: Settings
+) -> None:
+    """redis-py resends a call whose reply timed out (``retry_on_error``: TimeoutError),
+    and the first run already claimed the batch: the resend found nothing queued and
+    answered [], so the dispatcher sent no job and the requests sat assigned to the
+    worker until its orphan check handed them back a lease later (5 s: realtime's SLA
+    gone; seen with socket_timeout=0.05 under load). The same batch id claims nothing
+    more and returns what it claimed, once."""
+    ready_worker(store, "w1")
+    reqs = [inference_request(settings) for _ in range(2)]
+    for r in reqs:
+        store.submit(r)
+    items = [(r.id, queue_key(store, r), 10.0) for r in reqs]
+    first = store.assign("w1", "b1", items)
+    assert store.assign("w1", "b1", items) == first
+    load = store.redis.hgetall(store.keys.load("w1"))
+    assert int(load["slots"]) == 2 and float(load["mib"]) == pytest.approx(20.0)
+    assert all(store.record(r.id).attempt == 1 for r in reqs)
+    assert sum(e.type == "dispatch" for e in store.events(count=100)) == 1
+    assert store.assign("w1", "b2", items) == []  # another batch: taken
+
+
 def test_start_and_read_starts_and_reads_in_one_call(store: Store, settings: Settings) -> None:
     """The records come back for the pairs that may run, read after the start (running);
     a server without the script cached (NOSCRIPT: here a wrong digest) still starts them."""

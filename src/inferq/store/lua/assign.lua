@@ -13,8 +13,21 @@
 -- (load:<w> field `isolated` = its id) nothing else is assigned there; so one request that
 -- crashes its worker cannot take others with it again.
 -- A claim marks the worker in wchanged (its load changed, includes/changed.lua).
+-- A call resent with the same batch id (redis-py resends a call whose reply timed out or
+-- was lost; batch ids are never reused) claims nothing more and returns what the first
+-- run claimed and still holds, so the dispatcher sends the batch its job; answering []
+-- left them assigned with no job until the worker's orphan check, a lease later.
 -- include: clock, keys, queue, counts, events, changed
 local p, w, batch, lease_ms, maxlen = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local again = {}
+for i = 6, #ARGV, 3 do
+  local r = redis.call('HMGET', k_req(p, ARGV[i]), 'state', 'worker', 'batch', 'attempts')
+  if r[1] == 'assigned' and r[2] == w and r[3] == batch then
+    again[#again + 1] = ARGV[i]
+    again[#again + 1] = tonumber(r[4])
+  end
+end
+if #again > 0 then return again end
 if redis.call('HGET', KEYS[1], 'state') ~= 'ready' or redis.call('EXISTS', KEYS[4]) == 1
     or redis.call('HEXISTS', KEYS[2], 'isolated') == 1 then
   return {}
