@@ -9,7 +9,7 @@ import pytest
 from inferq.config import PriorityClass, Settings
 from inferq.errors import QueueFull, RequestNotFound
 from inferq.models import RequestState, WorkerState
-from inferq.store import Abort, Completion, Store
+from inferq.store import Abort, Completion, Store, calls
 
 from ..builders import inference_request
 from ..helpers import queue_key, ready_worker
@@ -112,6 +112,25 @@ def test_an_assign_resent_after_a_lost_reply_returns_its_own_claims(
     assert all(store.record(r.id).attempt == 1 for r in reqs)
     assert sum(e.type == "dispatch" for e in store.events(count=100)) == 1
     assert store.assign("w1", "b2", items) == []  # another batch: taken
+
+
+def test_a_start_resent_after_a_lost_reply_still_runs_its_batch(
+    store: Store, settings: Settings
+) -> None:
+    """The worker's start call resent by redis-py after its reply timed out found its
+    requests already running and answered 'stale': the worker ran nothing and they sat
+    running on it until its orphan check a lease later. The same call (its token) again
+    answers 'run'; another start of the same attempts (a batch job delivered twice)
+    still answers 'stale'."""
+    ready_worker(store, "w1")
+    reqs = [inference_request(settings) for _ in range(2)]
+    for r in reqs:
+        store.submit(r)
+    claimed = store.assign("w1", "b1", [(r.id, queue_key(store, r), 10.0) for r in reqs])
+    call = calls.start_call(store.keys, settings, "w1", claimed, token="t-1")
+    assert calls.parse_start(store._call(call)) == ["run", "run"]
+    assert calls.parse_start(store._call(call)) == ["run", "run"]  # the resend
+    assert store.start("w1", claimed) == ["stale", "stale"]  # a second delivery
 
 
 def test_start_and_read_starts_and_reads_in_one_call(store: Store, settings: Settings) -> None:

@@ -445,9 +445,15 @@ def parse_heartbeat(reply: Sequence[Any]) -> Beat:
 
 
 def start_call(
-    keys: Keys, settings: Settings, worker_id: str, pairs: Sequence[tuple[str, int]]
+    keys: Keys,
+    settings: Settings,
+    worker_id: str,
+    pairs: Sequence[tuple[str, int]],
+    token: str = "",
 ) -> Call:
-    """``start.lua``: begin (request id, attempt) pairs on ``worker_id``."""
+    """``start.lua``: begin (request id, attempt) pairs on ``worker_id``; ``token`` names
+    this call (a fresh id per start), so the same call resent after a lost reply runs them
+    still, where a second start of the same attempts does not."""
     s = settings
     argv: list[Any] = [
         keys.prefix,
@@ -455,6 +461,7 @@ def start_call(
         round(s.lease_s * 1000),
         s.result_ttl_s,
         s.events_maxlen,
+        token,
     ]
     for rid, attempt in pairs:
         argv += [rid, attempt]

@@ -18,6 +18,7 @@ from redis.exceptions import NoScriptError
 from inferq import defaults
 from inferq.config import Settings
 from inferq.errors import CorruptRecord, IdempotencyConflict, QueueFull, RequestNotFound
+from inferq.ids import new_id
 from inferq.models import InferenceRequest, RequestRecord, StreamChunk, WorkerInfo
 from inferq.policy.estimate import update_moving_mean
 from inferq.policy.snapshot import Decision, DispatchPolicy, RunningRequest
@@ -416,7 +417,7 @@ class Store(AdminCalls):
 
     def start(self, worker_id: str, pairs: Sequence[tuple[str, int]]) -> list[str]:
         """Mark (request id, attempt) pairs running; returns 'run'/'stale'/'expired' each."""
-        call = calls.start_call(self.keys, self.settings, worker_id, pairs)
+        call = calls.start_call(self.keys, self.settings, worker_id, pairs, new_id())
         return calls.parse_start(self._call(call))
 
     def start_and_read(
@@ -434,7 +435,7 @@ class Store(AdminCalls):
         NOSCRIPT and runs nothing; then the two calls are made apart (:meth:`start`
         loads the script).
         """
-        call = calls.start_call(self.keys, self.settings, worker_id, pairs)
+        call = calls.start_call(self.keys, self.settings, worker_id, pairs, new_id())
         ids = [rid for rid, _ in pairs]
         pipe = self.redis.pipeline(transaction=False)
         # EVALSHA by hand: redis-py's Script on a pipeline sends SCRIPT EXISTS first, a
