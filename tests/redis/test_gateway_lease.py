@@ -24,7 +24,9 @@ import pytest
 from inferq.client import Client
 from inferq.config import Settings
 from inferq.embedded import free_port
-from inferq.models import StreamChunk
+from inferq.ids import new_id
+from inferq.intake import build_request
+from inferq.models import InferenceRequest, StreamChunk
 from inferq.store import Store
 
 from ..conftest import REDIS_URL
@@ -131,3 +133,83 @@ def test_a_killed_gateways_streams_are_cancelled_when_its_lease_lapses(
     final = items[-1]
     assert not isinstance(final, StreamChunk) and final.status == "succeeded", final
     assert store.record(own.id).request.caller is None
+
+
+def _stream_body(tokens: int) -> dict[str, object]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "tell me"}],
+        "max_tokens": tokens,
+        "stream": True,
+        "sim_output_tokens": tokens,
+    }
+
+
+def test_a_stalled_gateway_tells_its_caller_and_serves_on_after_its_lease_lapsed(
+    fleet: Fleet,
+    store: Store,
+    gateway_process: tuple[str, subprocess.Popen[bytes]],
+) -> None:
+    """A live gateway stopped (SIGSTOP: a VM pause, a swap storm) past its lease is taken
+    for dead and its streams cancelled; resumed, it tells their callers with an OpenAI
+    error event and its next requests run to their end (its lease is renewed first)."""
+    root, proc = gateway_process
+    fleet.worker("w1", time_scale=50.0, slots=2)
+    headers = {"Authorization": "Bearer sk-acme"}
+    url = f"{root}/v1/chat/completions"
+    with httpx.stream("POST", url, json=_stream_body(60), headers=headers, timeout=60) as resp:
+        assert resp.status_code == 200
+        lines = resp.iter_lines()
+        line = next(line for line in lines if line.startswith("data: "))
+        rid = json.loads(line.removeprefix("data: "))["id"].removeprefix("chatcmpl-")
+        caller = store.record(rid).request.caller
+        assert caller is not None
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            wait_for(
+                lambda: store.redis.hget(store.keys.req(rid), "state") == "cancelled",
+                what="the stalled gateway's request cancelled",
+                timeout=LEASE_S + MARGIN_S,
+            )
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        rest = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+    # The caller is told, as OpenAI would: an error event, no [DONE] after a clean finish.
+    events = [json.loads(data) for data in rest if data != "[DONE]"]
+    errors = [e for e in events if "error" in e]
+    assert errors, rest
+    assert {"message", "type", "code"} <= set(errors[-1]["error"]), errors[-1]
+    assert all(e.get("choices", [{}])[0].get("finish_reason") != "stop" for e in events)
+    # Resumed, the gateway serves on: several leases of streaming, not reaped.
+    with httpx.stream("POST", url, json=_stream_body(60), headers=headers, timeout=60) as resp:
+        assert resp.status_code == 200
+        data = [ln.removeprefix("data: ") for ln in resp.iter_lines() if ln.startswith("data: ")]
+    assert data[-1] == "[DONE]", data[-3:]
+    assert not any("error" in json.loads(d) for d in data if d != "[DONE]")
+    assert store.redis.zscore(store.keys.callers, caller) is not None
+
+
+def _gateway_request(settings: Settings, caller: str | None, key: str) -> InferenceRequest:
+    built = build_request(settings, prompt="tell me", tenant="acme", idempotency_key=key)
+    return built.model_copy(update={"caller": caller})
+
+
+@pytest.mark.parametrize("retried_by", ["gateway", "client"])
+def test_a_retry_with_the_same_idempotency_key_is_not_cancelled_with_the_first_gateway(
+    store: Store, fast_settings: Settings, retried_by: str
+) -> None:
+    """Gateway A submits with an idempotency key and dies; the caller retries the same key
+    through gateway B (or the Python client): the retry is the same request ('dup'), now
+    relayed by B. A's lease lapsing must not cancel it: the one reading its answer lives."""
+    dead, live = new_id(), new_id()
+    # Leases as caller_lease.lua writes them: A's lapsed long ago, B's far ahead.
+    store.redis.zadd(store.keys.callers, {dead: 1, live: 2**50})
+    first = store.submit(_gateway_request(fast_settings, dead, "retry-1"))
+    again = _gateway_request(fast_settings, live if retried_by == "gateway" else None, "retry-1")
+    second = store.submit(again)
+    assert second.duplicate and second.id == first.id
+    assert store.lapsed_callers() == []  # nothing of the dead gateway's left to cancel
+    owner = store.record(first.id).request.caller
+    assert owner == (live if retried_by == "gateway" else None)
+    if owner is not None:
+        assert store.redis.smembers(store.keys.caller(live)) == {first.id}

@@ -13,16 +13,43 @@
 -- maps to at most one request, of its own tenant, with the same fingerprint, and only
 -- while that request's record exists (a key whose record expired is re-pointed); a
 -- refused submission writes nothing; a request with a ``caller`` field (a gateway's id) is in
--- that caller's set caller:<id> until it is final (includes/finalize.lua).
+-- that caller's set caller:<id> until it is final (includes/finalize.lua), and its caller is
+-- the latest submitter of its idempotency key: a retry through another gateway (the first
+-- one died) or from a client without one takes it over, so the first gateway's lapsed lease
+-- does not cancel the request the retry is reading (see reap_callers.lua).
 -- include: clock, keys, record, queue, counts, events, wake
 local p, id, class, route, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local idem, fp = KEYS[3], ARGV[12]
+local caller = false
+for i = 13, #ARGV, 2 do
+  if ARGV[i] == 'caller' then caller = ARGV[i + 1] end
+end
+
+-- The duplicate's caller becomes `caller` (none: tied to no process) unless it is final.
+local function adopt(existing)
+  local key = k_req(p, existing)
+  -- pcall: a key of another type where the record belongs is left to the repair
+  local seen = redis.pcall('HMGET', key, 'state', 'caller')
+  if type(seen) ~= 'table' or seen.err then return end
+  local state, old = seen[1], seen[2]
+  local final = {succeeded = true, failed = true, expired = true, cancelled = true}
+  if not state or final[state] or old == caller then return end
+  if old then redis.call('SREM', k_caller(p, old), existing) end
+  if caller then
+    redis.call('HSET', key, 'caller', caller)
+    redis.call('SADD', k_caller(p, caller), existing)
+  else
+    redis.call('HDEL', key, 'caller')
+  end
+end
+
 if idem then
   -- pcall: a value of another type (a string of the old layout) is a stale pointer.
   local held = redis.pcall('HMGET', idem, 'id', 'fp')
   local existing = type(held) == 'table' and not held.err and held[1]
   if existing and redis.call('EXISTS', k_req(p, existing)) == 1 then
     if held[2] ~= fp then return {'conflict', existing} end
+    adopt(existing)
     return {'dup', existing}
   end
 end
@@ -37,9 +64,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then return {'dup', id} end
 local now = now_ms()
 local deadline = tonumber(ARGV[9]) or (now + tonumber(ARGV[8]))
 local fields = {}
-local caller = false
 for i = 13, #ARGV, 2 do
-  if ARGV[i] == 'caller' then caller = ARGV[i + 1] end
   if ARGV[i] == 'payload' then
     redis.call('SET', k_payload(p, id), ARGV[i + 1])
   else
