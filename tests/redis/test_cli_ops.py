@@ -208,3 +208,50 @@ def test_daemons_print_one_ready_line(namespace: str, command: str) -> None:
         proc.wait(timeout=20)
     assert line.startswith(f"inferq {command} ready: "), line
     assert f"namespace {namespace}" in line and "metrics http://127.0.0.1:" in line
+
+
+def test_piped_free_text_folds_within_the_width(
+    namespace: str, store: Store, settings: Settings
+) -> None:
+    """A fresh user's ``inferq submit "Hello" --wait > out.txt`` printed the whole output
+    on one 1,406-character line: rich measures a panel by its text's full length, and
+    show() widened to it. Free text (the output, a long error) folds at the width used
+    (COLUMNS=80 here); the request view shows "-" for unknown tokens, the submit panel's
+    labels, and the queues footer is its own line, never broken mid-phrase."""
+    from inferq.client import Client
+    from inferq.dispatcher.daemon import Dispatcher
+    from inferq.store import Completion
+
+    ready_worker(store, "w1")
+    client = Client(settings=settings, store=store)
+    rid = client.submit("Hello", priority="realtime", idempotency_key="k1").id
+    Dispatcher(store).step()
+    attempt = int(store.redis.hget(store.keys.req(rid), "attempts"))
+    store.start("w1", [(rid, attempt)])
+    text = " ".join(f"word{i}" for i in range(280))
+    store.complete("w1", [Completion(rid, attempt, "succeeded", output=text)])
+    out = inferq(
+        namespace, "submit", "Hello", "--priority", "realtime", "--idempotency-key", "k1", "--wait"
+    )
+    assert out.returncode == 0, out.stderr
+    assert "word279" in out.stdout and "queue wait" in out.stdout, out.stdout
+    assert max(len(line) for line in out.stdout.splitlines()) <= 80, out.stdout
+    out = inferq(namespace, "request", rid)
+    assert out.returncode == 0, out.stderr
+    assert max(len(line) for line in out.stdout.splitlines()) <= 80, out.stdout
+    assert "queue wait" in out.stdout and "e2e" in out.stdout, out.stdout
+    assert "queue_wait_s" not in out.stdout and "e2e_s" not in out.stdout, out.stdout
+
+    failed = dead_letter(store, settings)
+    store.redis.hset(store.keys.req(failed), "error", "boom " * 100)
+    out = inferq(namespace, "request", failed)
+    assert out.returncode == 0, out.stderr
+    assert "None" not in out.stdout and "tokens" in out.stdout, out.stdout
+    assert max(len(line) for line in out.stdout.splitlines()) <= 80, out.stdout
+
+    out = inferq(namespace, "queues")
+    footer = [line for line in out.stdout.splitlines() if "per second" in line]
+    assert len(footer) == 1 and footer[0].rstrip().endswith(
+        ("0", "1", "2", "3", "4", "5", "6", "7", "8", "9")
+    ), out.stdout
+    assert not any(line.rstrip().endswith(",") for line in out.stdout.splitlines()), out.stdout

@@ -44,14 +44,14 @@ def show(renderable: Any) -> None:
     instead (no "…"), ids stay whole (their columns do not wrap, see
     ``views._id_column``), and the width grows to what those need. Off a terminal it
     grows further, up to :data:`PIPE_WIDTH`, so a table keeps one line per row for
-    ``grep`` and ``awk``; on a terminal a line wider than the window wraps there.
+    ``grep`` and ``awk``; on a terminal a line wider than the window wraps there. Free
+    text in a panel (a result's output, a long error) folds at the console's width
+    wherever it is printed (see :func:`_widths`).
     """
-    from rich.measure import Measurement
-
     out = console()
     _fold_cells(renderable)
-    size = Measurement.get(out, out.options.update_width(_MEASURE_WIDTH), renderable)
-    needed = size.minimum if out.is_terminal else max(size.minimum, min(size.maximum, PIPE_WIDTH))
+    least, most = _widths(out, renderable)
+    needed = least if out.is_terminal else max(least, min(most, PIPE_WIDTH))
     if needed <= out.width:
         out.print(renderable)
         return
@@ -68,6 +68,30 @@ def show(renderable: Any) -> None:
 PIPE_WIDTH = 240
 #: The width a renderable is measured at (any width above what a table can need).
 _MEASURE_WIDTH = 100_000
+
+
+def _widths(out: Console, renderable: Any) -> tuple[int, int]:
+    """The (least, most) columns ``renderable`` needs, as :func:`show` widens to them.
+
+    A panel holds free text (a result's output, an error): it folds at the console's
+    width and only its title (the request id) must fit, so it never widens the output;
+    rich's own measure of a panel is its text's full length (a 1,400-character output
+    made a 1,400-column line). A group needs what its widest part needs.
+    """
+    from rich.console import Group
+    from rich.measure import Measurement
+    from rich.panel import Panel
+    from rich.text import Text
+
+    if isinstance(renderable, Panel):
+        title = renderable.title
+        least = Text.from_markup(title).cell_len + 6 if isinstance(title, str) else 0
+        return least, least
+    if isinstance(renderable, Group):
+        parts = [_widths(out, child) for child in renderable.renderables] or [(0, 0)]
+        return max(p[0] for p in parts), max(p[1] for p in parts)
+    size = Measurement.get(out, out.options.update_width(_MEASURE_WIDTH), renderable)
+    return size.minimum, size.maximum
 
 
 def _fold_cells(renderable: Any) -> None:

@@ -345,7 +345,7 @@ def queues(obj: Context, as_json: bool) -> None:
 
     rates = obj.glance.event_rates()
     rows = views.queue_rows(obj.glance)
-    emit(rows, as_json, lambda rows: views.queue_table(rows, rates))
+    emit(rows, as_json, lambda rows: views.queue_view(rows, rates))
     if not rows:
         hint_if_empty(obj)
 

@@ -43,7 +43,7 @@ def queue_rows(store: Glance) -> list[dict[str, Any]]:
     ]
 
 
-def queue_table(rows: list[dict[str, Any]], rates: dict[str, float] | None = None) -> Table:
+def queue_table(rows: list[dict[str, Any]]) -> Table:
     from rich.table import Table
 
     table = Table(title="queues")
@@ -53,13 +53,22 @@ def queue_table(rows: list[dict[str, Any]], rates: dict[str, float] | None = Non
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(r["class"], r["route"], str(r["queued"]), _s(r["oldest_wait_s"]))
-    if rates is not None:
-        table.caption = "per second (last 60 s): " + ", ".join(
-            f"{k} {v:.1f}"
-            for k, v in sorted(rates.items())
-            if k in ("submit", "dispatch", "finish", "fail", "expire", "retry")
-        )
     return table
+
+
+def queue_view(rows: list[dict[str, Any]], rates: dict[str, float]) -> Group:
+    """The queues table, then the event rates on a line of their own below it (as the
+    table's caption they were folded to the table's width, mid-phrase)."""
+    from rich.console import Group
+    from rich.text import Text
+
+    shown = [f"{k} {v:.1f}" for k, v in sorted(rates.items()) if k in _RATE_EVENTS]
+    footer = Text("per second (last 60 s): " + ", ".join(shown), style="italic")
+    return Group(queue_table(rows), footer)
+
+
+#: The events whose rates the queues view shows.
+_RATE_EVENTS = frozenset({"submit", "dispatch", "finish", "fail", "expire", "retry"})
 
 
 def worker_rows(store: Store) -> list[dict[str, Any]]:
@@ -156,24 +165,17 @@ def record_panel(data: dict[str, Any]) -> Panel:
     from rich.table import Table
 
     table = Table.grid(padding=(0, 2))
-    for key in (
-        "state",
-        "model",
-        "priority",
-        "tenant",
-        "attempt",
-        "worker",
-        "queue_wait_s",
-        "ttft_s",
-        "e2e_s",
-        "reason",
-    ):
+    for key in ("state", "model", "priority", "tenant", "attempt", "worker"):
         value = data.get(key)
         if value is not None:
-            table.add_row(key, _s(value) if key.endswith("_s") else str(value))
+            table.add_row(key, str(value))
+    _timing_rows(table, data)
+    if data.get("reason") is not None:
+        table.add_row("reason", str(data["reason"]))
     result = data.get("result")
     if result:
-        table.add_row("tokens", f"{result['prompt_tokens']} in, {result['completion_tokens']} out")
+        tokens = (_n(result.get("prompt_tokens")), _n(result.get("completion_tokens")))
+        table.add_row("tokens", f"{tokens[0]} in, {tokens[1]} out")
         if result.get("error"):
             table.add_row("error", result["error"])
         if result.get("output"):
@@ -189,15 +191,28 @@ def result_dict(result: Result) -> dict[str, Any]:
     }  # fmt: skip
 
 
+#: The timings a request's panel shows, JSON key -> label (both panels: one wording).
+_TIMINGS = (("queue_wait_s", "queue wait"), ("ttft_s", "TTFT"), ("e2e_s", "e2e"))
+
+
+def _timing_rows(table: Table, data: dict[str, Any]) -> None:
+    """The known timings of ``data`` (seconds) as labelled rows of a panel's grid."""
+    for key, label in _TIMINGS:
+        if data.get(key) is not None:
+            table.add_row(label, _s(data[key]))
+
+
+def _n(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
 def result_panel(data: dict[str, Any]) -> Panel:
     from rich.panel import Panel
     from rich.table import Table
 
     table = Table.grid(padding=(0, 2))
     table.add_row("status", data["status"])
-    for key, label in (("queue_wait_s", "queue wait"), ("ttft_s", "TTFT"), ("e2e_s", "e2e")):
-        if data.get(key) is not None:
-            table.add_row(label, _s(data[key]))
+    _timing_rows(table, data)
     if data.get("error"):
         table.add_row("error", data["error"])
     if data.get("output") is not None:
@@ -297,7 +312,7 @@ def report_render(data: dict[str, Any]) -> Group:
     for e in data["recent_events"]:
         shown = {k: v for k, v in e.items() if k not in _EVENT_HEAD}
         events.add_row(f"{e['type']} " + " ".join(f"{k}={v}" for k, v in shown.items()))
-    return Group(head, queue_table(data["queues"], data["rates_per_s"]), workers, events)
+    return Group(head, queue_view(data["queues"], data["rates_per_s"]), workers, events)
 
 
 def cells_list(settings: Settings) -> list[dict[str, Any]]:
