@@ -634,6 +634,28 @@ def test_a_live_workers_corrupt_reservation_is_rebuilt_not_its_heartbeat_quarant
     assert store.record(fresh.id).worker == "w1" and store.record(held.id).worker == "w1"
 
 
+def test_a_reservation_number_planted_after_the_fleet_was_cached_is_repaired(
+    store: Store, client: Client
+) -> None:
+    """A number in ``load:<w>`` that does not parse, written while the dispatcher held the
+    worker in its cache (not marked changed, so not read again for up to 20 s), failed
+    assign.lua's HINCRBYFLOAT at every step, and the repair, which looked only at types,
+    found nothing. The repair reads the reservations' numbers too."""
+    ready_worker(store, "w1", slots=4)
+    d = Dispatcher(store)
+    d.step()  # the fleet is cached
+    store.redis.hset(store.keys.load("w1"), mapping={"slots": "0", "mib": "lots"})
+    fresh = client.submit("fresh", priority="realtime", max_tokens=4)
+    for _ in range(3):  # as its loop runs: a failed step repairs
+        try:
+            d.step()
+        except Exception:
+            d._repair()
+    assert store.keys.load("w1") in store.quarantined()
+    d.step()
+    assert store.record(fresh.id).worker == "w1"
+
+
 def test_an_uncounted_id_planted_in_a_sub_queue_leaves_the_queue_depth_true(
     store: Store, client: Client
 ) -> None:

@@ -7,6 +7,7 @@ through the store, moves what they find aside, and goes on.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -115,9 +116,14 @@ def mistyped_workers(client: Any, keys: Keys) -> list[Corrupt]:
     ``remove_worker.lua`` and the scaler's reads fail on them at every step; a heartbeat
     that merely does not parse is quarantined by the snapshot itself.
 
+    A reservation whose ``slots`` or ``mib`` is not a number is found too: written after
+    the dispatcher cached the worker, its snapshot would not read it again for up to a
+    full refresh, while assign.lua's HINCRBYFLOAT failed on it at every step.
+
     A heartbeat leaves the index with it (a live worker registers again on its next
-    beat); a load or in-flight key is set aside alone. Reads the type of three keys per
-    worker: O(workers), on the repair path only (after a failed step).
+    beat); a load or in-flight key is set aside alone (``quarantine.lua`` rebuilds a
+    load from what the worker holds). Reads the type of three keys per worker and each
+    reservation's numbers: O(workers), on the repair path only (after a failed step).
     """
     k = keys
     workers = client.zrange(k.workers, 0, -1)
@@ -136,4 +142,27 @@ def mistyped_workers(client: Any, keys: Keys) -> list[Corrupt]:
         what = "heartbeat" if key == k.worker(wid) else key.removeprefix(k.prefix).split(":")[0]
         members = [(k.workers, wid)] if key == k.worker(wid) else []
         out.append((key, f"{what} is a {found}, not a {kind}", members))
+    loads = [key for _, key, kind in wanted if key.startswith(k.load(""))]
+    found_keys = {key for key, _, _ in out}
+    pipe = client.pipeline(transaction=False)
+    for key in loads:
+        pipe.hmget(key, ("slots", "mib"))
+    for key, row in zip(loads, pipe.execute(raise_on_error=False), strict=True):
+        if key in found_keys or isinstance(row, Exception):
+            continue
+        slots, mib = row
+        bad = [v for v, whole in ((slots, True), (mib, False)) if not _is_number(v, whole)]
+        if bad:
+            out.append((key, f"load: {bad[0]!r} is not a number", []))
     return out
+
+
+def _is_number(value: str | None, whole: bool) -> bool:
+    """Whether Redis' HINCRBY (``whole``) or HINCRBYFLOAT, and the snapshot, can read
+    ``value`` (None, an absent field, reads as 0)."""
+    if value is None:
+        return True
+    try:
+        return math.isfinite(int(value) if whole else float(value))
+    except ValueError:
+        return False
