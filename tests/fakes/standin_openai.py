@@ -13,6 +13,8 @@ request it receives in :attr:`StandIn.requests`.
     ``"garbage"`` answer 200 with a body that is not JSON.
     ``"truncate"`` begin the answer (SSE: ``truncate_after`` chunks; otherwise a 200 with an
                  empty body), then close the connection: no finish reason, no ``[DONE]``.
+    ``"stream_error"`` a streamed POST: 200, then ``error_body`` as an SSE data event and
+                 ``[DONE]`` (vLLM's error once its stream began); otherwise as ``error``.
 
 ``fail_posts``: when set, ``mode`` applies to that many POSTs only, later ones are
 answered as ``ok``. ``retry_after``: a ``Retry-After`` header sent with ``error``
@@ -37,7 +39,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Literal, Self
 
-Mode = Literal["ok", "slow", "error", "drop", "garbage", "truncate"]
+Mode = Literal["ok", "slow", "error", "drop", "garbage", "truncate", "stream_error"]
 
 
 @dataclass(frozen=True)
@@ -199,7 +201,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
             return
-        if mode == "error":
+        if mode == "stream_error" and body.get("stream"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            self._data(s.error_body)
+            self._event("data: [DONE]")
+            return
+        if mode in ("error", "stream_error"):
             extra = {} if s.retry_after is None else {"Retry-After": s.retry_after}
             self._json(s.error_status, s.error_body, extra)
             return

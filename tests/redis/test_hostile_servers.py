@@ -123,3 +123,31 @@ def test_a_failing_server_takes_no_second_batch_before_its_worker_is_judged(
     assert [r.status for r in results] == ["succeeded"] * 30
     assert len(bad.posts()) <= 4, len(bad.posts())  # one batch: its 4 slots
     assert fleet.store.dead_letters() == []
+
+
+def test_a_400_inside_the_stream_is_the_callers_rejection_not_a_server_failure(
+    fleet: Fleet, client: Client
+) -> None:
+    """vLLM reports an invalid request whose stream began as a data event
+    ``{"error": {"message", "type": "BadRequestError", "code": 400}}``: the request is
+    the caller's error (as the same 400 before the stream), so it fails at once with the
+    server's message in ``Result.rejection``; it was retried as a server failure on every
+    attempt, probing the server each time, and dead-lettered."""
+    vllm_400 = {
+        "error": {
+            "message": "max_tokens must be at least 1, got -3.",
+            "type": "BadRequestError",
+            "param": None,
+            "code": 400,
+        }
+    }
+    with StandIn(mode="stream_error", error_body=vllm_400) as server:
+        openai_worker(fleet, "w", server.url)
+        wait_for(lambda: fleet.state("w") == "ready", what="the worker ready", timeout=20)
+        handle = client.submit("bad", priority="standard", max_tokens=4, timeout=30, stream=True)
+        result = handle.result(timeout=30)
+        assert result.status == "failed", result
+        assert result.rejection == "max_tokens must be at least 1, got -3.", result
+        assert len([r for r in server.requests if r.method == "POST"]) == 1
+        assert fleet.state("w") == "ready"
+    assert fleet.store.dead_letters() == []

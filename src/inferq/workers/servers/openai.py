@@ -381,10 +381,7 @@ class OpenAIServer(ModelServer):
                     break
                 chunk = _json_object(request.id, data)
                 if "error" in chunk:
-                    raise ServerError(
-                        f"openai: request {request.id}: error in stream: {error_message(chunk)}",
-                        retryable=True,
-                    )
+                    raise stream_error(request.id, chunk)
                 usage = chunk.get("usage") or usage
                 piece, reason = _chunk_text(request.id, chunk, chat=chat)
                 finish = reason or finish
@@ -623,6 +620,25 @@ def status_error(request_id: str, response: httpx.Response) -> ServerError:
         retry_after_s=retry_after_s(
             response.headers.get("retry-after"), now=_http_date(response.headers.get("date"))
         ),
+    )
+
+
+def stream_error(request_id: str, chunk: dict[str, Any]) -> ServerError:
+    """The ``ServerError`` for an error event inside a stream that began (HTTP 200):
+    retryable, unless the event carries a status in :data:`REJECTING_4XX` (vLLM's and
+    llama.cpp's ``{"error": {"message", "type", "code": 400}}``): then the request itself is
+    invalid, as the same status before the stream would say, and fails at once with the
+    server's message as its rejection (the caller's error)."""
+    message = error_message(chunk)[:MAX_MESSAGE_CHARS]
+    error = chunk.get("error")
+    code = error.get("code") if isinstance(error, dict) else chunk.get("code")
+    status = int(code) if isinstance(code, int | str) and str(code).isdecimal() else None
+    rejected = status in REJECTING_4XX
+    return ServerError(
+        f"openai: request {request_id}: error in stream: {message}",
+        retryable=not rejected,
+        status=status,
+        rejection=message if rejected else None,
     )
 
 
