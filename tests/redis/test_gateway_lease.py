@@ -50,13 +50,17 @@ MARGIN_S = 4.0
 @pytest.fixture
 def gateway_process(fast_settings: Settings, tmp_path: Path) -> Iterator[tuple[str, object]]:
     """``inferq gateway`` as a subprocess (so it can be SIGKILLed) with a 1 s lease."""
+    yield from _gateway(fast_settings, tmp_path)
+
+
+def _gateway(settings: Settings, tmp_path: Path) -> Iterator[tuple[str, object]]:
     keys = tmp_path / "keys.toml"
     keys.write_text(KEYS)
     port = free_port()
     env = {
         **os.environ,
         "INFERQ_REDIS_URL": REDIS_URL,
-        "INFERQ_NAMESPACE": fast_settings.namespace,
+        "INFERQ_NAMESPACE": settings.namespace,
         "INFERQ_GATEWAY_LEASE_S": str(LEASE_S),
     }
     cmd = [sys.executable, "-m", "inferq", "gateway", "--port", str(port), "--keys", str(keys)]
@@ -213,3 +217,62 @@ def test_a_retry_with_the_same_idempotency_key_is_not_cancelled_with_the_first_g
     assert owner == (live if retried_by == "gateway" else None)
     if owner is not None:
         assert store.redis.smembers(store.keys.caller(live)) == {first.id}
+
+
+def test_of_two_gateways_only_the_killed_ones_requests_are_cancelled(
+    fleet: Fleet,
+    store: Store,
+    fast_settings: Settings,
+    tmp_path: Path,
+) -> None:
+    """Two replicas on one Redis. B streams on the worker's only slot; A's stream waits
+    queued behind it (submitted, no first chunk yet) and A is SIGKILLed: A's request is
+    cancelled once A's lease lapses, B's runs on to [DONE] and B serves the next one."""
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    a_dir.mkdir()
+    b_dir.mkdir()
+    a_gen, b_gen = _gateway(fast_settings, a_dir), _gateway(fast_settings, b_dir)
+    (a_root, a_proc), (b_root, _) = next(a_gen), next(b_gen)
+    try:
+        fleet.worker("w1", time_scale=50.0, slots=1)
+        headers = {"Authorization": "Bearer sk-acme"}
+        with httpx.stream(
+            "POST", f"{b_root}/v1/chat/completions", json=_stream_body(60),
+            headers=headers, timeout=60,
+        ) as b_resp:  # fmt: skip
+            b_lines = b_resp.iter_lines()
+            first = next(line for line in b_lines if line.startswith("data: "))
+            b_rid = json.loads(first.removeprefix("data: "))["id"].removeprefix("chatcmpl-")
+            a_client = httpx.Client(timeout=60)
+            a_req = a_client.build_request(
+                "POST", f"{a_root}/v1/chat/completions", json=_stream_body(60), headers=headers
+            )
+            a_resp = a_client.send(a_req, stream=True)  # waits queued for the slot
+            b_caller = store.record(b_rid).request.caller
+            wait_for(
+                lambda: any(
+                    store.redis.scard(store.keys.caller(c)) == 1
+                    for c in store.redis.zrange(store.keys.callers, 0, -1)
+                    if c != b_caller
+                ),
+                what="A's request submitted",
+                timeout=10,
+            )
+            [a_id] = [c for c in store.redis.zrange(store.keys.callers, 0, -1) if c != b_caller]
+            [a_rid] = store.redis.smembers(store.keys.caller(a_id))
+            a_proc.send_signal(signal.SIGKILL)  # type: ignore[attr-defined]
+            a_proc.wait(timeout=10)  # type: ignore[attr-defined]
+            wait_for(
+                lambda: store.redis.hget(store.keys.req(a_rid), "state") == "cancelled",
+                what="the dead gateway's queued request cancelled",
+                timeout=LEASE_S + MARGIN_S,
+            )
+            rest = [ln.removeprefix("data: ") for ln in b_lines if ln.startswith("data: ")]
+            a_resp.close()
+            a_client.close()
+        assert rest[-1] == "[DONE]", rest[-3:]
+        assert not any("error" in json.loads(d) for d in rest if d != "[DONE]")
+        assert store.redis.hget(store.keys.req(b_rid), "state") == "succeeded"
+    finally:
+        for gen in (a_gen, b_gen):
+            gen.close()
