@@ -29,7 +29,13 @@ from typing import Any, Generic, Literal, TypeVar
 
 from inferq.cells import cell_for, cell_of, with_cell
 from inferq.config import Settings
-from inferq.errors import IdempotencyConflict, InvalidRequest, QueueFull, ResultTimeout
+from inferq.errors import (
+    IdempotencyConflict,
+    InferqError,
+    InvalidRequest,
+    QueueFull,
+    ResultTimeout,
+)
 from inferq.intake import build_request
 from inferq.models import InferenceRequest, RequestRecord, RequestState, Result, StreamChunk
 from inferq.store import CONNECTION_ERRORS, AsyncStore, Connection, Store, Submitted, connect
@@ -37,7 +43,8 @@ from inferq.store import CONNECTION_ERRORS, AsyncStore, Connection, Store, Submi
 #: After the deadline, how long ``result()`` without a timeout still waits for a
 #: running request (its worker times it out), seconds: two leases.
 _RUNNING_GRACE_LEASES = 2.0
-#: Why ``result()`` expired a request itself (queued past its deadline: no dispatcher).
+#: Why ``result()`` expired a request itself when no dispatcher beat (``expire.lua``,
+#: mode ``waited``: with one running the reason says what kept the request instead).
 EXPIRED_BY_CLIENT = "deadline passed with no dispatcher"
 #: The error of a running request the caller cancelled (its worker aborts it).
 CANCELLED_BY_CALLER = "cancelled by the caller while running"
@@ -288,7 +295,7 @@ class Client:
                 return record.result
             step = wait.next(record, store.now())
             if step.action == "expire":
-                store.expire_ids([(request_id, EXPIRED_BY_CLIENT)])
+                store.expire_waited(request_id, *_serving(self.settings, record))
             else:
                 before = time.monotonic()
                 if not store.wait_final(request_id, step.block_s):
@@ -371,7 +378,7 @@ class Client:
                 return
             step = wait.next(record, store.now())
             if step.action == "expire":
-                store.expire_ids([(request_id, EXPIRED_BY_CLIENT)])
+                store.expire_waited(request_id, *_serving(self.settings, record))
             block_s = step.block_s
 
     def cancel(self, request_id: str) -> RequestState:
@@ -469,7 +476,7 @@ class AsyncClient:
                 return record.result
             step = wait.next(record, await store.now())
             if step.action == "expire":
-                await store.expire_ids([(request_id, EXPIRED_BY_CLIENT)])
+                await store.expire_waited(request_id, *_serving(self.settings, record))
             else:
                 await store.wait_final(request_id, step.block_s)
 
@@ -530,7 +537,7 @@ class AsyncClient:
                 return
             step = wait.next(record, await store.now())
             if step.action == "expire":
-                await store.expire_ids([(request_id, EXPIRED_BY_CLIENT)])
+                await store.expire_waited(request_id, *_serving(self.settings, record))
             block_s = step.block_s
 
     async def cancel(self, request_id: str) -> RequestState:
@@ -628,6 +635,20 @@ def _handles(
     if refused:
         raise BatchRefused(handles, refused)
     return handles
+
+
+def _serving(settings: Settings, record: RequestRecord) -> tuple[str, list[str]]:
+    """The request's route and the models that may serve it (its class's fallbacks
+    too), for the reason of an expiry by its waiting client."""
+    from inferq.routes import candidates, parse_route
+
+    request = record.request
+    try:
+        degrade = settings.priority_class(request.priority).allow_degrade
+        models = candidates(parse_route(request.route), settings.models, degrade=degrade)
+    except InferqError:  # a class or route the settings no longer know: no model serves it
+        models = []
+    return request.route, models
 
 
 @dataclass(frozen=True, slots=True)

@@ -131,3 +131,35 @@ def test_a_running_scalers_pool_makes_its_model_servable_and_others_not_backlog(
     assert store.redis.hget(store.keys.req(pooled.id), "unschedulable") == (
         "no live worker or scaler pool serves model llama-3.1-8b"
     )
+
+
+def test_with_a_dispatcher_running_the_reason_is_the_unhealthy_worker(
+    fast: tuple[Store, Client],
+) -> None:
+    # A fresh user's run: dispatcher up, the model's only worker unhealthy (its server
+    # answers 500). The client expired the request with "deadline passed with no
+    # dispatcher"; a dispatcher beat (dispatcher:beat) says one runs, so the reason
+    # names what kept the request instead.
+    from inferq.models import WorkerState
+
+    store, client = fast
+    Dispatcher(store).step()  # its housekeeping beats
+    assert store.redis.exists(store.keys.dispatcher_beat)
+    store.beat_dispatcher(30)  # as a dispatcher running through the wait would
+    ready_worker(store, "w1", state=WorkerState.UNHEALTHY)
+    h = client.submit("hi", model="llama-3.1-8b", priority="standard", max_tokens=8, timeout=0.3)
+    result = h.result()
+    want = "deadline passed: no ready worker serves llama-3.1-8b (1 unhealthy)"
+    assert result.status == "expired" and (result.error or "").startswith(want), result.error
+    assert expire_reasons(store)[h.id] == want
+
+
+def test_with_a_dispatcher_and_a_ready_worker_the_reason_says_it_was_busy(
+    fast: tuple[Store, Client],
+) -> None:
+    store, client = fast
+    store.beat_dispatcher(30)
+    ready_worker(store, "w1")
+    h = client.submit("hi", model="llama-3.1-8b", priority="standard", max_tokens=8, timeout=0.3)
+    error = h.result().error or ""
+    assert "no dispatcher" not in error and "1 ready worker(s) of llama-3.1-8b" in error, error

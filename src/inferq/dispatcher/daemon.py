@@ -235,6 +235,7 @@ class Dispatcher:
     def _housekeep(self, report: StepReport, started: float) -> None:
         """Expire due requests, promote due retries, delete old dead letters, reap lost
         workers and lapsed leases (``started``: the step's monotonic start)."""
+        self.store.beat_dispatcher(self.heartbeat_ttl_s)  # a waiting client reads it
         report.expired += len(self.store.expire_due())
         report.promoted += self._promote()
         self.store.delete_dead()  # past dead_letter_ttl_s

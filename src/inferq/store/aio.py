@@ -172,6 +172,13 @@ class AsyncStore:
         call = calls.expire_ids_call(self.keys, self.settings, pairs)
         return calls.parse_expire(await self._call(call))
 
+    async def expire_waited(
+        self, request_id: str, route: str, models: Sequence[str]
+    ) -> list[tuple[str, float]]:
+        """See :meth:`inferq.store.Store.expire_waited`."""
+        call = calls.expire_waited_call(self.keys, self.settings, request_id, route, models)
+        return calls.parse_expire(await self._call(call))
+
     async def renew_caller(self, caller_id: str, ttl_s: float) -> None:
         """Renew gateway ``caller_id``'s liveness lease for ``ttl_s`` seconds
         (``caller_lease.lua``): while it is renewed, the requests submitted through the

@@ -326,6 +326,18 @@ def parse_note_unschedulable(reply: Sequence[Any]) -> list[str]:
     return [str(rid) for rid in reply]
 
 
+def expire_waited_call(
+    keys: Keys, settings: Settings, request_id: str, route: str, models: Sequence[str]
+) -> Call:
+    """``expire.lua`` in ``waited`` mode: a client that waited for ``request_id`` past
+    its deadline expires it, with a reason that names a missing dispatcher only when no
+    dispatcher beat (``dispatcher:beat``), else what kept it: ``models`` (those that may
+    serve ``route``) with no ready worker, or all busy."""
+    s = settings
+    argv: list[Any] = [keys.prefix, s.result_ttl_s, s.events_maxlen, 1, "waited"]
+    return Call("expire", [], [*argv, note_fresh_ms(s), request_id, route, *models])
+
+
 def parse_expire(reply: Sequence[Any]) -> list[tuple[str, float]]:
     """(request id, seconds waited) of each request expired."""
     return [(str(rid), int(waited_ms) / 1000) for rid, waited_ms in _pairs(reply)]

@@ -54,6 +54,7 @@ P events                        stream  capped event log
 P wake                          list    dispatcher wake-up tokens
 P estimates                     hash    ``<model>|<task>`` -> moving output-token mean
 P estimates:seen                zset    estimates field -> last write ms (bounds the hash)
+P dispatcher:beat               string  set (TTL 3 heartbeats) by each dispatcher's housekeeping
 P scaler:lease                  string  the acting scaler replica's id
 P scaler:desired                hash    model -> desired workers (metrics mode)
 P scaler:state                  hash    model -> JSON of its scaling state (trend, cooldowns)
@@ -244,6 +245,11 @@ class Keys:
     @property
     def estimates_seen(self) -> str:
         return f"{self.prefix}estimates:seen"
+
+    @property
+    def dispatcher_beat(self) -> str:
+        """A dispatcher ran its housekeeping within the key's TTL (any replica sets it)."""
+        return f"{self.prefix}dispatcher:beat"
 
     @property
     def scaler_lease(self) -> str:

@@ -192,6 +192,19 @@ class Store(AdminCalls):
             self._call(calls.expire_ids_call(self.keys, self.settings, pairs))
         )
 
+    def expire_waited(
+        self, request_id: str, route: str, models: Sequence[str]
+    ) -> list[tuple[str, float]]:
+        """Expire a request its client waited for past the deadline, saying why it was
+        kept (``expire.lua``, mode ``waited``: no dispatcher, or no ready worker of
+        ``models``, or all of them busy)."""
+        call = calls.expire_waited_call(self.keys, self.settings, request_id, route, models)
+        return calls.parse_expire(self._call(call))
+
+    def beat_dispatcher(self, ttl_s: float) -> None:
+        """Say a dispatcher runs, for ``ttl_s`` seconds (``dispatcher:beat``)."""
+        self.redis.set(self.keys.dispatcher_beat, "1", px=max(1, round(ttl_s * 1000)))
+
     def reap_leases(self, limit: int = 1000) -> list[tuple[str, str]]:
         """Requeue requests whose lease lapsed; returns (id, verdict) pairs."""
         call = calls.reap_leases_call(self.keys, self.settings, limit)
