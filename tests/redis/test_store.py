@@ -133,6 +133,18 @@ def test_a_start_resent_after_a_lost_reply_still_runs_its_batch(
     assert store.start("w1", claimed) == ["stale", "stale"]  # a second delivery
 
 
+def test_a_reservation_that_does_not_parse_reads_as_nothing_reserved(store: Store) -> None:
+    """The worker reads its reservation for every heartbeat, its first included: a
+    ``load:<w>`` mib that is not a number (left while the worker was away, where no
+    dispatcher's repair looks) raised ValueError, so ``inferq worker`` died at start,
+    every restart again, and the fleet lost that worker for good. It reads as 0; the
+    dispatcher's repair rebuilds the hash once the worker is in the fleet."""
+    store.redis.hset(store.keys.load("w9"), mapping={"slots": "1", "mib": "lots"})
+    assert store.reserved_mib("w9") == 0.0
+    store.redis.hset(store.keys.load("w9"), "mib", "12.5")
+    assert store.reserved_mib("w9") == 12.5
+
+
 def test_start_and_read_starts_and_reads_in_one_call(store: Store, settings: Settings) -> None:
     """The records come back for the pairs that may run, read after the start (running);
     a server without the script cached (NOSCRIPT: here a wrong digest) still starts them."""

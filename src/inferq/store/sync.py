@@ -9,6 +9,7 @@ metrics' reads in :class:`~inferq.store.admin.AdminCalls`, which it extends.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
@@ -574,8 +575,17 @@ class Store(AdminCalls):
         pipe.execute()
 
     def reserved_mib(self, worker_id: str) -> float:
-        """KV-cache MiB reserved on the worker by assigned work (``load:<id>``)."""
-        return float(self.redis.hget(self.keys.load(worker_id), "mib") or 0)
+        """KV-cache MiB reserved on the worker by assigned work (``load:<id>``); 0 when
+        the figure is not a finite number (corrupt: the dispatcher's repair rebuilds the
+        hash from what the worker holds), so a worker's heartbeat, its first included,
+        never fails on it."""
+        raw = self.redis.hget(self.keys.load(worker_id), "mib")
+        try:
+            mib = float(raw or 0)
+        except ValueError:
+            log.warning("load:%s mib %r is not a number; read as 0", worker_id, raw)
+            return 0.0
+        return mib if math.isfinite(mib) else 0.0
 
     def held_by(self, worker_id: str) -> set[str]:
         """Request ids Redis says the worker holds (``inflight:<id>``): claimed for it,
