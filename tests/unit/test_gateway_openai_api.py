@@ -65,6 +65,37 @@ def test_a_sampling_field_of_the_wrong_type_is_refused(name: str, value: Any) ->
     assert refused.value.field == name
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "bounds"),
+    [
+        ("temperature", 99, "0..2"),
+        ("temperature", -0.1, "0..2"),
+        ("top_p", 1.5, "0..1"),
+        ("top_p", -1, "0..1"),
+        ("presence_penalty", 2.5, "-2..2"),
+        ("frequency_penalty", -3, "-2..2"),
+        ("temperature", float("nan"), "0..2"),
+    ],
+)
+def test_a_sampling_field_out_of_openais_range_is_refused(
+    name: str, value: float, bounds: str
+) -> None:
+    """``"temperature": 99`` was a 200 (the model server sampled at 99); OpenAI's API
+    reference bounds each field: a 400 names the field and the range."""
+    with pytest.raises(InvalidRequest) as refused:
+        api.read_body("chat", chat(**{name: value}))
+    assert refused.value.field == name
+    assert bounds in str(refused.value), str(refused.value)
+
+
+def test_sampling_fields_at_their_bounds_are_forwarded() -> None:
+    for fields in (
+        {"temperature": 0, "top_p": 0, "presence_penalty": -2, "frequency_penalty": -2},
+        {"temperature": 2, "top_p": 1, "presence_penalty": 2, "frequency_penalty": 2.0},
+    ):
+        assert api.read_body("chat", chat(**fields)).fields["params"] == fields
+
+
 def test_sampling_fields_of_the_right_type_are_forwarded() -> None:
     fields = {"temperature": 0.5, "top_p": 1, "seed": 7, "stop": ["\\n"], "logit_bias": {}}
     sub = api.read_body("chat", chat(**fields))

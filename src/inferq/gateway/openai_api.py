@@ -16,7 +16,8 @@ Mapping (also in the README, "Use it from any language"):
 - ``user``: kept in the request's parameters (recorded, forwarded to the model server).
 - sampling fields (``temperature``, ``top_p``, ``stop``, ``seed``, penalties, ...):
   forwarded to the model server as parameters (OpenAI's numeric ones, ``seed``, ``stop``
-  and ``logit_bias`` checked for type first). ``n`` other than 1, ``logprobs``,
+  and ``logit_bias`` checked for type first, the numbers for OpenAI's ranges:
+  temperature 0..2, top_p 0..1, penalties -2..2). ``n`` other than 1, ``logprobs``,
   ``tools`` and ``response_format`` are refused (400 naming the field).
 """
 
@@ -230,22 +231,34 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-#: OpenAI's numeric sampling fields: a model server answers 400 to another type, which
-#: would reach the caller as a failed generation (500) after a trip through the queue.
-_NUMBERS = ("temperature", "top_p", "frequency_penalty", "presence_penalty")
+#: OpenAI's numeric sampling fields and their ranges (OpenAI's API reference, chat
+#: completions): a model server answers 400 to another type, which would reach the
+#: caller as a failed generation (500) after a trip through the queue, and samples at a
+#: value out of range (``temperature: 99``) where OpenAI refuses it.
+_NUMBERS: dict[str, tuple[float, float]] = {
+    "temperature": (0, 2),
+    "top_p": (0, 1),
+    "frequency_penalty": (-2, 2),
+    "presence_penalty": (-2, 2),
+}
 
 
 def _check_sampling(params: Mapping[str, Any]) -> None:
-    """Refuse a sampling field of the wrong type (OpenAI's API reference): numbers,
-    an integer ``seed``, ``stop`` a string or a list of strings, ``logit_bias`` an object.
+    """Refuse a sampling field of the wrong type or range (OpenAI's API reference):
+    numbers within :data:`_NUMBERS`' ranges, an integer ``seed``, ``stop`` a string or
+    a list of strings, ``logit_bias`` an object.
 
     Raises:
         InvalidRequest: names the field and the type it must have.
     """
-    for name in _NUMBERS:
+    for name, (low, high) in _NUMBERS.items():
         value = params.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
             raise InvalidRequest(name, f"must be a number, got {_brief(value)}")
+        if not low <= value <= high:  # NaN too: it compares false
+            raise InvalidRequest(name, f"{_brief(value)} is outside {low}..{high}")
     seed = params.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise InvalidRequest("seed", f"must be an integer, got {_brief(seed)}")
