@@ -431,3 +431,9 @@ LOCAL_DRAIN_TIMEOUT_S = 120.0
 #: SIGSTOP shorter than this does not get a live worker reaped; a worker hung longer is
 #: let go (its heartbeat lapses and its requests are requeued).
 HEARTBEAT_STALL_S = 30.0
+
+#: What the result of a request cancelled because its gateway's liveness lease lapsed
+#: says (the dispatcher writes it, queued or running); the gateway, alive after all (a
+#: stall longer than the lease), answers such a result 503 ``gateway_lease_lapsed`` (the
+#: server's fault: retry), not the 409 of a request somebody cancelled.
+CALLER_LAPSED = "its liveness lease lapsed"

@@ -21,8 +21,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from inferq import defaults
 from inferq.client import Client
 from inferq.config import Settings
+from inferq.dispatcher.daemon import Dispatcher
 from inferq.embedded import free_port
 from inferq.ids import new_id
 from inferq.intake import build_request
@@ -183,6 +185,9 @@ def test_a_stalled_gateway_tells_its_caller_and_serves_on_after_its_lease_lapsed
     errors = [e for e in events if "error" in e]
     assert errors, rest
     assert {"message", "type", "code"} <= set(errors[-1]["error"]), errors[-1]
+    # ... as the server's fault (retry it), not a cancel by the caller (a 409 no client retries).
+    assert errors[-1]["error"]["type"] == "server_error", errors[-1]
+    assert errors[-1]["error"]["code"] == "gateway_lease_lapsed", errors[-1]
     assert all(e.get("choices", [{}])[0].get("finish_reason") != "stop" for e in events)
     # Resumed, the gateway serves on: several leases of streaming, not reaped.
     with httpx.stream("POST", url, json=_stream_body(60), headers=headers, timeout=60) as resp:
@@ -267,6 +272,9 @@ def test_of_two_gateways_only_the_killed_ones_requests_are_cancelled(
                 what="the dead gateway's queued request cancelled",
                 timeout=LEASE_S + MARGIN_S,
             )
+            # Its record says why: not "cancelled by the caller" (nobody hung up).
+            error = store.record(a_rid).result.error  # type: ignore[union-attr]
+            assert error is not None and "liveness lease lapsed" in error, error
             rest = [ln.removeprefix("data: ") for ln in b_lines if ln.startswith("data: ")]
             a_resp.close()
             a_client.close()
@@ -276,3 +284,18 @@ def test_of_two_gateways_only_the_killed_ones_requests_are_cancelled(
     finally:
         for gen in (a_gen, b_gen):
             gen.close()
+
+
+def test_a_lapsed_gateways_queued_request_says_why_it_was_cancelled(
+    store: Store, fast_settings: Settings
+) -> None:
+    """A queued request of a gateway whose lease lapsed is cancelled by the dispatcher; its
+    result said "cancelled by the caller" (nobody hung up), so a gateway that had only
+    stalled told its client it had cancelled (409) instead of the server's 503."""
+    dead = new_id()
+    store.redis.zadd(store.keys.callers, {dead: 1})  # lapsed long ago
+    submitted = store.submit(_gateway_request(fast_settings, dead, "queued-1"))
+    assert Dispatcher(store)._cancel_orphans() == 1
+    result = store.record(submitted.id).result
+    assert result is not None and result.status == "cancelled"
+    assert result.error is not None and defaults.CALLER_LAPSED in result.error, result

@@ -351,11 +351,11 @@ class Dispatcher:
         worker has ended it (the abort is idempotent: ``pending``)."""
         total = 0
         for caller, ids in self.store.lapsed_callers():
-            reason = f"its gateway {caller} is gone (its liveness lease lapsed)"
+            reason = f"its gateway {caller} is gone ({defaults.CALLER_LAPSED})"
             cancelled = 0
             for rid in ids:
                 try:
-                    state = self.store.cancel(rid)
+                    state = self.store.cancel(rid, reason)
                     if state == "running":
                         state = self.store.cancel_running(rid, reason)
                 except RequestNotFound:  # its record went meanwhile

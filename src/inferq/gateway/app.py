@@ -45,6 +45,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from inferq import defaults
 from inferq.cells import cell_for
 from inferq.client import AsyncClient, AsyncRequestHandle
 from inferq.config import Settings
@@ -821,6 +822,9 @@ def _failure_kind(result: Result) -> tuple[int, str, str]:
     """HTTP status, OpenAI error type and code of a request that did not succeed."""
     if result.status == "expired":
         return 504, "timeout", "deadline_exceeded"
+    if result.status == "cancelled" and defaults.CALLER_LAPSED in (result.error or ""):
+        # this replica stalled past its lease and was taken for dead: the server's fault
+        return 503, "server_error", "gateway_lease_lapsed"
     if result.status == "cancelled":
         return 409, "invalid_request_error", "cancelled"
     if result.rejection is not None:  # the model server refused it as invalid: the caller's

@@ -669,10 +669,12 @@ def parse_promote(reply: Sequence[Any]) -> tuple[int, float | None]:
 # --- client and admin -------------------------------------------------------------------
 
 
-def cancel_call(keys: Keys, settings: Settings, request_id: str) -> Call:
-    """``cancel.lua``: cancel a request that has not started."""
+def cancel_call(keys: Keys, settings: Settings, request_id: str, reason: str | None = None) -> Call:
+    """``cancel.lua``: cancel a request that has not started; ``reason`` is its result's
+    error (None: ``cancelled by the caller``)."""
     s = settings
-    return Call("cancel", [], [keys.prefix, request_id, s.result_ttl_s, s.events_maxlen])
+    args: list[Any] = [keys.prefix, request_id, s.result_ttl_s, s.events_maxlen]
+    return Call("cancel", [], args if reason is None else [*args, reason])
 
 
 def parse_cancel(reply: Any, request_id: str) -> str:

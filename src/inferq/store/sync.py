@@ -150,13 +150,14 @@ class Store(AdminCalls):
         reply = self.redis.xread({self.keys.stream(request_id): after}, block=block_ms)
         return calls.parse_xread(reply)
 
-    def cancel(self, request_id: str) -> str:
+    def cancel(self, request_id: str, reason: str | None = None) -> str:
         """Cancel a queued or assigned request; returns its state after the call.
+        ``reason`` is its result's error (None: ``cancelled by the caller``).
 
         Raises:
             RequestNotFound: no such request.
         """
-        reply = self._call(calls.cancel_call(self.keys, self.settings, request_id))
+        reply = self._call(calls.cancel_call(self.keys, self.settings, request_id, reason))
         return calls.parse_cancel(reply, request_id)
 
     # --- dispatcher side ------------------------------------------------------
