@@ -143,6 +143,9 @@ def test_a_reservation_that_does_not_parse_reads_as_nothing_reserved(store: Stor
     assert store.reserved_mib("w9") == 0.0
     store.redis.hset(store.keys.load("w9"), "mib", "12.5")
     assert store.reserved_mib("w9") == 12.5
+    store.redis.delete(store.keys.load("w9"))
+    store.redis.set(store.keys.load("w9"), "not a hash")  # WRONGTYPE killed it the same way
+    assert store.reserved_mib("w9") == 0.0
 
 
 def test_start_and_read_starts_and_reads_in_one_call(store: Store, settings: Settings) -> None:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 from inferq import defaults
 from inferq.config import Settings
@@ -577,14 +577,14 @@ class Store(AdminCalls):
 
     def reserved_mib(self, worker_id: str) -> float:
         """KV-cache MiB reserved on the worker by assigned work (``load:<id>``); 0 when
-        the figure is not a finite number (corrupt: the dispatcher's repair rebuilds the
-        hash from what the worker holds), so a worker's heartbeat, its first included,
-        never fails on it."""
-        raw = self.redis.hget(self.keys.load(worker_id), "mib")
+        the figure is not a finite number or the key not a hash (corrupt: the
+        dispatcher's repair rebuilds it from what the worker holds), so a worker's
+        heartbeat, its first included, never fails on it."""
         try:
+            raw = self.redis.hget(self.keys.load(worker_id), "mib")
             mib = float(raw or 0)
-        except ValueError:
-            log.warning("load:%s mib %r is not a number; read as 0", worker_id, raw)
+        except (ValueError, ResponseError) as exc:
+            log.warning("load:%s is corrupt (%s); read as nothing reserved", worker_id, exc)
             return 0.0
         return mib if math.isfinite(mib) else 0.0
 
