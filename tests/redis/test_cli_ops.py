@@ -255,3 +255,17 @@ def test_piped_free_text_folds_within_the_width(
         ("0", "1", "2", "3", "4", "5", "6", "7", "8", "9")
     ), out.stdout
     assert not any(line.rstrip().endswith(",") for line in out.stdout.splitlines()), out.stdout
+
+
+def test_an_unknown_task_type_gets_a_note(namespace: str, settings: Settings) -> None:
+    """``--task-type foo`` was accepted silently. Task types are free-form by design (the
+    classifier gives an unknown one the default class and model, and the output-token
+    estimates learn any task type), so the CLI says so on stderr instead of refusing."""
+    out = inferq(namespace, "submit", "hi", "--task-type", "foo")
+    assert out.returncode == 0, out.stderr
+    note = [line for line in out.stderr.splitlines() if "task_type" in line]
+    assert len(note) == 1, out.stderr
+    assert "'foo'" in note[0] and "default class" in note[0], note
+    assert all(t in note[0] for t in settings.classifier), note
+    out = inferq(namespace, "submit", "hi", "--task-type", next(iter(settings.classifier)))
+    assert out.returncode == 0 and "task_type" not in out.stderr, out.stderr

@@ -231,6 +231,8 @@ def submit(
     ):
         if value is not None:
             fields[name] = value
+    if task_type is not None:
+        note_if_unclassified(obj.settings, task_type)
     client = Client(settings=obj.settings, store=obj.store)
     if chat:
         handle = client.submit(
@@ -251,6 +253,23 @@ def submit(
     emit(views.result_dict(result), as_json, views.result_panel)
     if not result.ok:
         sys.exit(1)
+
+
+def note_if_unclassified(settings: Settings, task_type: str) -> None:
+    """Say on stderr when the classifier does not know ``task_type``. Task types are
+    free-form by design (an unknown one gets the default class and model,
+    :func:`inferq.intake.classify`; output-token estimates are learned per task type),
+    so a typo would otherwise pass unseen."""
+    if task_type in settings.classifier:
+        return
+    known = ", ".join(sorted(settings.classifier)) or "none configured"
+    err_console().print(
+        f"note: task_type {task_type!r} is not one the classifier knows ({known}): the "
+        f"request gets the default class {settings.default_priority!r} and model "
+        f"{settings.default_model!r} unless --priority or --model say otherwise",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def note_if_unserved(obj: Context, store: Store, request_id: str) -> None:
