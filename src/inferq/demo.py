@@ -159,6 +159,7 @@ def compressed(settings: Settings, speedup: float) -> Settings:
     sc = settings.scaling
     durations: tuple[str, ...] = ("idle_s", "up_cooldown_s", "down_cooldown_s", "interval_s")
     durations += ("backlog_drain_s", "trend_level_s", "trend_slope_s", "service_smoothing_s")
+    durations += ("down_window_s",)
     scaling = sc.model_copy(update={name: getattr(sc, name) / speedup for name in durations})
     classes = [
         c.model_copy(

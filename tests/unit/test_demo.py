@@ -33,6 +33,7 @@ def test_compression_keeps_one_clock() -> None:
     )
     assert spec.cold_start_s == pytest.approx(1.5)
     assert fast.scaling.idle_s == pytest.approx(30)
+    assert fast.scaling.down_window_s == pytest.approx(base.scaling.down_window_s / 10)
 
 
 def test_fleet_option_is_checked() -> None:
