@@ -20,14 +20,28 @@ Tenants follow the documented Zipf skew (:func:`inferq.traces.assign_tenants`).
 
 Time is compressed: arrivals, the sim model server's latencies, class SLAs,
 timeouts, batching delays, aging bounds and the scaler's idle time all shrink by
-``speedup``; reported durations are multiplied back into trace time.
+``speedup``; every time the report gives is converted back into trace seconds in one
+place, :class:`TraceClock` (its origin: the replay's start, i.e. the window's ``--start``).
+
+A compressed clock asks the machine for ``speedup`` x the punctuality: at 10x a 2 s
+SLA is 0.2 s of wall time, and a loaded machine whose processes wake late misses it
+whatever the scheduler decides. So the demo measures whether the machine kept up
+(:func:`keep_up`): how late the replay submitted each request against the trace, how
+late a separate timer process woke against its period (a stand-in for the daemons'
+steps, which wait on the same CPUs), CPU steal and the load average; when the replay or
+the timer fell behind by more than :data:`~inferq.reporting.KEEP_UP_SHARE` of the
+tightest SLA at p99 (:func:`~inferq.reporting.fell_behind`), the report says the
+machine was the bottleneck and which lower ``--speedup`` to rerun at. The SLA table
+stays as measured.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -50,7 +64,7 @@ from inferq.config import Settings
 from inferq.embedded import EmbeddedRedis
 from inferq.errors import ConfigError
 from inferq.extras import import_extra
-from inferq.reporting import Outcome, class_summary
+from inferq.reporting import KEEP_UP_SHARE, Outcome, class_summary, fell_behind, lag_summary
 from inferq.sim.workload import SimRequest, build_requests
 from inferq.store import Store, connect
 from inferq.traces import load_trace, synthetic_batch, window
@@ -117,6 +131,9 @@ class DemoOptions:
     out_dir: Path = field(default_factory=Path.cwd)
     redis: str = "auto"
     drain_wait_s: float = 120.0
+    #: Test hook, wall seconds slept after each submission: stands in for a machine too
+    #: loaded to replay on time (``tests/redis/test_demo.py``); 0 in normal runs.
+    replay_delay_s: float = 0.0
 
 
 def build_workload(opts: DemoOptions, settings: Settings) -> list[SimRequest]:
@@ -186,6 +203,167 @@ def child_env(settings: Settings) -> dict[str, str]:
     env["INFERQ_MODELS"] = json.dumps([m.model_dump() for m in settings.models])
     env["INFERQ_SCALING"] = settings.scaling.model_dump_json()
     return env
+
+
+#: A number with its unit in a scaler reason: seconds ("0.1 s") or a rate ("2.00 req/s").
+_TIMED = re.compile(r"(\d+(?:\.\d+)?) (s|req/s)\b")
+
+
+@dataclass(frozen=True)
+class TraceClock:
+    """The demo's one conversion from its compressed (wall) clock into trace time.
+
+    Args:
+        speedup: trace seconds per wall second.
+        t0_redis: Redis epoch seconds when the replay started: trace time 0, the trace
+            window's ``--start``.
+    """
+
+    speedup: float
+    t0_redis: float = 0.0
+
+    def trace_s(self, wall_s: float) -> float:
+        """A wall duration in trace seconds."""
+        return wall_s * self.speedup
+
+    def at_s(self, redis_s: float) -> float | None:
+        """Trace seconds since the replay started of a Redis epoch time; None before it
+        (the initial fleet's start, which the trace window does not contain)."""
+        if redis_s < self.t0_redis:
+            return None
+        return round(self.trace_s(redis_s - self.t0_redis), 1)
+
+    def reason(self, text: str) -> str:
+        """A scaler reason (written on the compressed clock) in trace units: every
+        ``N s`` times ``speedup``, every ``N req/s`` divided by it, at the same decimals."""
+
+        def convert(m: re.Match[str]) -> str:
+            number, unit = m.group(1), m.group(2)
+            decimals = len(number.partition(".")[2])
+            value = float(number) * (self.speedup if unit == "s" else 1 / self.speedup)
+            return f"{value:.{decimals}f} {unit}"
+
+        return _TIMED.sub(convert, text)
+
+
+#: The timer process: sleeps ``period`` seconds and prints how late it woke, for ever.
+_TIMER = (
+    "import sys, time\n"
+    "p = float(sys.argv[1])\n"
+    "while True:\n"
+    "    t = time.monotonic(); time.sleep(p)\n"
+    "    print(f'{time.monotonic() - t - p:.6f}', flush=True)\n"
+)
+
+
+class TimerProbe:
+    """A separate process that wakes every ``period_s`` and reports how late it woke.
+
+    It waits on the same CPUs as the dispatcher, the scaler and the workers, without
+    sharing the demo's interpreter lock, so its lateness is how late a daemon's step
+    runs against its interval on this machine (wall seconds).
+    """
+
+    def __init__(self, period_s: float = 0.02) -> None:
+        self.late_s: list[float] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _TIMER, str(period_s)], stdout=subprocess.PIPE, text=True
+        )
+        self.reader = threading.Thread(target=self._read, name="demo-timer", daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                self.late_s.append(float(line))
+            except ValueError:
+                continue
+
+    def stop(self) -> list[float]:
+        """End the process; returns the lateness of each wake-up, wall seconds."""
+        self.proc.terminate()
+        self.proc.wait(5)
+        self.reader.join(5)
+        return list(self.late_s)
+
+
+def cpu_times() -> tuple[int, int] | None:
+    """(steal, total) jiffies of all CPUs from /proc/stat; None where there is none."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    ticks = [int(v) for v in fields[1:9]]
+    return (ticks[7] if len(ticks) > 7 else 0), sum(ticks)
+
+
+def keep_up(
+    clock: TraceClock,
+    sla_s: dict[str, float],
+    replay_late_s: Sequence[float],
+    timer_late_s: Sequence[float],
+    cpu: tuple[tuple[int, int] | None, tuple[int, int] | None],
+) -> dict[str, Any]:
+    """Whether the machine kept up with the compressed clock: the report's ``keep_up``.
+
+    Args:
+        clock: the demo's clock.
+        sla_s: class -> SLA, trace seconds.
+        replay_late_s / timer_late_s: how late each submission / timer wake-up ran,
+            wall seconds.
+        cpu: :func:`cpu_times` at the replay's start and end.
+
+    Returns:
+        {"replay_lag" / "timer_lag": {"wall": ..., "trace": ...} (:func:`lag_summary`),
+        "threshold_s" (trace), "cpu_steal_share", "load_avg_1m", "machine_bound",
+        "behind" (name -> p99 trace seconds), "rerun_speedup" (half the speedup: the
+        lags are wall-clock figures, so halving the speedup halves them in trace
+        seconds), "verdict" (None when it kept up)}.
+    """
+    lags = {"replay_lag": replay_late_s, "timer_lag": timer_late_s}
+    out: dict[str, Any] = {
+        name: {"wall": lag_summary(v), "trace": lag_summary(v, clock.speedup)}
+        for name, v in lags.items()
+    }
+    (start, end) = cpu
+    steal = None
+    if start is not None and end is not None and end[1] > start[1]:
+        steal = (end[0] - start[0]) / (end[1] - start[1])
+    out["cpu_steal_share"] = steal
+    out["load_avg_1m"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    out["threshold_s"] = KEEP_UP_SHARE * min(sla_s.values()) if sla_s else None
+    p99 = {name: out[name]["trace"]["p99_s"] for name in lags}
+    behind = fell_behind(p99, sla_s)
+    out["machine_bound"] = bool(behind)
+    out["behind"] = behind
+    out["rerun_speedup"] = None
+    out["verdict"] = None
+    if behind:
+        rerun = max(1, math.floor(clock.speedup / 2))
+        out["rerun_speedup"] = rerun
+        out["verdict"] = verdict(behind, sla_s, clock.speedup, rerun)
+    return out
+
+
+def verdict(behind: dict[str, float], sla_s: dict[str, float], speedup: float, rerun: int) -> str:
+    """The report's plain sentence for a machine that did not keep up (trace seconds)."""
+    tightest = min(sla_s, key=lambda c: sla_s[c])
+    what = {"replay_lag": "the replay submitted requests", "timer_lag": "a timer process woke"}
+    parts = [
+        f"{what.get(n, n)} {v:.2f} s late at p99 ({v / speedup * 1000:.0f} ms of wall time)"
+        for n, v in behind.items()
+    ]
+    return (
+        f"The machine, not the scheduler, was the bottleneck: at {speedup:g}x "
+        f"{' and '.join(parts)}, more than {KEEP_UP_SHARE:.0%} of the {tightest} SLA "
+        f"({sla_s[tightest]:g} s). The SLA figures above measure this machine's lag as much "
+        f"as the scheduling; rerun at a lower speedup: inferq demo --speedup {rerun} "
+        f"(halve it again while this warning stays)"
+    )
 
 
 class Processes:
@@ -338,18 +516,24 @@ def _run(
                 raise ConfigError("the initial fleet did not become ready within 60 s")
             time.sleep(0.2)
 
+    timer = TimerProbe()
+    cpu_start = cpu_times()
     t0 = time.monotonic()
-    t0_redis = store.now()
+    clock = TraceClock(opts.speedup, store.now())
     sampler = Sampler(store, t0)
     sampler.start()
-    ids = _replay(opts, client, workload, procs, sampler, console, t0)
-    _wait_final(opts, store, ids, procs, console)
+    try:
+        ids, late = _replay(opts, client, workload, procs, sampler, console, t0)
+        _wait_final(opts, store, ids, procs, console)
+    finally:
+        timer_late = timer.stop()
     sampler.stop_event.set()
     wall = time.monotonic() - t0
-    report = _report(opts, settings, store, workload, ids, sampler.samples, wall, t0_redis)
+    report = _report(opts, settings, store, workload, ids, sampler.samples, wall, clock)
+    report["keep_up"] = keep_up(clock, report["sla_s"], late, timer_late, (cpu_start, cpu_times()))
     report["redis"] = redis_kind
     _print_report(report, console)
-    _write(report, sampler.samples, opts, console)
+    _write(report, sampler.samples, clock, opts, console)
     return report
 
 
@@ -380,8 +564,13 @@ def _replay(
     sampler: Sampler,
     console: Console,
     t0: float,
-) -> list[str]:
+) -> tuple[list[str], list[float]]:
+    """Submit the workload on its compressed schedule. Returns the ids and how late the
+    replay picked each request up against its schedule, wall seconds: a late wake-up, or
+    a slow submission before it, delays it; a bulk that arrives at one instant (the
+    synthetic batch) is not late for its own submission's length."""
     ids: list[str] = []
+    late: list[float] = []
     progress = Progress(
         TextColumn("replaying"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(), console=console,
@@ -390,7 +579,8 @@ def _replay(
     i = 0
     with Live(Group(progress, _live_table(None)), console=console, refresh_per_second=4) as live:
         while i < len(workload):
-            now = (time.monotonic() - t0) * opts.speedup
+            picked = time.monotonic() - t0
+            now = picked * opts.speedup
             due = []
             while i < len(workload) and workload[i].arrival_s <= now:
                 if workload[i].refused is None:  # intake would refuse it (the sim's rule)
@@ -409,6 +599,9 @@ def _replay(
                     for r in due
                 )
                 ids += [h.id for h in handles]
+                late += [picked - r.arrival_s / opts.speedup for r in due]
+                if opts.replay_delay_s:  # the test hook: a slow submission
+                    time.sleep(opts.replay_delay_s)
                 progress.update(task, completed=i)
             procs.check()
             live.update(
@@ -417,7 +610,7 @@ def _replay(
             if i < len(workload):
                 wait = (workload[i].arrival_s / opts.speedup) - (time.monotonic() - t0)
                 time.sleep(min(max(wait, 0.0), 0.25))
-    return ids
+    return ids, late
 
 
 def _live_table(sample: LiveSample | None) -> Table:
@@ -457,7 +650,7 @@ def _report(
     ids: list[str],
     samples: list[LiveSample],
     wall_s: float,
-    t0_redis: float,
+    clock: TraceClock,
 ) -> dict[str, Any]:
     outcomes: list[Outcome] = []
     unfinished = 0
@@ -477,12 +670,19 @@ def _report(
                     tenant=rec.request.tenant,
                 )
             )
-    sla = {c.name: c.sla_s * opts.speedup for c in settings.classes}
-    scale_events = [
-        {"type": e.type, "at_s": round((e.at - t0_redis) * opts.speedup, 1), **e.fields}
-        for e in store.events(count=100_000)
-        if e.type in ("scale_up", "scale_down")
-    ]
+    sla = {c.name: clock.trace_s(c.sla_s) for c in settings.classes}
+    scale_events, before = [], 0
+    for e in store.events(count=100_000):
+        if e.type not in ("scale_up", "scale_down"):
+            continue
+        at = clock.at_s(e.at)
+        if at is None:  # the initial fleet, started before the replay
+            before += 1
+            continue
+        fields = dict(e.fields)
+        if "reason" in fields:
+            fields["reason"] = clock.reason(str(fields["reason"]))
+        scale_events.append({"type": e.type, "at_s": at, **fields})
     stats = store.stats()
     util = [s.utilisation for s in samples]
     gpus = [s.gpus_busy for s in samples]
@@ -495,12 +695,15 @@ def _report(
         "refused": sum(1 for r in workload if r.refused is not None),
         "unfinished": unfinished,
         "lost": sum(1 for r in workload if r.refused is None) - len(ids),
-        "classes": class_summary(outcomes, sla, scale=opts.speedup),
+        "time_origin": "at_s and every duration: trace seconds, at_s since the replay "
+        "started (the window's --start); wall_s: wall-clock seconds",
+        "classes": class_summary(outcomes, sla, scale=clock.speedup),
         "sla_s": sla,
         "slot_utilisation_mean": sum(util) / len(util) if util else None,
         "gpus_busy_mean": sum(gpus) / len(gpus) if gpus else None,
         "scale_events": len(scale_events),
         "scale_events_detail": scale_events,
+        "scale_events_before_replay": before,
         "retries": stats.get("retried", 0),
         "expired": stats.get("expired", 0),
         "failed": stats.get("failed", 0),
@@ -537,19 +740,43 @@ def _print_report(report: dict[str, Any], console: Console) -> None:
         f"| expired {report['expired']} | failed {report['failed']} "
         f"| unfinished {report['unfinished']} | lost {report['lost']}",
     )
+    _print_keep_up(report["keep_up"], console)
+
+
+def _print_keep_up(k: dict[str, Any], console: Console) -> None:
+    """Whether the machine kept up: the lags (trace seconds) and, if not, the verdict."""
+    replay, timer = k["replay_lag"]["trace"], k["timer_lag"]["trace"]
+
+    def p99(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f} s"
+
+    steal = k["cpu_steal_share"]
+    load = k["load_avg_1m"]
+    console.print(
+        f"lag p99 (trace): replay {p99(replay['p99_s'])}, timer {p99(timer['p99_s'])} "
+        f"(threshold {p99(k['threshold_s'])})"
+        + ("" if steal is None else f" | CPU steal {steal:.0%}")
+        + ("" if load is None else f" | load {load:.1f}")
+    )
+    if k["verdict"]:
+        console.print(f"[bold red]{k['verdict']}[/bold red]")
 
 
 def _write(
-    report: dict[str, Any], samples: list[LiveSample], opts: DemoOptions, console: Console
+    report: dict[str, Any],
+    samples: list[LiveSample],
+    clock: TraceClock,
+    opts: DemoOptions,
+    console: Console,
 ) -> None:
     json_path = opts.out_dir / "inferq-demo-report.json"
     json_path.write_text(json.dumps(report, indent=2, default=str))
     png = opts.out_dir / "inferq-demo.png"
-    plot(samples, opts.speedup, png)
+    plot(samples, clock, png)
     console.print(f"report: {json_path}  plot: {png}")
 
 
-def plot(samples: list[LiveSample], speedup: float, path: Path) -> None:
+def plot(samples: list[LiveSample], clock: TraceClock, path: Path) -> None:
     """Queue depth per class, workers per model and slot utilisation over trace time.
 
     Raises:
@@ -558,7 +785,7 @@ def plot(samples: list[LiveSample], speedup: float, path: Path) -> None:
     import_extra("matplotlib", "demo", "inferq demo").use("Agg")
     plt: Any = import_extra("matplotlib.pyplot", "demo", "inferq demo")
 
-    t = [s.t * speedup for s in samples]
+    t = [clock.trace_s(s.t) for s in samples]
     fig, axes = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
     classes = sorted({c for s in samples for c in s.queued})
     for cls in classes:

@@ -117,3 +117,50 @@ def jain_index(shares: Iterable[float]) -> float | None:
     if not values or not any(values):
         return None
     return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
+
+
+#: A run is machine-bound when something that should run on a schedule ran later than this
+#: share of the tightest class SLA, at p99: at 10% of a 2 s SLA the replay or the daemons
+#: already eat a tenth of every request's budget before the scheduler sees it.
+KEEP_UP_SHARE = 0.1
+
+
+def lag_summary(late_s: Sequence[float], scale: float = 1.0) -> dict[str, float | int | None]:
+    """p50, p99 and max of how late something ran against its schedule.
+
+    Args:
+        late_s: lateness of each event, seconds (>= 0; early events count as 0).
+        scale: multiplies every figure (the demo passes its speedup: trace seconds).
+
+    Returns:
+        {"n", "p50_s", "p99_s", "max_s"}; the figures are None when ``late_s`` is empty.
+    """
+    values = [max(0.0, v) * scale for v in late_s]
+    return {
+        "n": len(values),
+        "p50_s": percentile(values, 50),
+        "p99_s": percentile(values, 99),
+        "max_s": max(values) if values else None,
+    }
+
+
+def fell_behind(
+    lag_p99_s: Mapping[str, float | None], sla_s: Mapping[str, float], share: float = KEEP_UP_SHARE
+) -> dict[str, float]:
+    """The lags that were a significant share of the tightest SLA: the machine, not the
+    scheduler, was the bottleneck of the run that measured them.
+
+    Args:
+        lag_p99_s: what ran on a schedule (the replay, a timer) -> its p99 lateness,
+            seconds (None: not measured).
+        sla_s: class -> TTFT SLA, seconds, on the same clock as the lags.
+        share: the rule's threshold, a share of the tightest SLA (:data:`KEEP_UP_SHARE`).
+
+    Returns:
+        name -> p99 lateness for each lag above ``share`` x the tightest SLA, in
+        ``lag_p99_s`` order; empty when the machine kept up (or there is no SLA).
+    """
+    if not sla_s:
+        return {}
+    limit = share * min(sla_s.values())
+    return {name: v for name, v in lag_p99_s.items() if v is not None and v > limit}

@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from inferq.demo import DemoOptions, run_demo
 from inferq.embedded import EmbeddedRedis
 
 
@@ -27,6 +29,36 @@ def test_demo_runs_end_to_end_and_loses_nothing(tmp_path: Path) -> None:
     assert (tmp_path / "inferq-demo.png").stat().st_size > 10_000
     assert "SLA" in out.stdout and "realtime" in out.stdout
     assert "Traceback" not in out.stderr
+    # Every time is in trace seconds since the replay started: none negative, and a
+    # scale reason quotes the class SLA the table gives (2 s), not the compressed 0.1 s.
+    assert report["time_origin"].startswith("at_s and every duration: trace seconds")
+    events = report["scale_events_detail"]
+    assert all(e["at_s"] >= 0 for e in events)
+    assert report["scale_events_before_replay"] >= 1  # the initial fleet
+    for e in events:
+        if "x SLA" in e["reason"] and "oldest realtime" in e["reason"]:
+            assert f"x SLA {report['sla_s']['realtime']:.1f} s" in e["reason"]
+    keep = report["keep_up"]
+    assert keep["replay_lag"]["trace"]["n"] == report["submitted"]
+    assert keep["timer_lag"]["trace"]["n"] > 0
+    assert "lag p99 (trace): replay" in out.stdout
+
+
+def test_demo_says_when_the_machine_not_the_scheduler_fell_behind(tmp_path: Path) -> None:
+    # 100 ms of wall time after each submission is up to 2 s of trace at 20x for the
+    # requests due meanwhile: the whole realtime SLA, as a loaded machine would make it.
+    opts = DemoOptions(speedup=20, duration_s=30, out_dir=tmp_path, replay_delay_s=0.1)
+    console = Console(width=200, record=True)
+    report = run_demo(opts, console)
+    keep = report["keep_up"]
+    assert keep["machine_bound"] and "replay_lag" in keep["behind"]
+    assert keep["replay_lag"]["trace"]["p99_s"] > keep["threshold_s"]
+    assert keep["rerun_speedup"] is not None and keep["rerun_speedup"] < 20
+    text = console.export_text()
+    assert "The machine, not the scheduler, was the bottleneck" in text
+    assert f"inferq demo --speedup {keep['rerun_speedup']}" in " ".join(text.split())
+    saved = json.loads((tmp_path / "inferq-demo-report.json").read_text())
+    assert saved["keep_up"]["verdict"] == keep["verdict"]
 
 
 @pytest.mark.parametrize("kind", ["redis-server", "fakeredis"])

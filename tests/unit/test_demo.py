@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from inferq.config import Settings
-from inferq.demo import DemoOptions, build_workload, compressed, parse_fleet_cards
+from inferq.demo import (
+    DemoOptions,
+    TraceClock,
+    build_workload,
+    compressed,
+    keep_up,
+    parse_fleet_cards,
+)
 from inferq.errors import ConfigError
 from inferq.latency import service_time
+from inferq.reporting import KEEP_UP_SHARE, fell_behind, lag_summary
 
 
 def test_workload_maps_traces_to_classes_routes_and_a_synthetic_batch() -> None:
@@ -45,3 +55,57 @@ def test_fleet_option_is_checked() -> None:
         parse_fleet_cards("llama-3.1-70b-awq:1@24576", settings)
     with pytest.raises(ConfigError, match="is not model:count@vram_mib"):
         parse_fleet_cards("llama-3.1-8b:x", settings)
+
+
+def test_lag_rule_names_what_fell_behind_by_more_than_a_tenth_of_the_tightest_sla() -> None:
+    sla = {"realtime": 2.0, "standard": 10.0}
+    assert fell_behind({"replay_lag": 0.19, "timer_lag": 0.2}, sla) == {}
+    assert fell_behind({"replay_lag": 0.21, "timer_lag": None}, sla) == {"replay_lag": 0.21}
+    assert fell_behind({"replay_lag": 5.0}, {}) == {}
+
+
+@given(
+    st.dictionaries(st.sampled_from(["replay_lag", "timer_lag"]), st.floats(0, 100)),
+    st.dictionaries(st.sampled_from(["realtime", "batch"]), st.floats(0.01, 100), min_size=1),
+)
+def test_lag_rule_is_a_threshold_on_the_tightest_sla(
+    lags: dict[str, float], sla: dict[str, float]
+) -> None:
+    behind = fell_behind(lags, sla)
+    limit = KEEP_UP_SHARE * min(sla.values())
+    assert behind == {n: v for n, v in lags.items() if v > limit}
+
+
+def test_lag_summary_scales_into_trace_seconds_and_counts_early_as_on_time() -> None:
+    summary = lag_summary([-0.01, 0.0, 0.02, 0.1], scale=10)
+    assert summary == {"n": 4, "p50_s": 0.0, "p99_s": 1.0, "max_s": 1.0}
+    assert lag_summary([])["p99_s"] is None
+
+
+def test_keep_up_says_the_machine_was_the_bottleneck_and_how_to_rerun() -> None:
+    clock = TraceClock(10)
+    sla = {"realtime": 2.0, "batch": 60.0}
+    fine = keep_up(clock, sla, [0.001] * 100, [0.002] * 100, (None, None))
+    assert fine["machine_bound"] is False and fine["verdict"] is None
+    # 40 ms of wall time late at 10x is 0.4 s of trace: 20% of the realtime SLA.
+    slow = keep_up(clock, sla, [0.04] * 100, [0.002] * 100, ((0, 100), (5, 200)))
+    assert slow["machine_bound"] and slow["behind"] == {"replay_lag": pytest.approx(0.4)}
+    assert slow["replay_lag"]["wall"]["p99_s"] == pytest.approx(0.04)
+    assert slow["cpu_steal_share"] == pytest.approx(0.05)
+    assert slow["rerun_speedup"] == 5
+    assert "machine, not the scheduler" in slow["verdict"]
+    assert "inferq demo --speedup 5" in slow["verdict"]
+    assert "0.40 s late at p99 (40 ms of wall time)" in slow["verdict"]
+
+
+def test_trace_clock_reports_reasons_in_trace_seconds_and_no_time_before_the_replay() -> None:
+    clock = TraceClock(10, t0_redis=1000.0)
+    reason = "oldest realtime wait 0.1 s > 0.1 s (0.5 x SLA 0.2 s)"
+    assert clock.reason(reason) == "oldest realtime wait 1.0 s > 1.0 s (0.5 x SLA 2.0 s)"
+    rate = "need 2.00: arrivals 20.00 req/s x 0.05 s / 16 slots; 2 starting counted"
+    assert (
+        clock.reason(rate)
+        == "need 2.00: arrivals 2.00 req/s x 0.50 s / 16 slots; 2 starting counted"
+    )
+    assert clock.at_s(999.9) is None
+    assert clock.at_s(1001.0) == 10.0
