@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -242,17 +243,19 @@ def test_of_two_gateways_only_the_killed_ones_requests_are_cancelled(
         fleet.worker("w1", time_scale=50.0, slots=1)
         headers = {"Authorization": "Bearer sk-acme"}
         with httpx.stream(
-            "POST", f"{b_root}/v1/chat/completions", json=_stream_body(60),
+            "POST", f"{b_root}/v1/chat/completions", json=_stream_body(200),
             headers=headers, timeout=60,
         ) as b_resp:  # fmt: skip
             b_lines = b_resp.iter_lines()
             first = next(line for line in b_lines if line.startswith("data: "))
             b_rid = json.loads(first.removeprefix("data: "))["id"].removeprefix("chatcmpl-")
-            a_client = httpx.Client(timeout=60)
-            a_req = a_client.build_request(
-                "POST", f"{a_root}/v1/chat/completions", json=_stream_body(60), headers=headers
+            # A's stream answers nothing until its first chunk: sent from a thread.
+            a_call = threading.Thread(
+                target=_post_quietly,
+                args=(f"{a_root}/v1/chat/completions", _stream_body(60), headers),
+                daemon=True,
             )
-            a_resp = a_client.send(a_req, stream=True)  # waits queued for the slot
+            a_call.start()
             b_caller = store.record(b_rid).request.caller
             wait_for(
                 lambda: any(
@@ -265,6 +268,7 @@ def test_of_two_gateways_only_the_killed_ones_requests_are_cancelled(
             )
             [a_id] = [c for c in store.redis.zrange(store.keys.callers, 0, -1) if c != b_caller]
             [a_rid] = store.redis.smembers(store.keys.caller(a_id))
+            assert store.redis.hget(store.keys.req(a_rid), "state") == "queued"  # behind B
             a_proc.send_signal(signal.SIGKILL)  # type: ignore[attr-defined]
             a_proc.wait(timeout=10)  # type: ignore[attr-defined]
             wait_for(
@@ -276,8 +280,6 @@ def test_of_two_gateways_only_the_killed_ones_requests_are_cancelled(
             error = store.record(a_rid).result.error  # type: ignore[union-attr]
             assert error is not None and "liveness lease lapsed" in error, error
             rest = [ln.removeprefix("data: ") for ln in b_lines if ln.startswith("data: ")]
-            a_resp.close()
-            a_client.close()
         assert rest[-1] == "[DONE]", rest[-3:]
         assert not any("error" in json.loads(d) for d in rest if d != "[DONE]")
         assert store.redis.hget(store.keys.req(b_rid), "state") == "succeeded"
@@ -299,3 +301,13 @@ def test_a_lapsed_gateways_queued_request_says_why_it_was_cancelled(
     result = store.record(submitted.id).result
     assert result is not None and result.status == "cancelled"
     assert result.error is not None and defaults.CALLER_LAPSED in result.error, result
+
+
+def _post_quietly(url: str, body: dict[str, object], headers: dict[str, str]) -> None:
+    """POST a streamed request and read it to its end, whatever happens to the server."""
+    try:
+        with httpx.stream("POST", url, json=body, headers=headers, timeout=60) as resp:
+            for _ in resp.iter_lines():
+                pass
+    except httpx.HTTPError:
+        pass
