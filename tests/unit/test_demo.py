@@ -109,3 +109,19 @@ def test_trace_clock_reports_reasons_in_trace_seconds_and_no_time_before_the_rep
     )
     assert clock.at_s(999.9) is None
     assert clock.at_s(1001.0) == 10.0
+
+
+def test_a_lag_that_cost_no_sla_is_a_figure_not_a_warning() -> None:
+    """A fresh user's 5x run met 99-100% and still read "the machine was the
+    bottleneck": the replay submits the batch job in one call, so its p99 lag passes
+    the threshold whatever the machine. The verdict needs a missed SLA too."""
+    clock = TraceClock(10)
+    sla = {"realtime": 2.0, "batch": 60.0}
+    late = [0.04] * 100  # 0.4 s of trace at p99: over 10% of the realtime SLA
+    met = keep_up(clock, sla, late, [0.002] * 100, (None, None), {"realtime": 1.0, "batch": 0.995})
+    assert met["verdict"] is None and not met["machine_bound"]
+    assert met["replay_lag"]["trace"]["p99_s"] == pytest.approx(0.4)  # still reported
+    missed = keep_up(
+        clock, sla, late, [0.002] * 100, (None, None), {"realtime": 0.45, "batch": None}
+    )
+    assert missed["machine_bound"] and "machine, not the scheduler" in missed["verdict"]
