@@ -148,6 +148,25 @@ def test_a_reservation_that_does_not_parse_reads_as_nothing_reserved(store: Stor
     assert store.reserved_mib("w9") == 0.0
 
 
+def test_a_corrupt_reservation_does_not_strand_a_finishing_request(
+    store: Store, settings: Settings
+) -> None:
+    """release.lua took the request out of the leases and inflight:<w>, then failed on a
+    load:<w> mib that is not a number (Lua does not roll back): the request stayed
+    running, in no lease and no in-flight set, so no reaper or orphan check would ever
+    end it. The load's arithmetic is skipped for a corrupt load (the dispatcher rebuilds
+    it), and the result is written."""
+    ready_worker(store, "w1")
+    req = inference_request(settings)
+    store.submit(req)
+    [(rid, attempt)] = store.assign("w1", "b1", [(req.id, queue_key(store, req), 10.0)])
+    assert store.start("w1", [(rid, attempt)]) == ["run"]
+    store.redis.hset(store.keys.load("w1"), "mib", "lots")
+    done = store.complete("w1", [Completion(rid, attempt, "succeeded", output="ok")])
+    assert done == ["ok"]
+    assert store.record(rid).state is RequestState.SUCCEEDED
+
+
 def test_start_and_read_starts_and_reads_in_one_call(store: Store, settings: Settings) -> None:
     """The records come back for the pairs that may run, read after the start (running);
     a server without the script cached (NOSCRIPT: here a wrong digest) still starts them."""
