@@ -143,11 +143,11 @@ def test_a_400_inside_the_stream_is_the_callers_rejection_not_a_server_failure(
     }
     with StandIn(mode="stream_error", error_body=vllm_400) as server:
         openai_worker(fleet, "w", server.url)
-        wait_for(lambda: fleet.state("w") == "ready", what="the worker ready", timeout=20)
+        wait_for(lambda: fleet.state("w") == "ready", what="the worker ready", timeout=60)
         handle = client.submit("bad", priority="standard", max_tokens=4, timeout=30, stream=True)
         result = handle.result(timeout=30)
         assert result.status == "failed", result
         assert result.rejection == "max_tokens must be at least 1, got -3.", result
         assert len([r for r in server.requests if r.method == "POST"]) == 1
-        assert fleet.state("w") == "ready"
+        assert fleet.state("w") != "unhealthy"  # not suspected: the server is fine
     assert fleet.store.dead_letters() == []
