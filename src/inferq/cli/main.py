@@ -231,8 +231,6 @@ def submit(
     ):
         if value is not None:
             fields[name] = value
-    if task_type is not None:
-        note_if_unclassified(obj.settings, task_type)
     client = Client(settings=obj.settings, store=obj.store)
     if chat:
         handle = client.submit(
@@ -240,6 +238,8 @@ def submit(
         )
     else:
         handle = client.submit(prompt, stream=stream, **fields)
+    if task_type is not None:  # after the submit: a refused request gets its error alone
+        note_if_unclassified(obj.settings, task_type)
     if not handle.duplicate:
         note_if_unserved(obj, client.cells.for_id(handle.id), handle.id)
     if stream:
