@@ -53,6 +53,8 @@ def queued_request(
     max_tokens: int = 100,
     attempts: int = 0,
     excluded: str | None = None,
+    prefix: tuple[int, ...] = (),
+    block_tokens: int = 64,
 ) -> QueuedRequest:
     """A queued request submitted ``waited`` s before ``now`` (or at ``submitted_at``),
     with its deadline ``timeout`` s after submission (or at ``deadline``)."""
@@ -69,6 +71,8 @@ def queued_request(
         max_tokens=max_tokens,
         attempts=attempts,
         excluded_worker=excluded,
+        prefix=prefix,
+        block_tokens=block_tokens if prefix else 0,
     )
 
 

@@ -130,6 +130,8 @@ class ModelSpec(BaseModel):
     max_context: int = Field(gt=0, description="prompt + output tokens, at most")
     cold_start_s: float = Field(ge=0, description="time to load the model, seconds")
     fallbacks: tuple[str, ...] = ()
+    #: Tokens per prefix block of requests routed to this model (None: ``prefix.block_tokens``).
+    prefix_block_tokens: int | None = Field(default=None, ge=1, le=65536)
     # Latency profile (inferq.latency, inferq.devices): the sim model server, the simulator,
     # the dispatcher's deadline check and the scaler's capacity model all use it.
     latency: LatencyProfile = Field(default_factory=LatencyProfile)
@@ -365,6 +367,24 @@ def _default_classifier() -> dict[str, ClassifierRule]:
     }
 
 
+class PrefixSettings(BaseModel):
+    """Prefix-cache-aware routing (issue 22; the rule: :mod:`inferq.policy.affinity`).
+
+    ``block_tokens`` is the block size of the request's chain of prompt-block hashes
+    (:mod:`inferq.prefix`) for routes that name no model with its own
+    ``prefix_block_tokens``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = True
+    block_tokens: int = Field(default=defaults.PREFIX_BLOCK_TOKENS, ge=1, le=65536)
+    load_weight: float = Field(default=defaults.PREFIX_LOAD_WEIGHT, ge=0)
+    balance_abs_tokens: float = Field(default=defaults.PREFIX_BALANCE_ABS_TOKENS, ge=0)
+    balance_rel: float = Field(default=defaults.PREFIX_BALANCE_REL, ge=1)
+    urgent_load_factor: float = Field(default=defaults.PREFIX_URGENT_LOAD_FACTOR, ge=1)
+
+
 class CellSpec(BaseModel):
     """One cell: a Redis primary with its own dispatchers, workers and scaler (``[cells.NAME]``).
 
@@ -425,6 +445,7 @@ class Settings(BaseSettings):
     )
     chars_per_token: float = Field(default=defaults.CHARS_PER_TOKEN, gt=0)
     scaling: ScalingSettings = Field(default_factory=ScalingSettings)
+    prefix: PrefixSettings = Field(default_factory=PrefixSettings)
     #: Cells by name (empty: one Redis, ``redis_url``); see :mod:`inferq.cells`.
     cells: dict[str, CellSpec] = Field(default_factory=dict)
     #: The cell of routes no cell lists (None: such requests are refused).
@@ -560,6 +581,14 @@ class Settings(BaseSettings):
     def model_by_name(self) -> dict[str, ModelSpec]:
         """Registry models by name."""
         return {m.name: m for m in self.models}
+
+    def prefix_block_tokens(self, route: str) -> int:
+        """Block size of the prefix chain of a request on ``route``, tokens: the named
+        model's ``prefix_block_tokens``, else ``prefix.block_tokens``."""
+        spec = self.model_by_name.get(route)
+        if spec is not None and spec.prefix_block_tokens is not None:
+            return spec.prefix_block_tokens
+        return self.prefix.block_tokens
 
     def priority_class(self, name_or_level: str | int) -> PriorityClass:
         """Resolve a class name or integer level (0 = highest) to its class.

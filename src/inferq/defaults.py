@@ -437,3 +437,32 @@ HEARTBEAT_STALL_S = 30.0
 #: stall longer than the lease), answers such a result 503 ``gateway_lease_lapsed`` (the
 #: server's fault: retry), not the 409 of a request somebody cancelled.
 CALLER_LAPSED = "its liveness lease lapsed"
+
+# --- prefix-cache-aware routing (issue 22) ---
+#: Tokens per prefix block of the router-side index. vLLM's KV blocks are 16 tokens
+#: and llm-d's router hashes blocks of similar size; a coarser 64 keeps a request's
+#: chain short (an 8k-token prompt is 128 hashes, 2 KiB in Redis) while a shared system
+#: prompt of a few hundred tokens still matches. A setting per model (``ModelSpec``).
+PREFIX_BLOCK_TOKENS = 64
+#: Blocks of a chain kept at most: 512 x 64 = 32,768 tokens, the longest context of
+#: the default registry; the leading blocks are the ones requests share.
+MAX_PREFIX_BLOCKS = 512
+#: Weight of a worker's load (tokens it holds: running + assigned, prompt + max_tokens)
+#: against the prefill tokens a cache hit saves, in the affinity cost
+#: ``uncached prompt tokens + LOAD_WEIGHT x load tokens`` (Dynamo's KV router cost,
+#: "prefill blocks to compute + active blocks", with its overlap weight of 1).
+PREFIX_LOAD_WEIGHT = 1.0
+#: Balance thresholds (SGLang's cache-aware router: it stops following the cache when
+#: ``max_load - min_load > balance_abs_threshold`` and ``max_load > balance_rel_threshold
+#: x min_load``; inferq counts tokens, not requests): a cached worker is passed over
+#: when it holds this many tokens more than the least-loaded candidate ...
+PREFIX_BALANCE_ABS_TOKENS = 8192
+#: ... and more than this many times its load.
+PREFIX_BALANCE_REL = 1.5
+#: The load weight grows as a request's SLA slack shrinks, up to this factor at no
+#: slack left: a request close to its time-to-first-token SLA takes the surer, less
+#: loaded worker over a forecast hit (the index is an approximation).
+PREFIX_URGENT_LOAD_FACTOR = 4.0
+#: Entries of the prefix index's change stream kept (a dispatcher replica that falls
+#: further behind, or starts, rebuilds from the stream's retained entries).
+PREFIX_STREAM_MAXLEN = 100_000

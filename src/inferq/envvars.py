@@ -44,6 +44,7 @@ SETTINGS_FIELDS = (
     "gateway_lease_s",
     "chars_per_token",
     "scaling",
+    "prefix",
     "cells",
     "default_cell",
 )

@@ -41,7 +41,7 @@ The caller applies the result: claims the batches, expires and reports, stores
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -58,7 +58,9 @@ from inferq.policy.fairness import (
 )
 from inferq.policy.fleet import FleetIndex
 from inferq.policy.preemption import Urgency
+from inferq.policy.prefix_index import PrefixIndex
 from inferq.policy.routing import (
+    Affinity,
     FleetCapacity,
     WorkerIndex,
     may_degrade,
@@ -104,6 +106,8 @@ class _Item:
     tokens: int
     waited_s: float
     pending: bool = True
+    #: worker -> cached prompt tokens forecast at its last placement (affinity)
+    cached: Mapping[str, int] | None = None
 
 
 class _Run:
@@ -138,6 +142,8 @@ class _Run:
         self.floor: dict[str, dict[str, float]] = {}
         self.active: dict[str, frozenset[str]] = {}
         self.order: list[OpenBatch] = []
+        #: prefix chains placed in this decision, by worker (unbounded: one decision)
+        self.placed = PrefixIndex()
         self.models: dict[tuple[str, bool], tuple[tuple[str, ...], int]] = {}
         self.exhausted: set[str] = set()
         self.aging = [c for c in policy.classes if c.aging_s is not None]
@@ -272,7 +278,28 @@ class _Run:
             alone=item.req.alone,
             blocked=blocked,
             group=group,
+            affinity=self._affinity(item),
         )
+
+    def _affinity(self, item: _Item) -> Affinity | None:
+        """The request's cached prefix per worker (index and this decision's
+        placements), or None when it has no chain, no worker holds a prefix of it,
+        the rule is off or it is a suspect (it runs alone, where it fits)."""
+        req = item.req
+        rule = self.policy.affinity
+        lookup = self.snapshot.prefix_index
+        if not req.prefix or lookup is None or not rule.enabled or req.alone:
+            return None
+        blocks = dict(lookup.match(req.prefix))
+        for worker, held in self.placed.match(req.prefix).items():
+            blocks[worker] = max(held, blocks.get(worker, 0))
+        if not blocks:
+            return None
+        size = req.block_tokens
+        cached = {w: min(n * size, req.prompt_tokens) for w, n in blocks.items()}
+        item.cached = cached
+        slack = 1.0 - item.waited_s / item.cls.sla_s
+        return Affinity(cached, req.prompt_tokens, rule, slack)
 
     def _drop(self, item: _Item) -> None:
         item.pending = False
@@ -412,10 +439,14 @@ class _Run:
             tenant=req.tenant,
             need_mib=need_mib(req, batch.spec),
             cost=cost,
+            cached_tokens=item.cached.get(batch.worker.id, 0) if item.cached else 0,
         )
         if not batch.items:
             self.order.append(batch)
         self.index.add(batch, assignment, item.tokens, alone=item.req.alone)
+        if req.prefix:
+            self.placed.set_capacity(batch.worker.id, float("inf"))
+            self.placed.touch(batch.worker.id, req.block_tokens, req.prefix)
         self.urgency.placed(req.id)
         self.vtc[item.cls.name].charge(req.tenant, cost)
         delta = self.delta[item.cls.name]

@@ -28,16 +28,42 @@ sorted by utilisation, so a pick scans a few workers instead of the fleet.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
 from inferq.config import ModelSpec, PriorityClass
 from inferq.errors import InvalidRequest
+from inferq.policy.affinity import AffinityRule, Candidate, choose
 from inferq.policy.batching import OpenBatch
 from inferq.policy.snapshot import Assignment, DispatchPolicy, QueuedRequest, WorkerView
 from inferq.routes import candidates, parse_route
 
 MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Affinity:
+    """A request's prefix-cache affinity during one placement.
+
+    Attributes:
+        cached: worker id -> leading prompt tokens its cache holds (forecast), tokens.
+        prompt_tokens: the request's prompt tokens.
+        rule: the affinity settings.
+        slack: fraction of the request's class SLA left, 0..1.
+    """
+
+    cached: Mapping[str, int]
+    prompt_tokens: int
+    rule: AffinityRule
+    slack: float
+
+
+def load_tokens(batch: OpenBatch) -> float:
+    """Tokens (prompt + max_tokens) a worker holds plus what ``batch`` gave it so far:
+    its reserved KV MiB and the batch's, over its model's KV bytes per token."""
+    mib = batch.worker.reserved_mib + batch.mib
+    return mib * MIB / batch.spec.kv_bytes_per_token
 
 
 def kv_mib(tokens: int, spec: ModelSpec) -> float:
@@ -168,6 +194,7 @@ class WorkerIndex:
         self._max_batch = policy.max_batch
         self._budget = policy.batch_token_budget
         self._buckets: dict[str, list[OpenBatch]] = {}
+        self._by_id: dict[str, OpenBatch] = {}
         if not ranked:
             workers = sorted(workers, key=lambda w: (w.utilisation, w.id))
         for w in workers:
@@ -177,6 +204,7 @@ class WorkerIndex:
             batch = OpenBatch(worker=w, spec=spec)
             if not batch.closed(self._max_batch):
                 self._buckets.setdefault(w.model, []).append(batch)
+                self._by_id[w.id] = batch
         self._open = sum(len(b) for b in self._buckets.values())
         self._refused: dict[tuple[object, ...], int] = {}
 
@@ -194,8 +222,13 @@ class WorkerIndex:
         alone: bool = False,
         blocked: Callable[[OpenBatch], bool] | None = None,
         group: object = None,
+        affinity: Affinity | None = None,
     ) -> OpenBatch | None:
         """The preferred open batch for a request, or None when none has room.
+
+        The preferred batch is the first with room in route order and (utilisation,
+        id) order; with ``affinity``, the workers of the same model that hold a prefix
+        of the request compete with it under :func:`~inferq.policy.affinity.choose`.
 
         Args:
             models: the request's serving models, in preference order.
@@ -207,6 +240,7 @@ class WorkerIndex:
                 reservations and headroom); they count as having no room.
             group: what ``blocked`` depends on (the workers it blocks): refusals are
                 remembered per (models, group).
+            affinity: the request's cached prefix per worker and the rule, or None.
         """
         key: tuple[object, ...] = (*models, group)
         if tokens >= self._refused.get(key, tokens + 1):
@@ -222,11 +256,45 @@ class WorkerIndex:
                     if blocked is not None and blocked(batch):
                         continue
                     if batch.worker.id != excluded:
-                        return batch
+                        if affinity is None:
+                            return batch
+                        return self._affine(batch, tokens, need, excluded, blocked, affinity)
                     fallback = batch
         if fallback is None and not alone:
             self._refused[key] = min(tokens, self._refused.get(key, tokens))
         return fallback
+
+    def _affine(
+        self,
+        default: OpenBatch,
+        tokens: int,
+        need: float,
+        excluded: str | None,
+        blocked: Callable[[OpenBatch], bool] | None,
+        affinity: Affinity,
+    ) -> OpenBatch:
+        """``default`` or a worker of its model holding a prefix of the request, by cost."""
+        model = default.worker.model
+        batches = [default]
+        cached = []
+        for worker_id, cached_tokens in affinity.cached.items():
+            batch = self._by_id.get(worker_id)
+            if (
+                batch is None
+                or batch is default
+                or worker_id == excluded
+                or batch.worker.model != model
+                or not batch.has_room(tokens, need, self._max_batch, self._budget)
+                or (blocked is not None and blocked(batch))
+            ):
+                continue
+            cached.append(Candidate(len(batches), cached_tokens, load_tokens(batch)))
+            batches.append(batch)
+        if not cached:
+            return default
+        first = Candidate(0, affinity.cached.get(default.worker.id, 0), load_tokens(default))
+        pick = choose(first, cached, affinity.prompt_tokens, affinity.rule, affinity.slack)
+        return batches[pick.key]
 
     def add(
         self, batch: OpenBatch, assignment: Assignment, tokens: int, *, alone: bool = False
@@ -237,6 +305,7 @@ class WorkerIndex:
         batch.alone = batch.alone or alone
         if batch.closed(self._max_batch):
             self._buckets[batch.worker.model].remove(batch)
+            del self._by_id[batch.worker.id]
             self._open -= 1
 
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from inferq import defaults
 from inferq.config import ModelSpec, PriorityClass, Settings
 from inferq.errors import ConfigError
+from inferq.policy.affinity import AffinityRule
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,10 @@ class QueuedRequest:
     excluded_worker: str | None = None
     #: a suspect (caught in two worker crashes): runs alone on an otherwise idle worker.
     alone: bool = False
+    #: the chain of its prompt's block hashes (:mod:`inferq.prefix`), ``()`` for none.
+    prefix: tuple[int, ...] = ()
+    #: tokens per block of ``prefix``.
+    block_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +115,9 @@ class Snapshot:
         scaler_pools: models a running scaler manages (it starts workers of them on
             backlog): a request only they serve waits for a cold start instead of
             being reported unschedulable.
+        prefix_index: which prompt blocks each worker's KV cache holds
+            (:class:`~inferq.policy.prefix_index.PrefixIndex`, read only), or None:
+            no prefix-cache affinity.
     """
 
     now: float
@@ -119,6 +127,15 @@ class Snapshot:
     backlogged_tenants: Mapping[str, frozenset[str]] = field(default_factory=dict)
     output_estimates: Mapping[tuple[str, str], float] = field(default_factory=dict)
     scaler_pools: frozenset[str] = frozenset()
+    prefix_index: PrefixLookup | None = None
+
+
+class PrefixLookup(Protocol):
+    """What a decision reads of the prefix index: a chain's cached prefix per worker."""
+
+    def match(self, hashes: Sequence[int]) -> Mapping[str, int]:
+        """Worker id -> leading blocks of ``hashes`` it holds (workers holding none absent)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +212,8 @@ class Assignment:
         request_id / priority / tenant: the request.
         need_mib: KV-cache VRAM reserved for it, MiB ((prompt + max_tokens) x KV bytes/token).
         cost: tokens charged to its tenant's virtual counter.
+        cached_tokens: leading prompt tokens the prefix index forecast cached on the
+            worker (0: none, or no chain).
     """
 
     request_id: str
@@ -202,6 +221,7 @@ class Assignment:
     tenant: str
     need_mib: float
     cost: float
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +281,7 @@ class DispatchPolicy:
         max_preemptions: preemptions of one request at most; a request preempted this
             often is never chosen as a victim again (:mod:`inferq.policy.preemption`).
         chars_per_token: the fast prompt-token estimate's characters per token.
+        affinity: the prefix-cache affinity rule (:mod:`inferq.policy.affinity`).
         class_by_name: classes by name, in priority order (derived).
         model_by_name: registry models by name (derived).
 
@@ -277,6 +298,7 @@ class DispatchPolicy:
     tenant_weights: Mapping[str, float] = field(default_factory=dict, hash=False)
     max_preemptions: int = defaults.MAX_PREEMPTIONS
     chars_per_token: float = defaults.CHARS_PER_TOKEN
+    affinity: AffinityRule = field(default_factory=AffinityRule)
     class_by_name: Mapping[str, PriorityClass] = field(init=False, repr=False, compare=False)
     model_by_name: Mapping[str, ModelSpec] = field(init=False, repr=False, compare=False)
 
@@ -313,6 +335,13 @@ class DispatchPolicy:
             "classes": tuple(settings.classes),
             "models": tuple(settings.models),
             "chars_per_token": settings.chars_per_token,
+            "affinity": AffinityRule(
+                enabled=settings.prefix.enabled,
+                load_weight=settings.prefix.load_weight,
+                balance_abs_tokens=settings.prefix.balance_abs_tokens,
+                balance_rel=settings.prefix.balance_rel,
+                urgent_load_factor=settings.prefix.urgent_load_factor,
+            ),
         }
         values.update(overrides)
         return cls(**values)
