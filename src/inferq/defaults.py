@@ -466,3 +466,10 @@ PREFIX_URGENT_LOAD_FACTOR = 4.0
 #: Entries of the prefix index's change stream kept (a dispatcher replica that falls
 #: further behind, or starts, rebuilds from the stream's retained entries).
 PREFIX_STREAM_MAXLEN = 100_000
+#: Prefix chains the dispatcher remembers (a request's chain is read from Redis once, not
+#: every step): twice a 10,000-request backlog in view; a 128-block chain is ~4.6 KiB of
+#: Python ints, so ~90 MiB at most with 8k-token prompts.
+CHAIN_CACHE_SIZE = 20_000
+#: Prefix-log entries a dispatcher reads per step at most (one XRANGE); a backlog beyond
+#: it is caught up over the next steps.
+PREFIX_LOG_READ = 5_000

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
 
+from inferq import prefix
 from inferq.config import PriorityClass, Settings
 from inferq.errors import InvalidRequest, UnknownPriorityClass
 from inferq.ids import new_id
@@ -36,6 +38,9 @@ MIN_TIMEOUT_S = 0.001
 #: Longest route, class name, tenant or key echoed back in a refusal, characters.
 _SHOW_CHARS = 80
 #: The arguments a submission may carry (``Client.submit`` passes them through).
+#: A session hint: printable ASCII without spaces, 1-128 characters.
+SESSION_RE = re.compile(r"[\x21-\x7e]{1,128}")
+
 FIELDS = (
     "prompt",
     "messages",
@@ -49,6 +54,8 @@ FIELDS = (
     "idempotency_key",
     "params",
     "stream",
+    "prefix_hashes",
+    "session",
 )
 
 
@@ -79,6 +86,8 @@ def build_request(
     idempotency_key: str | None = None,
     params: Mapping[str, Any] | None = None,
     stream: bool = False,
+    prefix_hashes: Sequence[int] | None = None,
+    session: str | None = None,
     now: float | None = None,
     **unknown: Any,
 ) -> InferenceRequest:
@@ -100,6 +109,11 @@ def build_request(
         params: sampling parameters passed to the model server (JSON, <= 16 KiB).
         stream: publish the output chunk by chunk while it is generated (read it with
             ``handle.stream()``); a bool.
+        prefix_hashes: the chain of the prompt's block hashes, when the caller computed
+            it (with the model's tokenizer; :mod:`inferq.prefix`): integers in
+            [0, 2**63), at most ``MAX_PREFIX_BLOCKS``; default: computed from the text.
+        session: an affinity hint (a session or user id, printable, <= 128
+            characters): the session's requests prefer the worker that holds its cache.
         now: epoch seconds (default: the local clock).
 
     Raises:
@@ -127,6 +141,8 @@ def build_request(
     timeout_s, deadline_at = _deadline(cls, timeout, deadline, now)
     if not isinstance(stream, bool):
         raise InvalidRequest("stream", f"must be true or false, got {_show(stream)}")
+    block_tokens = settings.prefix_block_tokens(route.text)
+    chain = _prefix_chain(settings, payload, block_tokens, prefix_hashes, session)
     try:
         return InferenceRequest(
             id=new_id(),
@@ -142,6 +158,8 @@ def build_request(
             idempotency_key=idempotency_key,
             submitted_at=now,
             stream=stream,
+            prefix_hashes=chain,
+            prefix_block_tokens=block_tokens if chain else 0,
         )
     except ValidationError as exc:
         raise _invalid(exc) from None
@@ -310,6 +328,33 @@ def _check_shape(params: Mapping[str, Any]) -> None:
             stack.extend((v, depth + 1) for v in value.values())
         elif isinstance(value, list | tuple):
             stack.extend((v, depth + 1) for v in value)
+
+
+def _prefix_chain(
+    settings: Settings,
+    payload: Payload,
+    block_tokens: int,
+    given: Any,
+    session: Any,
+) -> tuple[int, ...]:
+    """The request's prefix chain: the caller's (checked), else hashed from its text
+    (chat messages rendered canonically), the session hint first; ``()`` when prefix
+    routing is off."""
+    if session is not None:
+        _check_str("session", session)
+        if not SESSION_RE.fullmatch(session):
+            raise InvalidRequest(
+                "session", f"must be 1-128 printable characters, got {_show(session)}"
+            )
+    if given is not None:
+        if session is not None:
+            raise InvalidRequest("session", "give prefix_hashes or session, not both")
+        return prefix.check_chain(given)
+    if not settings.prefix.enabled:
+        return ()
+    text = payload.prompt if payload.messages is None else prefix.chat_text(payload.messages)
+    assert text is not None
+    return prefix.text_chain(text, block_tokens, settings.chars_per_token, session=session)
 
 
 def _prompt_tokens(settings: Settings, payload: Payload) -> int:

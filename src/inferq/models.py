@@ -18,6 +18,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from inferq.errors import CorruptRecord
+from inferq.prefix import decode as decode_chain
+from inferq.prefix import encode as encode_chain
 
 TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,63}$"
 KEY_PATTERN = r"^[\x21-\x7e]{1,128}$"  # printable ASCII, no spaces
@@ -167,6 +169,8 @@ class InferenceRequest(BaseModel):
     attempts: int = Field(default=0, ge=0)
     stream: bool = False
     caller: str | None = Field(default=None, pattern=ID_PATTERN)
+    prefix_hashes: tuple[int, ...] = ()
+    prefix_block_tokens: int = Field(default=0, ge=0)
 
     @property
     def route(self) -> str:
@@ -220,6 +224,8 @@ class InferenceRequest(BaseModel):
             fields["stream"] = "1"
         if self.caller is not None:
             fields["caller"] = self.caller
+        if self.prefix_hashes:
+            fields["prefix"] = encode_chain(self.prefix_block_tokens, self.prefix_hashes)
         return fields
 
     @classmethod
@@ -230,6 +236,7 @@ class InferenceRequest(BaseModel):
             CorruptRecord: a field is missing or mistyped.
         """
         try:
+            block_tokens, chain = decode_chain(fields.get("prefix", ""))
             return cls(
                 id=fields["id"],
                 model=fields["model"],
@@ -246,6 +253,8 @@ class InferenceRequest(BaseModel):
                 attempts=int(fields.get("attempts", "0")),
                 stream=fields.get("stream") == "1",
                 caller=fields.get("caller") or None,
+                prefix_hashes=chain,
+                prefix_block_tokens=block_tokens,
             )
         except KeyError as exc:
             raise CorruptRecord(key, f"missing field {exc.args[0]!r}") from None

@@ -66,16 +66,25 @@ def text_chain(
     block_tokens: int = defaults.PREFIX_BLOCK_TOKENS,
     chars_per_token: float = defaults.CHARS_PER_TOKEN,
     max_blocks: int = defaults.MAX_PREFIX_BLOCKS,
+    session: str | None = None,
 ) -> tuple[int, ...]:
     """The chain of a prompt text, blocks approximated as ``block_tokens x chars_per_token``
     characters; full blocks only, the first ``max_blocks`` at most.
 
+    Args:
+        session: an affinity hint (the OpenAI ``user`` field, a session id): it becomes
+            the chain's first block, so every request of the session shares at least
+            that block (stickiness without a long prompt); requests of other sessions
+            then share no block with it, a shared system prompt included.
+
     Returns:
-        ``()`` for a prompt shorter than one block.
+        ``()`` for a prompt shorter than one block and no session.
     """
     size = max(1, round(block_tokens * chars_per_token))
-    full = min(len(text) // size, max_blocks)
-    data = (text[i * size : (i + 1) * size].encode("utf-8", "surrogatepass") for i in range(full))
+    full = min(len(text) // size, max_blocks - (session is not None))
+    data = [text[i * size : (i + 1) * size].encode("utf-8", "surrogatepass") for i in range(full)]
+    if session is not None:
+        data.insert(0, b"\0session\0" + session.encode("utf-8", "surrogatepass"))
     return chain(data, block_tokens)
 
 

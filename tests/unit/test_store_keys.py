@@ -45,6 +45,7 @@ def test_every_key_is_under_the_prefix() -> None:
         k.quarantine,
         k.quarantined("x"),
         k.events,
+        k.prefix_log,
         k.rate_limits,
         k.wake,
         k.delayed,
@@ -70,6 +71,8 @@ def test_lua_templates_match_keys_py() -> None:
     assert k.inflight("W") == k.prefix + templates["k_inflight"] + "W"
     assert k.ctl("W") == k.prefix + templates["k_ctl"] + "W"
     assert k.caller("G") == k.prefix + templates["k_caller"] + "G"
+    assert "local function k_prefixlog(p) return p .. 'prefixlog' end" in LIB
+    assert k.prefix_log == k.prefix + "prefixlog"
     queue_lua = (resources.files("inferq.store") / "lua" / "includes" / "queue.lua").read_text()
     assert count_field_queue("C", "R") == "q:C|R"
     assert "'q:' .. class .. '|' .. route" in queue_lua

@@ -13,7 +13,8 @@ restarted at any time. Each step:
    died mid-answer, nobody reads them; a running one is aborted on its worker);
 3. read a snapshot (at most five pipelined round trips; once a second also the
    models of a running scaler's pools, so a request only a pool serves waits for
-   its cold start instead of being reported unschedulable), call
+   its cold start instead of being reported unschedulable), bring the prefix-cache
+   index up to date from the prefix log (one XRANGE, :mod:`.prefix_cache`), call
    :func:`inferq.policy.dispatch.decide`, quarantine corrupt records, note on each
    unschedulable request why (an expiry then gives that reason);
 4. per batch: one Lua call claims it (ZREM is the compare-and-set, so two
@@ -42,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from inferq import defaults
 from inferq.config import Settings
 from inferq.delivery import BatchSender
+from inferq.dispatcher.prefix_cache import PrefixCache
 from inferq.errors import InvalidRequest, RequestNotFound
 from inferq.ids import new_id
 from inferq.policy.dispatch import decide
@@ -122,6 +124,8 @@ class Dispatcher:
         self._outage = False  # a connection error since the last step that could reap
         self._reap_from = 0.0  # monotonic: no reaping before (grace after an outage)
         self._next_due: float | None = None  # monotonic: the next delayed retry is due
+        #: the prefix-cache index (None: affinity off), kept in step with the prefix log
+        self.prefix = PrefixCache(store, self.policy) if self.policy.affinity.enabled else None
 
     def stop(self) -> None:
         """Ask :meth:`run` to return after the current step."""
@@ -206,7 +210,8 @@ class Dispatcher:
             policy=self.policy,
         )
         self._quarantine(view, report)
-        snapshot = replace(view.snapshot, scaler_pools=self._pools)
+        index = None if self.prefix is None else self.prefix.refresh(view.snapshot.workers)
+        snapshot = replace(view.snapshot, scaler_pools=self._pools, prefix_index=index)
         t1 = time.perf_counter()
         decision = decide(snapshot, self.policy, view.fleet)
         report.decide_s = time.perf_counter() - t1
@@ -259,7 +264,10 @@ class Dispatcher:
 
     def _dispatch(self, batch: Batch, view: DispatchView, report: StepReport) -> None:
         batch_id = new_id()
-        items = [(a.request_id, view.queue_of[a.request_id], a.need_mib) for a in batch.items]
+        items = [
+            (a.request_id, view.queue_of[a.request_id], a.need_mib, a.cached_tokens)
+            for a in batch.items
+        ]
         claimed = self.store.assign(batch.worker_id, batch_id, items)
         if not claimed:
             return

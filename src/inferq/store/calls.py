@@ -240,19 +240,20 @@ def assign_call(
     settings: Settings,
     worker_id: str,
     batch_id: str,
-    items: Sequence[tuple[str, str, float]],
+    items: Sequence[tuple[str, str, float] | tuple[str, str, float, int]],
 ) -> Call:
-    """``assign.lua``: claim ``items`` = [(request id, its tenant sub-queue key, need MiB)]
-    for a worker."""
+    """``assign.lua``: claim ``items`` = [(request id, its tenant sub-queue key, need MiB[,
+    prompt tokens the prefix index forecast cached on the worker])] for a worker."""
     argv: list[Any] = [
         keys.prefix,
         worker_id,
         batch_id,
         round(settings.lease_s * 1000),
         settings.events_maxlen,
+        defaults.PREFIX_STREAM_MAXLEN,
     ]
-    for rid, queue_key, need in items:
-        argv += [rid, queue_key, f"{need:.3f}"]
+    for rid, queue_key, need, *cached in items:
+        argv += [rid, queue_key, f"{need:.3f}", int(cached[0]) if cached else 0]
     worker_keys = [
         keys.worker(worker_id),
         keys.load(worker_id),

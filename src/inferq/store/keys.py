@@ -51,6 +51,8 @@ P quarantined:<key>             any     a corrupt record, renamed aside
 P ratelimit...                  string  the gateway's per-tenant rate-limit windows (``limits``)
 P apikeys                       hash    an API key's SHA-256 hex -> its JSON entry (gateway)
 P events                        stream  capped event log
+P prefixlog                     stream  placements of prefix chains (worker, chains), capped:
+                                        what every dispatcher's prefix-cache index learns from
 P wake                          list    dispatcher wake-up tokens
 P estimates                     hash    ``<model>|<task>`` -> moving output-token mean
 P estimates:seen                zset    estimates field -> last write ms (bounds the hash)
@@ -227,6 +229,13 @@ class Keys:
     @property
     def events(self) -> str:
         return f"{self.prefix}events"
+
+    @property
+    def prefix_log(self) -> str:
+        """Stream of placements for the prefix-cache index (``assign.lua``): one entry per
+        claimed batch with prefix chains, ``w`` (worker) and ``c`` (its requests'
+        encoded chains, space-separated); capped (``PREFIX_STREAM_MAXLEN``)."""
+        return f"{self.prefix}prefixlog"
 
     @property
     def wake(self) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ from inferq.policy.snapshot import (
     Snapshot,
     WorkerView,
 )
+from inferq.prefix import decode as decode_chain
 from inferq.store.calls import parse_estimates
 from inferq.store.glance import redis_time, redis_time_ms
 from inferq.store.keys import Keys
@@ -101,6 +103,7 @@ def read_dispatch_view(
     cache: FleetCache | None = None,
     route_models: Callable[[str], Sequence[str]] | None = None,
     policy: DispatchPolicy | None = None,
+    chains: ChainCache | None = None,
 ) -> DispatchView:
     """Read everything one dispatch decision needs, in at most six pipelined round trips.
 
@@ -145,6 +148,9 @@ def read_dispatch_view(
             None: every free slot counts for every queue.
         policy: the dispatch policy: the cache keeps the fleet indexed for it
             (:meth:`FleetCache.keep_index`) and the view carries that index.
+        chains: the prefix chains read before (:class:`ChainCache`): a request's
+            ``prefix`` field (up to 8 KiB) is read only the first time it is in view;
+            None reads it every time.
     """
     k = keys
     fleet = cache if cache is not None else FleetCache()
@@ -292,12 +298,13 @@ def read_dispatch_view(
     queued: dict[str, list[QueuedRequest]] = {c: [] for c in classes}
     tasks: set[str] = set()
     if queue_of:
+        known = chains if chains is not None else ChainCache()
         pipe = client.pipeline(transaction=False)
         for rid in queue_of:
-            pipe.hmget(k.req(rid), POLICY_FIELDS)
+            pipe.hmget(k.req(rid), POLICY_FIELDS if rid in known else CHAIN_FIELDS)
         for rid, values in zip(list(queue_of), pipe.execute(), strict=True):
             try:
-                req = queued_request(rid, values)
+                req = queued_request(rid, values, known)
             except ValueError as exc:
                 members = [(queue_of.pop(rid), rid), (k.deadlines, rid)]
                 corrupt.append((k.req(rid), f"queued request: {exc}", members))
@@ -517,13 +524,24 @@ def worker_view(wid: str, fields: Sequence[str | None], load: Sequence[str | Non
     return view
 
 
-def queued_request(rid: str, values: list[str | None]) -> QueuedRequest:
-    """The policy's view of a request from :data:`POLICY_FIELDS` values.
+def queued_request(
+    rid: str, values: list[str | None], chains: ChainCache | None = None
+) -> QueuedRequest:
+    """The policy's view of a request from :data:`POLICY_FIELDS` values (and its prefix
+    chain: the value after them, :data:`CHAIN_FIELDS`, else from ``chains``).
 
     Raises:
         ValueError: a field is missing or does not parse (the record is quarantined).
     """
-    f = dict(zip(POLICY_FIELDS, values, strict=True))
+    f = dict(zip(POLICY_FIELDS, values[: len(POLICY_FIELDS)], strict=True))
+    if len(values) > len(POLICY_FIELDS):
+        block_tokens, chain = decode_chain(values[-1] or "")
+        if chains is not None:
+            chains.put(rid, block_tokens, chain)
+    elif chains is not None:
+        block_tokens, chain = chains.get(rid)
+    else:
+        block_tokens, chain = 0, ()
     missing = [name for name in POLICY_FIELDS[:8] if not f[name] and name != "task_type"]
     if missing:
         raise ValueError(f"missing field {missing[0]!r}")
@@ -540,7 +558,38 @@ def queued_request(rid: str, values: list[str | None]) -> QueuedRequest:
         attempts=int(f["attempts"] or 0),
         excluded_worker=f["excluded_worker"] or None,
         alone=f["suspect"] == "1",
+        prefix=chain,
+        block_tokens=block_tokens,
     )
+
+
+#: :data:`POLICY_FIELDS` and the prefix chain, read the first time a request is in view.
+CHAIN_FIELDS = (*POLICY_FIELDS, "prefix")
+
+
+class ChainCache:
+    """Prefix chains of queued requests already read (they never change once submitted).
+
+    Bounded: the oldest entries go beyond ``size`` (a request still queued then has
+    its chain read again).
+    """
+
+    def __init__(self, size: int = defaults.CHAIN_CACHE_SIZE) -> None:
+        self.size = size
+        self._chains: OrderedDict[str, tuple[int, tuple[int, ...]]] = OrderedDict()
+
+    def __contains__(self, rid: object) -> bool:
+        return rid in self._chains
+
+    def get(self, rid: str) -> tuple[int, tuple[int, ...]]:
+        """(block tokens, chain) of ``rid``; ``(0, ())`` when not held."""
+        return self._chains.get(rid, (0, ()))
+
+    def put(self, rid: str, block_tokens: int, chain: tuple[int, ...]) -> None:
+        """Remember ``rid``'s chain, evicting the oldest beyond the size."""
+        self._chains[rid] = (block_tokens, chain)
+        while len(self._chains) > self.size:
+            self._chains.popitem(last=False)
 
 
 #: Fields of a held request the preemption rule needs (read only for reserved workers).

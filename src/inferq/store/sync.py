@@ -27,7 +27,14 @@ from inferq.store import calls, repair
 from inferq.store.admin import AdminCalls
 from inferq.store.calls import Abort, Chunk, Completion, Submitted
 from inferq.store.connection import MIN_BLOCK_S, REPLY_ERRORS, Connection, connect
-from inferq.store.snapshot import DispatchView, FleetCache, read_dispatch_view, read_running
+from inferq.store.prefixlog import PrefixEntry, parse_entries
+from inferq.store.snapshot import (
+    ChainCache,
+    DispatchView,
+    FleetCache,
+    read_dispatch_view,
+    read_running,
+)
 
 log = logging.getLogger("inferq.store")
 
@@ -45,6 +52,8 @@ class Store(AdminCalls):
         #: The fleet as the last :meth:`dispatch_view` read it (only changed workers
         #: are read again: :class:`~inferq.store.snapshot.FleetCache`).
         self.fleet = FleetCache()
+        #: The prefix chains of requests read before (:class:`~inferq.store.snapshot.ChainCache`).
+        self.chains = ChainCache()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Store:
@@ -163,9 +172,14 @@ class Store(AdminCalls):
     # --- dispatcher side ------------------------------------------------------
 
     def assign(
-        self, worker_id: str, batch_id: str, items: Sequence[tuple[str, str, float]]
+        self,
+        worker_id: str,
+        batch_id: str,
+        items: Sequence[tuple[str, str, float] | tuple[str, str, float, int]],
     ) -> list[tuple[str, int]]:
-        """Claim ``items`` = [(request id, queue key, need MiB)] for a worker, atomically.
+        """Claim ``items`` = [(request id, queue key, need MiB[, prompt tokens the prefix
+        index forecast cached there])] for a worker, atomically; the claimed requests'
+        prefix chains go to the prefix log (:mod:`inferq.store.prefixlog`).
 
         The queue key is the request's tenant sub-queue (:meth:`Keys.tenant_queue`, as
         :attr:`DispatchView.queue_of` gives it); any other key claims nothing.
@@ -277,6 +291,30 @@ class Store(AdminCalls):
             cache=self.fleet,
             route_models=route_models,
             policy=policy,
+            chains=self.chains,
+        )
+
+    def read_prefix_log(
+        self, after: str, count: int = defaults.PREFIX_LOG_READ
+    ) -> tuple[list[PrefixEntry], str, int]:
+        """Entries of the prefix log after id ``after`` (``"0"``: from the start), at most
+        ``count``, in one XRANGE (:mod:`inferq.store.prefixlog`).
+
+        Returns:
+            (entries, the last id read or ``after`` when none, entries that did not parse).
+        """
+        start = "-" if after == "0" else f"({after}"
+        rows = self.redis.xrange(self.keys.prefix_log, start, "+", count=count)
+        entries, last, bad = parse_entries(rows)
+        return entries, last or after, bad
+
+    def note_prefix(self, worker_id: str, **fields: str | int) -> None:
+        """Write a ``reset`` or ``miss`` entry of the prefix log for a worker (one XADD)."""
+        self.redis.xadd(
+            self.keys.prefix_log,
+            {"w": worker_id, **{k: str(v) for k, v in fields.items()}},
+            maxlen=defaults.PREFIX_STREAM_MAXLEN,
+            approximate=True,
         )
 
     def running_on(self, worker_ids: Sequence[str]) -> dict[str, list[RunningRequest]]:

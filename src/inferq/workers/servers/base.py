@@ -73,6 +73,10 @@ class ServerResult:
             when the model server measures it; ``None`` otherwise.
         finish_reason: why generation stopped (``stop``: the model ended it or a stop
             sequence; ``length``: ``max_tokens`` reached), when the server says.
+        cached_tokens: prompt tokens the server reused from its prefix cache (not
+            prefilled again), as it reported them (llama.cpp's ``timings.cache_n``,
+            OpenAI's and vLLM's ``usage.prompt_tokens_details.cached_tokens``); None
+            when it reports none.
     """
 
     output: str
@@ -80,6 +84,7 @@ class ServerResult:
     completion_tokens: int
     ttft_s: float | None = None
     finish_reason: str | None = None
+    cached_tokens: int | None = None
 
 
 class ServerError(InferqError):

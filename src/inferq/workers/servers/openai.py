@@ -288,7 +288,9 @@ class OpenAIServer(ModelServer):
         output, usage, finish = _read_completion(request.id, data, chat=chat)
         if not output and finish is None:
             raise _nothing_generated(request)
-        return _result(request, output, usage, ttft_s=None, finish_reason=finish)
+        return _result(
+            request, output, usage, ttft_s=None, finish_reason=finish, timings=data.get("timings")
+        )
 
     async def _watched(
         self, request: ServerRequest, call: Coroutine[Any, Any, ServerResult], heard: list[float]
@@ -362,6 +364,7 @@ class OpenAIServer(ModelServer):
         chat = path.endswith("chat/completions")
         parts: list[str] = []
         usage: Any = None
+        timings: Any = None
         ttft_s: float | None = None
         finish: str | None = None
         done = False
@@ -383,6 +386,7 @@ class OpenAIServer(ModelServer):
                 if "error" in chunk:
                     raise stream_error(request.id, chunk)
                 usage = chunk.get("usage") or usage
+                timings = chunk.get("timings") or timings
                 piece, reason = _chunk_text(request.id, chunk, chat=chat)
                 finish = reason or finish
                 if piece:
@@ -403,7 +407,9 @@ class OpenAIServer(ModelServer):
             )
         if sink is not None and not sent_finish:  # a server that names no finish reason
             sink("", len(parts), finish or "stop")
-        return _result(request, "".join(parts), usage, ttft_s=ttft_s, finish_reason=finish)
+        return _result(
+            request, "".join(parts), usage, ttft_s=ttft_s, finish_reason=finish, timings=timings
+        )
 
     async def probe(self) -> ServerError | None:
         """Is the server healthy? ``GET /health`` (llama.cpp, vLLM, TGI), then a 1-token
@@ -823,10 +829,12 @@ def _result(
     *,
     ttft_s: float | None,
     finish_reason: str | None = None,
+    timings: Any = None,
 ) -> ServerResult:
     """Token counts from ``usage`` when present, else estimates (the scheduler's, and
     ``CHARS_PER_TOKEN`` characters per output token); completion tokens at most
-    ``max_tokens`` (an estimate from characters may exceed it)."""
+    ``max_tokens`` (an estimate from characters may exceed it). The prompt tokens the
+    server reused from its cache: :func:`cached_prompt_tokens`."""
     usage = usage if isinstance(usage, dict) else {}
     prompt = usage.get("prompt_tokens")
     completion = usage.get("completion_tokens")
@@ -840,4 +848,22 @@ def _result(
         completion_tokens=min(completion, request.max_tokens),
         ttft_s=ttft_s,
         finish_reason=finish_reason,
+        cached_tokens=cached_prompt_tokens(usage, timings),
     )
+
+
+def cached_prompt_tokens(usage: Any, timings: Any) -> int | None:
+    """Prompt tokens the server reused from its prefix cache, as it reports them.
+
+    OpenAI's (and vLLM's, with ``--enable-prompt-tokens-details``)
+    ``usage.prompt_tokens_details.cached_tokens``, else llama.cpp's ``timings.cache_n``
+    (its server's own count of prompt tokens taken from the slot's cache); None when
+    the answer holds neither (or a value that is not a non-negative integer).
+    """
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    value = details.get("cached_tokens") if isinstance(details, dict) else None
+    if value is None and isinstance(timings, dict):
+        value = timings.get("cache_n")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value

@@ -9,6 +9,7 @@ local function k_load(p, w) return p .. 'load:' .. w end
 local function k_inflight(p, w) return p .. 'inflight:' .. w end
 local function k_ctl(p, w) return p .. 'ctl:' .. w end
 local function k_caller(p, c) return p .. 'caller:' .. c end
+local function k_prefixlog(p) return p .. 'prefixlog' end
 -- A tenant's sub-queue of one queue, and the queue's tenant index. The route is
 -- length-prefixed (routes and tenants may both hold ':'), so no two (route, tenant)
 -- pairs share a sub-queue.
