@@ -387,6 +387,8 @@ class RequestRecord(BaseModel):
     timings: Timings
     reason: str | None = None
     result: Result | None = None
+    #: prompt tokens the prefix index forecast cached on ``worker`` at its last dispatch
+    cached_forecast: int = 0
 
     @classmethod
     def from_fields(cls, fields: dict[str, str], key: str = "?") -> RequestRecord:
@@ -430,6 +432,7 @@ class RequestRecord(BaseModel):
                 timings=timings,
                 reason=fields.get("error") or fields.get("reason") or None,
                 result=result,
+                cached_forecast=int(fields.get("cached_fc") or 0),
             )
         except (ValueError, ValidationError) as exc:
             raise CorruptRecord(key, _first_error(exc)) from None
@@ -530,6 +533,11 @@ class WorkerInfo(BaseModel):
             tensor-parallel model server).
         gpu_uuids: their NVML UUIDs, when measured.
         labels: free-form ``key=value`` labels.
+        prompt_tokens_total: prompt tokens of the requests it served (server's count).
+        cached_tokens_total: of those, the tokens its model server reported reusing
+            from its prefix cache (0 while the server reports nothing).
+        forecast_tokens_total: of those, the tokens the dispatcher's prefix index
+            forecast cached here (the approximate index against the server's count).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -554,6 +562,9 @@ class WorkerInfo(BaseModel):
     gpu_index: tuple[int, ...] = ()
     gpu_uuids: tuple[str, ...] = ()
     labels: dict[str, str] = Field(default_factory=dict)
+    prompt_tokens_total: int = Field(default=0, ge=0)
+    cached_tokens_total: int = Field(default=0, ge=0)
+    forecast_tokens_total: int = Field(default=0, ge=0)
 
     def to_fields(self) -> dict[str, str]:
         """Flat string hash for Redis (an unmeasured figure is ``""``; the server's
@@ -578,6 +589,9 @@ class WorkerInfo(BaseModel):
             "gpu_index": ",".join(map(str, self.gpu_index)),
             "gpu_uuids": ",".join(self.gpu_uuids),
             "labels": json.dumps(self.labels, sort_keys=True),
+            "prompt_tokens_total": str(self.prompt_tokens_total),
+            "cached_tokens_total": str(self.cached_tokens_total),
+            "forecast_tokens_total": str(self.forecast_tokens_total),
         }
         for name, value in self.server:
             fields[f"server_{name}"] = _opt_str(value)
@@ -615,6 +629,9 @@ class WorkerInfo(BaseModel):
                 gpu_index=tuple(int(i) for i in _csv(fields.get("gpu_index"))),
                 gpu_uuids=tuple(_csv(fields.get("gpu_uuids"))),
                 labels=json.loads(fields.get("labels") or "{}"),
+                prompt_tokens_total=int(fields.get("prompt_tokens_total") or 0),
+                cached_tokens_total=int(fields.get("cached_tokens_total") or 0),
+                forecast_tokens_total=int(fields.get("forecast_tokens_total") or 0),
             )
         except KeyError as exc:
             raise CorruptRecord(key, f"missing field {exc.args[0]!r}") from None

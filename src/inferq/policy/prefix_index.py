@@ -30,11 +30,11 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 
 #: Lower bound of the capacity scale a worker's corrections can reach.
-MIN_SCALE = 0.1
+MIN_SCALE = 0.01
 #: Factor a forecast that the server did not confirm shrinks the scale by, and the
-#: factor a confirmed one grows it back by (up to 1).
+#: step a confirmed one grows it back by (up to 1: fifty confirmations from nothing).
 SHRINK = 0.8
-GROW = 1.05
+GROW = 0.02
 
 
 class _WorkerCache:
@@ -116,18 +116,21 @@ class PrefixIndex:
     def observe(self, worker: str, forecast_tokens: int, served_tokens: int, block: int) -> None:
         """Correct ``worker`` from its server's count of reused prompt tokens.
 
-        A forecast the server missed by more than a block shrinks the worker's
-        modelled capacity by :data:`SHRINK` (down to :data:`MIN_SCALE`), evicting its
-        oldest blocks; a confirmed forecast grows it back by :data:`GROW` (up to 1).
+        A forecast the server missed by more than a block means the server holds less
+        than the index models: the modelled capacity shrinks to :data:`SHRINK` times
+        what the index held (or had room for, whichever is less; at least
+        :data:`MIN_SCALE` of the capacity), evicting the oldest blocks; a confirmed
+        forecast grows it back by :data:`GROW` of the capacity (up to all of it).
         """
         cache = self._caches.get(worker)
         if cache is None or forecast_tokens <= 0:
             return
         if served_tokens + block < forecast_tokens:
-            cache.scale = max(MIN_SCALE, cache.scale * SHRINK)
+            held = cache.used / cache.capacity if cache.capacity > 0 else 1.0
+            cache.scale = max(MIN_SCALE, min(cache.scale, held) * SHRINK)
             self._evict(worker, cache)
         else:
-            cache.scale = min(1.0, cache.scale * GROW)
+            cache.scale = min(1.0, cache.scale + GROW)
 
     # --- reading -------------------------------------------------------------
 

@@ -46,6 +46,7 @@ from inferq.latency import prefill_s, resident_kv_tokens, step_s
 from inferq.models import RequestRecord, WorkerInfo, WorkerState
 from inferq.store import (
     CONNECTION_ERRORS,
+    REDIS_ERRORS,
     REPLY_ERRORS,
     Abort,
     AsyncStore,
@@ -66,6 +67,7 @@ from inferq.workers.servers import (
     ModelServer,
     ServerError,
     ServerRequest,
+    ServerResult,
 )
 from inferq.workers.telemetry import TelemetryPoller, booked_kv_cache_mib, measured_kv_free_mib
 
@@ -173,6 +175,8 @@ class Engine:
         self.finished = 0
         self.failed = 0
         self.aborted = 0
+        #: (prompt, server-reported cached, index-forecast cached) tokens served, totals
+        self.prefix_tokens = [0, 0, 0]
         self._control = ControlReader(store, config.worker_id, self._on_control)
         self._rq: Any = None  # RQ's connection, opened when a broken job must be inspected
         self.telemetry = TelemetryPoller(server, worker_id=config.worker_id, slots=config.slots)
@@ -232,6 +236,7 @@ class Engine:
             return False
         self._call(self.telemetry.read_once())  # the first ready beat carries the server's figures
         self._loop.call_soon_threadsafe(self.telemetry.start)
+        self._note_prefix(reset=1)  # a restarted worker of the same id: its cache is empty
         self.state = WorkerState.READY
         self.beat()
         log.info(
@@ -244,9 +249,38 @@ class Engine:
         return True
 
     def _set_health_state(self, state: WorkerState) -> None:
-        """The health monitor's transition (ready <-> unhealthy), published at once."""
+        """The health monitor's transition (ready <-> unhealthy), published at once. Back
+        to ready, the model server may have been restarted or replaced: the prefix index
+        forgets what it held (a ``reset`` of the prefix log)."""
+        recovered = self.state is WorkerState.UNHEALTHY and state is WorkerState.READY
         self.state = state
+        if recovered:
+            self._note_prefix(reset=1)
         self._publish_state()
+
+    def _note_prefix(self, **fields: str | int) -> None:
+        """A ``reset`` or ``miss`` entry of the prefix log (:mod:`inferq.store.prefixlog`);
+        a Redis error only costs the index its correction."""
+        try:
+            self.store.note_prefix(self.config.worker_id, **fields)
+        except REDIS_ERRORS as exc:
+            log.warning("prefix log: %s", exc)
+
+    def _count_prefix(self, record: RequestRecord, result: ServerResult) -> dict[str, int]:
+        """Add a success's prompt tokens to the heartbeat's totals. Returns the ``miss``
+        to tell the index (:meth:`~inferq.policy.prefix_index.PrefixIndex.observe`) when
+        the server reports reusing fewer prompt tokens than the index forecast by more
+        than a block, else ``{}``."""
+        forecast = record.cached_forecast
+        served = result.cached_tokens
+        counts = self.prefix_tokens
+        counts[0] += result.prompt_tokens
+        counts[1] += served or 0
+        counts[2] += forecast
+        block = record.request.prefix_block_tokens
+        if served is not None and forecast > 0 and served + block < forecast:
+            return {"fc": forecast, "got": served, "bt": block}
+        return {}
 
     def begin_drain(self) -> None:
         """Take no new batches (the dispatcher sees ``draining`` on the next beat)."""
@@ -334,6 +368,9 @@ class Engine:
             gpu_index=c.gpu.indices,
             gpu_uuids=gpu.uuids,
             labels=c.labels,
+            prompt_tokens_total=self.prefix_tokens[0],
+            cached_tokens_total=self.prefix_tokens[1],
+            forecast_tokens_total=self.prefix_tokens[2],
         )
 
     @property
@@ -748,6 +785,8 @@ class Engine:
             prompt_tokens=req.prompt_tokens,
             timeout_s=max(0.001, remaining),
             on_chunk=self._sink(req.id, attempt, req.deadline) if req.stream else None,
+            prefix=req.prefix_hashes,
+            block_tokens=req.prefix_block_tokens,
         )
         t0 = self.clock.now()
         self._begun[(req.id, attempt)] = (t0, req.prompt_tokens, req.max_tokens)
@@ -773,6 +812,9 @@ class Engine:
             )
             return
         first = t0 + result.ttft_s if result.ttft_s is not None else None
+        miss = self._count_prefix(record, result)
+        if miss:
+            await asyncio.to_thread(self._note_prefix, **miss)
         outcome = Completion(
             req.id,
             attempt,

@@ -50,6 +50,8 @@ class ServerRequest:
         on_chunk: when set, the caller reads the output as it is generated: a model
             server that can stream calls it for each piece (see :data:`ChunkSink`); one
             that cannot leaves it, and the caller gets the whole text with the result.
+        prefix / block_tokens: the prompt's chain of block hashes and its block size
+            (:mod:`inferq.prefix`; the simulated server's prefix cache keys on it).
     """
 
     id: str
@@ -59,6 +61,8 @@ class ServerRequest:
     prompt_tokens: int
     timeout_s: float
     on_chunk: ChunkSink | None = None
+    prefix: tuple[int, ...] = ()
+    block_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

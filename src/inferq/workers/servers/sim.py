@@ -13,7 +13,8 @@ from collections.abc import Awaitable, Callable
 
 from inferq import defaults
 from inferq.config import ModelSpec
-from inferq.latency import service_time
+from inferq.latency import prefill_s, service_time
+from inferq.policy.prefix_index import PrefixIndex
 from inferq.workers.servers.base import (
     ModelServer,
     ServerError,
@@ -75,6 +76,13 @@ class SimServer(ModelServer):
     (``max_tokens`` when the parameter is absent); one word per token. The
     prompt token count reported is the scheduler's estimate.
 
+    It keeps a prefix cache as a real server does: an LRU of the prompts' blocks
+    (:class:`~inferq.policy.prefix_index.PrefixIndex`, keyed on the request's chain)
+    of ``prefix_cache_tokens``; the leading prompt tokens found there are not prefilled
+    again (the ttft is ``prefill_s(prompt) - prefill_s(cached)``, the cost of the
+    remaining positions under :func:`inferq.latency.prefill_s`) and are reported as
+    ``cached_tokens``, as llama.cpp and vLLM report theirs.
+
     Args:
         spec: the model; its ``latency`` profile (:mod:`inferq.latency`) and
             ``cold_start_s`` drive the timings.
@@ -85,6 +93,8 @@ class SimServer(ModelServer):
             ``ServerError("simulated failure")`` after its prefill.
         cold_start: when true, :meth:`load` sleeps ``spec.cold_start_s x time_scale``.
         sleep: the sleep function (tests pass a recorder). Default ``asyncio.sleep``.
+        prefix_cache_tokens: size of the prefix cache, tokens (0: none). Default: the
+            model's KV cache on a ``SIM_VRAM_MIB`` card.
 
     Raises:
         ConfigError: an option is out of range.
@@ -101,6 +111,7 @@ class SimServer(ModelServer):
         failure_rate: float | str = 0.0,
         cold_start: bool | str = False,
         sleep: Sleep = asyncio.sleep,
+        prefix_cache_tokens: float | str | None = None,
     ) -> None:
         self.spec = spec
         self.time_scale = float_option("time_scale", time_scale, ge=0.0)
@@ -108,6 +119,13 @@ class SimServer(ModelServer):
         self.cold_start = bool_option("cold_start", cold_start)
         self._rng = random.Random(int(seed) if isinstance(seed, str) and seed.isdigit() else seed)
         self._sleep = sleep
+        if prefix_cache_tokens is None:
+            kv_mib = spec.kv_cache_mib(defaults.SIM_VRAM_MIB)
+            prefix_cache_tokens = kv_mib * 1024 * 1024 / spec.kv_bytes_per_token
+        self.cache = PrefixIndex()
+        self.cache.set_capacity(
+            "self", float_option("prefix_cache_tokens", prefix_cache_tokens, ge=0.0)
+        )
 
     def __repr__(self) -> str:
         return (
@@ -137,8 +155,9 @@ class SimServer(ModelServer):
         fails = self._rng.random() < self.failure_rate
         words = self._rng.choices(_WORDS, k=n_out)
         st = service_time(self.spec, request.prompt_tokens, n_out, max(1, concurrency))
-        ttft_s = st.ttft_s * self.time_scale
-        total_s = st.total_s * self.time_scale
+        cached = self._cached(request)
+        ttft_s = max(0.0, st.ttft_s - prefill_s(self.spec, cached)) * self.time_scale
+        total_s = ttft_s + st.decode_s * self.time_scale
         if total_s > request.timeout_s or request.timeout_s <= 0:
             await self._pause(max(0.0, request.timeout_s))
             raise ServerError(
@@ -164,7 +183,17 @@ class SimServer(ModelServer):
             completion_tokens=n_out,
             ttft_s=ttft_s,
             finish_reason="length" if n_out >= request.max_tokens else "stop",
+            cached_tokens=cached,
         )
+
+    def _cached(self, request: ServerRequest) -> int:
+        """Leading prompt tokens of ``request`` found in the prefix cache, which then
+        holds its whole chain as the most recent."""
+        if not request.prefix:
+            return 0
+        held = self.cache.match(request.prefix).get("self", 0)
+        self.cache.touch("self", request.block_tokens, request.prefix)
+        return min(held * request.block_tokens, request.prompt_tokens)
 
     async def _pause(self, seconds: float) -> None:
         """Sleep ``seconds`` (already scaled); no call at all when that is 0."""

@@ -1,0 +1,132 @@
+"""Prefix-cache affinity on the real Redis: chains stored with requests, the prefix log
+written by assign.lua, dispatcher replicas that converge, resets and corrupt entries."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferq.client import Client
+from inferq.config import Settings
+from inferq.dispatcher.daemon import Dispatcher
+from inferq.dispatcher.prefix_cache import PrefixCache
+from inferq.errors import InvalidRequest
+from inferq.models import RequestState
+from inferq.policy.snapshot import DispatchPolicy
+from inferq.store import Completion, Store
+
+from ..helpers import ready_worker
+
+SYSTEM = "You are a careful assistant. " * 200  # ~5,800 characters: ~22 blocks of 64 tokens
+
+
+@pytest.fixture
+def client(settings: Settings, redis_client) -> Client:  # type: ignore[no-untyped-def]
+    return Client(settings=settings, connection=redis_client)
+
+
+def _finish(store: Store, client: Client, ids: list[str]) -> dict[str, str]:
+    """Complete the given assigned requests; return request id -> worker."""
+    where = {}
+    for rid in ids:
+        rec = client.status(rid)
+        assert rec.state is RequestState.ASSIGNED, rec.state
+        assert rec.worker is not None
+        where[rid] = rec.worker
+        store.start(rec.worker, [(rid, rec.attempt)])
+        store.complete(rec.worker, [Completion(rid, rec.attempt, "succeeded", output="ok")])
+    return where
+
+
+def test_a_conversation_s_later_turns_follow_its_cache(store: Store, client: Client) -> None:
+    for w in ("w1", "w2", "w3"):
+        ready_worker(store, w, slots=8, kv_cache_mib=16_000)
+    dispatcher = Dispatcher(store)
+    turns = [SYSTEM + f"user: question {i} " + "context " * 300 * i for i in range(1, 4)]
+    first = client.submit(turns[0], priority="realtime", max_tokens=16)
+    dispatcher.step()
+    [home] = _finish(store, client, [first.id]).values()
+    # other work arrives, so the least-utilised worker is no longer the conversation's
+    others = [client.submit(f"unrelated {i}", priority="realtime", max_tokens=16) for i in range(3)]
+    dispatcher.step()
+    _finish(store, client, [h.id for h in others])
+    for text in turns[1:]:
+        handle = client.submit(text, priority="realtime", max_tokens=16)
+        dispatcher.step()
+        rec = client.status(handle.id)
+        assert rec.worker == home
+        assert rec.cached_forecast >= 20 * 64  # the system prompt and the earlier turn
+        _finish(store, client, [handle.id])
+
+
+def test_two_dispatchers_learn_the_same_index_from_the_log(store: Store, client: Client) -> None:
+    ready_worker(store, "w1", slots=8, kv_cache_mib=16_000)
+    ready_worker(store, "w2", slots=8, kv_cache_mib=16_000)
+    a = Dispatcher(store)
+    for i in range(4):
+        client.submit(SYSTEM + f"turn {i}", priority="realtime", max_tokens=8)
+    a.step()
+    a.step()  # a replica learns its own placements from the log too, at its next step
+    other = Store(store.redis, store.settings)  # a second replica, its own memory
+    cache = PrefixCache(other, DispatchPolicy.from_settings(store.settings))
+    view = other.dispatch_view(["realtime"], 16, 30)
+    index = cache.refresh(view.snapshot.workers)
+    assert a.prefix is not None
+    assert index.sizes() == a.prefix.index.sizes()
+    assert index.sizes() and max(index.sizes().values()) >= 20
+    chain = client.status(
+        client.submit(SYSTEM, priority="realtime", max_tokens=8).id
+    ).request.prefix_hashes
+    assert index.match(chain) == a.prefix.index.match(chain) != {}
+
+
+def test_a_reset_forgets_a_worker_and_a_corrupt_entry_is_skipped(
+    store: Store, client: Client
+) -> None:
+    ready_worker(store, "w1", slots=8, kv_cache_mib=16_000)
+    d = Dispatcher(store)
+    client.submit(SYSTEM, priority="realtime", max_tokens=8)
+    d.step()
+    d.step()
+    assert d.prefix is not None and d.prefix.index.blocks("w1") > 0
+    store.redis.xadd(store.keys.prefix_log, {"w": "w1", "c": "64:zz"})  # not hex
+    store.redis.xadd(store.keys.prefix_log, {"nonsense": "1"})
+    store.note_prefix("w1", reset=1)
+    d.step()
+    assert d.prefix.index.blocks("w1") == 0
+    assert d.prefix.skipped == 2
+
+
+def test_a_miss_reported_by_the_server_shrinks_the_worker_s_model(
+    store: Store, client: Client
+) -> None:
+    ready_worker(store, "w1", slots=8, kv_cache_mib=16_000)
+    d = Dispatcher(store)
+    client.submit(SYSTEM, priority="realtime", max_tokens=8)
+    d.step()
+    d.step()
+    assert d.prefix is not None
+    before = d.prefix.index.blocks("w1")
+    store.note_prefix("w1", fc=1408, got=0, bt=64)
+    d.step()
+    assert d.prefix.index.blocks("w1") < before
+
+
+def test_the_chain_is_stored_compactly_and_read_back(store: Store, client: Client) -> None:
+    handle = client.submit(SYSTEM, priority="realtime", max_tokens=8)
+    raw = store.redis.hget(store.keys.req(handle.id), "prefix")
+    assert (
+        raw is not None
+        and raw.startswith("64:")
+        and len(raw) == 3 + 16 * len(client.status(handle.id).request.prefix_hashes)
+    )
+    assert SYSTEM[:100] not in raw
+
+
+def test_a_caller_s_chain_is_checked_before_redis(store: Store, client: Client) -> None:
+    with pytest.raises(InvalidRequest, match="prefix_hashes"):
+        client.submit("hi", prefix_hashes=[1, -2], max_tokens=8)
+    with pytest.raises(InvalidRequest, match="session"):
+        client.submit("hi", session="has space", max_tokens=8)
+    assert store.redis.dbsize() >= 0 and not list(store.redis.scan_iter(store.keys.req("*")))
+    given = client.submit("hi", prefix_hashes=[5, 6, 7], max_tokens=8)
+    assert client.status(given.id).request.prefix_hashes == (5, 6, 7)
