@@ -18,6 +18,7 @@ DEPLOYMENT_KEYS = {
     "stats",  # one counter per outcome
     "counts",  # one field per class (tenant fields go at 0)
     "events",  # capped stream (MAXLEN)
+    "prefixlog",  # capped stream (MAXLEN): the prefix-cache index's placements
     "fair:classes",  # one credit per class
     "wake",  # at most one token
     "wchanged",  # one member per worker live or removed within a minute (changed.lua)

@@ -219,3 +219,20 @@ def test_promtool_accepts_every_series(store: Store, settings: Settings) -> None
         [promtool, "check", "metrics"], input=text, capture_output=True, timeout=30
     )
     assert out.returncode == 0, (out.stdout + out.stderr).decode()
+
+
+def test_prefix_token_counters_come_from_the_workers_heartbeats(store: Store) -> None:
+    info = worker_info("w1").model_copy(
+        update={
+            "prompt_tokens_total": 1000,
+            "cached_tokens_total": 640,
+            "forecast_tokens_total": 700,
+        }
+    )
+    store.heartbeat(info, ttl_s=30)
+    registry, _ = build_registry(store, top_tenants=1)
+    text = generate_latest(registry).decode()
+    labels = '{model="llama-3.1-8b",worker="w1"}'
+    assert f"inferq_worker_prefix_lookup_tokens_total{labels} 1000.0" in text
+    assert f"inferq_worker_prefix_hit_tokens_total{labels} 640.0" in text
+    assert f"inferq_worker_prefix_forecast_tokens_total{labels} 700.0" in text

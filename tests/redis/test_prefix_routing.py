@@ -3,6 +3,8 @@ written by assign.lua, dispatcher replicas that converge, resets and corrupt ent
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from inferq.client import Client
@@ -130,3 +132,28 @@ def test_a_caller_s_chain_is_checked_before_redis(store: Store, client: Client) 
     assert store.redis.dbsize() >= 0 and not list(store.redis.scan_iter(store.keys.req("*")))
     given = client.submit("hi", prefix_hashes=[5, 6, 7], max_tokens=8)
     assert client.status(given.id).request.prefix_hashes == (5, 6, 7)
+
+
+def test_info_and_workers_show_the_index_and_the_hit_rate(store: Store, client: Client) -> None:
+    from click.testing import CliRunner
+
+    from inferq.cli.main import cli
+
+    from ..builders import worker_info
+
+    info = worker_info("w1", kv_cache_mib=16_000).model_copy(
+        update={"prompt_tokens_total": 1000, "cached_tokens_total": 250}
+    )
+    store.heartbeat(info, ttl_s=30)
+    client.submit(SYSTEM, priority="realtime", max_tokens=8)
+    Dispatcher(store).step()
+    base = ["--redis-url", store.settings.redis_url, "--namespace", store.settings.namespace]
+    out = CliRunner().invoke(cli, [*base, "info", "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert data["prefix_log"]["entries"] == 1 and data["prefix_log"]["bytes"] > 0
+    assert data["prefix_tokens"]["hit_rate"] == 0.25
+    rows = json.loads(CliRunner().invoke(cli, [*base, "workers", "--json"]).output)
+    assert rows[0]["prefix_hit_rate"] == 0.25
+    table = CliRunner().invoke(cli, [*base, "workers"]).output
+    assert "25%" in table

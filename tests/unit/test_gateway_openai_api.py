@@ -126,3 +126,26 @@ def test_a_timeout_header_in_any_other_form_is_refused(value: str) -> None:
         api.timeout_header(value)
     assert refused.value.field == "X-Inferq-Timeout"
     assert "plain decimal" in refused.value.reason
+
+
+def test_the_session_hint_is_per_tenant_and_always_valid() -> None:
+    from inferq.gateway.openai_api import session_hint
+    from inferq.intake import SESSION_RE
+
+    a = session_hint("acme", "user with spaces and ünïcode " * 20)
+    assert a is not None and SESSION_RE.fullmatch(a)
+    assert session_hint("acme", "bob") != session_hint("other", "bob")
+    assert session_hint("acme", None) is None and session_hint("acme", "") is None
+
+
+def test_a_session_s_short_requests_share_their_first_block() -> None:
+    from inferq.config import Settings
+    from inferq.intake import build_request
+
+    settings = Settings()
+    one = build_request(settings, prompt="hi", session="s1", max_tokens=4)
+    two = build_request(settings, prompt="hello there", session="s1", max_tokens=4)
+    other = build_request(settings, prompt="hi", session="s2", max_tokens=4)
+    assert one.prefix_hashes == two.prefix_hashes != other.prefix_hashes
+    assert len(one.prefix_hashes) == 1
+    assert build_request(settings, prompt="hi", max_tokens=4).prefix_hashes == ()

@@ -384,6 +384,17 @@ def workers(obj: Context, as_json: bool) -> None:
 
 
 @cli.command()
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def info(obj: Context, as_json: bool) -> None:
+    """The deployment: Redis memory, prefix-cache routing and its index, hit rate."""
+    from inferq.cli import views
+
+    emit(views.info_data(obj.store, obj.settings), as_json, views.info_table)
+
+
+@cli.command()
 @click.argument("worker_id")
 @click.option("--wait", is_flag=True, help="Show its in-flight work going down until it leaves.")
 @click.option("--timeout", default=600.0, show_default=True, help="Longest --wait, seconds.")

@@ -93,6 +93,10 @@ def worker_rows(store: Store) -> list[dict[str, Any]]:
             **{f"server_{name}": value for name, value in w.server},
             "heartbeat_age_s": round(max(0.0, now - w.last_heartbeat), 2),
             "host": w.host,
+            "prompt_tokens_total": w.prompt_tokens_total,
+            "cached_tokens_total": w.cached_tokens_total,
+            "forecast_tokens_total": w.forecast_tokens_total,
+            "prefix_hit_rate": _rate(w.cached_tokens_total, w.prompt_tokens_total),
         }
         for w in infos
     ]
@@ -108,13 +112,15 @@ def worker_table(rows: list[dict[str, Any]], counts: bool = False) -> Table:
     extra = ("finished", "failed") if counts else ()
     _id_column(table, "id", [r["id"] for r in rows])
     _id_column(table, "model", [r.get("model", "-") for r in rows])
-    for col in ("state", "slots", "VRAM free/total MiB", "KV measured MiB", "heartbeat", *extra):
+    columns = ("state", "slots", "VRAM free/total MiB", "KV measured MiB", "prefix hits")
+    for col in (*columns, "heartbeat", *extra):
         table.add_column(col)
     for r in rows:
         tail = [str(r.get(c, 0)) for c in extra]
         if r["state"] == "corrupt":
-            table.add_row(r["id"], "-", "[red]corrupt[/red]", "-", r["error"], "-", "-", *tail)
+            table.add_row(r["id"], "-", "[red]corrupt[/red]", "-", r["error"], "-", "-", "-", *tail)
             continue
+        hits = r.get("prefix_hit_rate")
         table.add_row(
             r["id"],
             r["model"],
@@ -122,9 +128,79 @@ def worker_table(rows: list[dict[str, Any]], counts: bool = False) -> Table:
             f"{r['slots_used']}/{r['slots']}",
             f"{r['vram_free_mib']}/{r['vram_total_mib']}",
             "-" if r.get("kv_measured_free_mib") is None else f"{r['kv_measured_free_mib']:.0f}",
+            "-" if hits is None else f"{hits:.0%}",
             f"{r['heartbeat_age_s']:.1f}s ago",
             *tail,
         )
+    return table
+
+
+def _rate(part: int, whole: int) -> float | None:
+    """``part / whole``, None when ``whole`` is 0."""
+    return part / whole if whole else None
+
+
+def info_data(store: Store, settings: Settings) -> dict[str, Any]:
+    """What ``inferq info`` shows: the deployment's Redis, its prefix-cache routing
+    settings and the prefix log (the shared index's Redis memory), and the fleet's
+    prefix hit rate (prompt tokens the model servers reported reusing)."""
+    infos, _ = store.workers()
+    prompt = sum(w.prompt_tokens_total for w in infos)
+    cached = sum(w.cached_tokens_total for w in infos)
+    forecast = sum(w.forecast_tokens_total for w in infos)
+    log = store.prefix_log_info()
+    p = settings.prefix
+    return {
+        "namespace": settings.namespace,
+        "redis_used_memory_bytes": store.redis_memory(),
+        "workers": len(infos),
+        "prefix_routing": {
+            "enabled": p.enabled,
+            "block_tokens": p.block_tokens,
+            "load_weight": p.load_weight,
+            "balance_abs_tokens": p.balance_abs_tokens,
+            "balance_rel": p.balance_rel,
+        },
+        "prefix_log": log,
+        "prefix_log_bytes_per_worker": round(log["bytes"] / len(infos)) if infos else None,
+        "prefix_tokens": {
+            "prompt": prompt,
+            "cached_by_servers": cached,
+            "forecast_by_index": forecast,
+            "hit_rate": _rate(cached, prompt),
+        },
+    }
+
+
+def info_table(data: dict[str, Any]) -> Table:
+    """``inferq info`` as a two-column table."""
+    from rich.table import Table
+
+    table = Table(title=f"inferq {data['namespace']}", show_header=False)
+    table.add_column("what")
+    table.add_column("value")
+    p, log, t = data["prefix_routing"], data["prefix_log"], data["prefix_tokens"]
+    rate = t["hit_rate"]
+    rows = [
+        ("Redis used memory", f"{data['redis_used_memory_bytes'] / 2**20:.1f} MiB"),
+        ("workers", str(data["workers"])),
+        ("prefix routing", "on" if p["enabled"] else "off"),
+        (
+            "prefix block / balance",
+            f"{p['block_tokens']} tokens / "
+            f"+{p['balance_abs_tokens']:.0f} tokens and x{p['balance_rel']}",
+        ),
+        ("prefix index (log)", f"{log['entries']} entries, {log['bytes'] / 2**20:.2f} MiB"),
+        (
+            "prefix hit rate",
+            "-"
+            if rate is None
+            else f"{rate:.1%} ({t['cached_by_servers']} of {t['prompt']} prompt tokens)",
+        ),
+        ("index forecast", f"{t['forecast_by_index']} prompt tokens"),
+    ]
+    for what, value in rows:
+        table.add_row(what, value)
     return table
 
 

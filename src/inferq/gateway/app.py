@@ -422,6 +422,11 @@ class Gateway:
         timeout = api.timeout_header(request.headers.get(api.TIMEOUT_HEADER)) or sub.timeout
         if timeout is not None:
             fields["timeout"] = timeout
+        params = fields.get("params") or {}
+        session = request.headers.get(api.SESSION_HEADER) or params.get("user")
+        hint = api.session_hint(key.tenant, session if isinstance(session, str) else None)
+        if hint is not None:
+            fields["session"] = hint
         try:
             built = build_request(self.settings, **fields)
         except TypeError as exc:

@@ -13,7 +13,9 @@ Mapping (also in the README, "Use it from any language"):
 - priority: the ``X-Inferq-Priority`` header or a ``priority`` body field (an extension;
   the OpenAI SDKs send it with ``extra_body``); default: the API key's default class.
 - deadline: the ``X-Inferq-Timeout`` header (seconds) or a ``timeout`` body field.
-- ``user``: kept in the request's parameters (recorded, forwarded to the model server).
+- ``user``: kept in the request's parameters (recorded, forwarded to the model server),
+  and, unless the ``X-Inferq-Session`` header gives one, the request's session hint for
+  prefix-cache affinity (hashed with the tenant: :func:`session_hint`).
 - sampling fields (``temperature``, ``top_p``, ``stop``, ``seed``, penalties, ...):
   forwarded to the model server as parameters (OpenAI's numeric ones, ``seed``, ``stop``
   and ``logit_bias`` checked for type first, the numbers for OpenAI's ranges:
@@ -23,6 +25,7 @@ Mapping (also in the README, "Use it from any language"):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -39,6 +42,9 @@ Endpoint = Literal["chat", "completions"]
 PRIORITY_HEADER = "X-Inferq-Priority"
 #: Header giving the request's timeout in seconds (OpenAI bodies have no such field).
 TIMEOUT_HEADER = "X-Inferq-Timeout"
+#: A session/affinity hint (issue 22): requests with the same value (per tenant) prefer
+#: the worker holding their prefix cache; without it the OpenAI ``user`` field serves.
+SESSION_HEADER = "X-Inferq-Session"
 #: A number in a header: ASCII digits, optionally a dot and more digits (``30``, ``2.5``).
 #: Python's ``float()``/``int()`` also take ``1_0``, ``1e1``, ``inf``, ``nan``, signs,
 #: spaces and non-ASCII digits, none of which an HTTP client means as a plain number.
@@ -274,6 +280,16 @@ def _check_sampling(params: Mapping[str, Any]) -> None:
 def _brief(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else f"{text[:40]}... ({type(value).__name__})"
+
+
+def session_hint(tenant: str, session: str | None) -> str | None:
+    """The affinity hint of a session id or OpenAI ``user`` (any text): 32 hex digits of
+    SHA-256 over the tenant and the id, so it is always a valid hint and two tenants'
+    equal ids are different sessions; None without an id."""
+    if not session:
+        return None
+    digest = hashlib.sha256(f"{tenant}\0{session}".encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()[:32]
 
 
 def timeout_header(value: str | None) -> float | None:

@@ -130,6 +130,20 @@ class DeploymentCollector(Collector):
             "Since the worker's last heartbeat",
             labels=labels,
         )
+        prefix = {  # issue 22: the prompt tokens the worker served, and the cached part
+            name: CounterMetricFamily(f"inferq_worker_{name}", text, labels=labels)
+            for name, text in (
+                ("prefix_lookup_tokens", "Prompt tokens of the requests the worker served"),
+                (
+                    "prefix_hit_tokens",
+                    "Of those, prompt tokens its model server reported reusing from its cache",
+                ),
+                (
+                    "prefix_forecast_tokens",
+                    "Of those, prompt tokens the dispatcher's prefix index forecast cached",
+                ),
+            )
+        }
         counts: dict[tuple[str, str], int] = {}
         for w in infos:
             counts[(w.model, w.state.value)] = counts.get((w.model, w.state.value), 0) + 1
@@ -150,6 +164,9 @@ class DeploymentCollector(Collector):
                 if value is not None:
                     measured[name].add_metric(key, value)
             age.add_metric(key, max(0.0, now - w.last_heartbeat))
+            prefix["prefix_lookup_tokens"].add_metric(key, w.prompt_tokens_total)
+            prefix["prefix_hit_tokens"].add_metric(key, w.cached_tokens_total)
+            prefix["prefix_forecast_tokens"].add_metric(key, w.forecast_tokens_total)
         for (model, state), n in sorted(counts.items()):
             by_state.add_metric([model, state], n)
         yield by_state
@@ -159,6 +176,7 @@ class DeploymentCollector(Collector):
         yield kv_used
         yield vram_free
         yield from measured.values()
+        yield from prefix.values()
         yield age
 
 

@@ -308,6 +308,22 @@ class Store(AdminCalls):
         entries, last, bad = parse_entries(rows)
         return entries, last or after, bad
 
+    def prefix_log_info(self) -> dict[str, int]:
+        """The prefix log's size: ``entries`` (XLEN) and ``bytes`` (MEMORY USAGE, all
+        entries sampled); zeros when it does not exist. Three commands."""
+        key = self.keys.prefix_log
+        entries = int(self.redis.xlen(key))
+        used = self.redis.memory_usage(key, samples=0) if entries else 0
+        return {
+            "entries": entries,
+            "bytes": int(used or 0),
+            "maxlen": defaults.PREFIX_STREAM_MAXLEN,
+        }
+
+    def redis_memory(self) -> int:
+        """Bytes the Redis server uses (``INFO memory``'s ``used_memory``; every namespace)."""
+        return int(self.redis.info("memory").get("used_memory", 0))
+
     def note_prefix(self, worker_id: str, **fields: str | int) -> None:
         """Write a ``reset`` or ``miss`` entry of the prefix log for a worker (one XADD)."""
         self.redis.xadd(
