@@ -64,3 +64,21 @@ def test_a_workers_kv_cell_shows_the_measured_room_when_it_has_one() -> None:
     html = render_fragment(state)
     assert "45/2651 MiB, 180 free measured" in html
     assert html.count("45/2651 MiB") == 2  # w2 measured nothing: the bookkeeping alone
+
+
+def test_a_workers_prefix_hit_rate_is_shown_from_the_server_s_count() -> None:
+    row = {
+        "id": "w1", "model": "m", "state": "ready", "slots_used": 1, "slots": 4,
+        "kv_used_mib": 45.0, "kv_cache_mib": 2651, "heartbeat_age_s": 0.2, "health": "ok",
+        "kv_measured_free_mib": None,
+    }  # fmt: skip
+    state = {
+        "queues": [],
+        "workers": [{**row, "prefix_hit_rate": 0.625}, {**row, "id": "w2"}],
+        "sla": {},
+        "sla_window_s": 300.0,
+        "events": [],
+        "dead_letter": {"count": 0, "requests": []},
+    }
+    html = render_fragment(state)
+    assert "prefix hits" in html and "62%" in html

@@ -80,6 +80,11 @@ refresh(); setInterval(refresh, {refresh_ms});
 """
 
 
+def _pct(value: float | None) -> str:
+    """A fraction as a whole percentage, ``-`` for none."""
+    return "-" if value is None else f"{value:.0%}"
+
+
 def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} s"
 
@@ -115,7 +120,7 @@ def render_fragment(state: dict[str, Any]) -> str:
         if w["state"] == "corrupt":
             workers.append(
                 [_td(w["id"], "id"), _td("-"), _td("corrupt", "corrupt")]
-                + [_td("-")] * 3
+                + [_td("-")] * 4
                 + [_td(w["health"], "corrupt")]
             )
             continue
@@ -126,6 +131,7 @@ def render_fragment(state: dict[str, Any]) -> str:
                 _td(w["state"]),
                 _td(f"{w['slots_used']}/{w['slots']}", "num"),
                 _td(_kv(w), "num"),
+                _td(_pct(w.get("prefix_hit_rate")), "num"),
                 _td(_s(w["heartbeat_age_s"]), "num"),
                 _td(w["health"], w["health"]),
             ]
@@ -133,7 +139,7 @@ def render_fragment(state: dict[str, Any]) -> str:
     parts.append(
         _table(
             "Workers",
-            ["worker", "model", "state", "slots", "KV cache", "heartbeat", "health"],
+            ["worker", "model", "state", "slots", "KV cache", "prefix hits", "heartbeat", "health"],
             workers,
             "no live worker",
         )
