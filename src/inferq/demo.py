@@ -571,9 +571,13 @@ def scaler_args(opts: DemoOptions, fleet: list[FleetEntry], log_dir: Path) -> li
     return args
 
 
-def _prompt(tokens: int) -> str:
-    # "tok " is 4 characters: one token for the fast estimate (4 characters per token).
-    return "tok " * max(1, tokens)
+def _prompt(rid: str, tokens: int) -> str:
+    """A prompt the fast estimate counts as ``tokens`` tokens ("tok " is 4 characters,
+    one token at 4 characters per token) that starts with the request's own id (8
+    characters, two tokens' worth): the Azure traces say nothing of shared prefixes, so
+    no two prompts may share one, or prefix-cache routing would see a common prefix as
+    long as the shorter prompt."""
+    return rid + "tok " * max(1, tokens - len(rid) // 4)
 
 
 def _replay(
@@ -609,7 +613,7 @@ def _replay(
             if due:
                 handles = client.submit_many(
                     {
-                        "prompt": _prompt(r.prompt_tokens),
+                        "prompt": _prompt(r.id, r.prompt_tokens),
                         "model": r.route,
                         "priority": r.priority,
                         "tenant": r.tenant,
