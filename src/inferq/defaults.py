@@ -223,6 +223,15 @@ HEALTH_PROBE_TIMEOUT_S = 5.0
 #: its queue, seconds (``HealthMonitor.judged``): a server that answers is judged in
 #: milliseconds; a busy one whose 1-token probe queues is not waited for longer.
 HEALTH_VERDICT_WAIT_S = 1.0
+#: Identical request refusals (same status, same message but its numbers) in a row, with
+#: no success between them, that make a worker hold its model server broken rather than
+#: its requests bad (``inferq.workers.rejections``). Issue 24: a server answering 400 to
+#: everything must burn at most 3 requests before it is taken out; one refusal, or two
+#: from a caller retrying its own mistake, is the caller's.
+BROKEN_SERVER_STREAK = 3
+#: Distinct tenants among those refusals, at least: one tenant repeating its own invalid
+#: request (a client bug) must not take a healthy server out for everyone.
+BROKEN_SERVER_TENANTS = 2
 #: Seconds an answer of the ``openai`` backend may stay silent (no byte of a stream, no
 #: answer at all) before the server's ``/health`` is checked (its ``stall_s`` option). A
 #: decoding server sends a token every few ms to ~100 ms; silence is a long prefill, a

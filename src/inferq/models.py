@@ -528,6 +528,8 @@ class WorkerInfo(BaseModel):
         slots: concurrent requests at most.
         in_flight: requests running now.
         state: ``starting``, ``ready``, ``unhealthy`` or ``draining``.
+        health_reason: why the worker is ``unhealthy`` (the failed probe, or the refusal
+            its server gave every request), ``""`` otherwise.
         last_heartbeat / started_at: epoch seconds.
         gpu_name / gpu_index: the cards, when known (CUDA indices; several for a
             tensor-parallel model server).
@@ -565,6 +567,7 @@ class WorkerInfo(BaseModel):
     prompt_tokens_total: int = Field(default=0, ge=0)
     cached_tokens_total: int = Field(default=0, ge=0)
     forecast_tokens_total: int = Field(default=0, ge=0)
+    health_reason: str = Field(default="", max_length=500)
 
     def to_fields(self) -> dict[str, str]:
         """Flat string hash for Redis (an unmeasured figure is ``""``; the server's
@@ -592,6 +595,7 @@ class WorkerInfo(BaseModel):
             "prompt_tokens_total": str(self.prompt_tokens_total),
             "cached_tokens_total": str(self.cached_tokens_total),
             "forecast_tokens_total": str(self.forecast_tokens_total),
+            "health_reason": self.health_reason,
         }
         for name, value in self.server:
             fields[f"server_{name}"] = _opt_str(value)
@@ -632,6 +636,7 @@ class WorkerInfo(BaseModel):
                 prompt_tokens_total=int(fields.get("prompt_tokens_total") or 0),
                 cached_tokens_total=int(fields.get("cached_tokens_total") or 0),
                 forecast_tokens_total=int(fields.get("forecast_tokens_total") or 0),
+                health_reason=fields.get("health_reason", ""),
             )
         except KeyError as exc:
             raise CorruptRecord(key, f"missing field {exc.args[0]!r}") from None

@@ -151,3 +151,37 @@ def test_a_400_inside_the_stream_is_the_callers_rejection_not_a_server_failure(
         assert len([r for r in server.requests if r.method == "POST"]) == 1
         assert fleet.state("w") != "unhealthy"  # not suspected: the server is fine
     assert fleet.store.dead_letters() == []
+
+
+def test_a_server_that_refuses_every_request_is_taken_out_after_two_and_comes_back(
+    fleet: Fleet, client: Client
+) -> None:
+    """Issue 24: a server answering 400 to every request stayed ``ready`` and failed
+    every request routed to it, for ever (a request error is the caller's, so nothing
+    suspected the server). The same refusal for 3 requests in a row from 2 tenants takes
+    it out: the first two fail as the callers' (nothing tells them apart from bad
+    requests yet), the third and any in flight go back to the queue and succeed on the
+    healthy worker. ``unhealthy`` names the refusal; strict probes bring it back once it
+    serves again."""
+    with StandIn(mode="error", error_status=400) as bad, StandIn() as good:
+        openai_worker(fleet, "bad", bad.url)
+        wait_for(lambda: fleet.state("bad") == "ready", what="the 400-ing worker ready", timeout=60)
+        openai_worker(fleet, "good", good.url)
+        handles = [
+            client.submit(
+                f"q{i}", priority="standard", tenant=f"t{i % 2}", max_tokens=4, timeout=30
+            )
+            for i in range(20)
+        ]
+        results = [h.result(timeout=40) for h in handles]
+        burned = [r for r in results if r.status != "succeeded"]
+        print(f"requests burned by a server refusing every request: {len(burned)}")
+        assert len(burned) <= 3, [r.error for r in burned]
+        assert all(r.status == "failed" for r in burned)
+        assert fleet.state("bad") == "unhealthy"
+        reason = fleet.store.redis.hget(fleet.store.keys.worker("bad"), "health_reason")
+        assert reason and "refused 3 requests in a row" in reason, reason
+        bad.mode = "ok"
+        wait_for(lambda: fleet.state("bad") == "ready", what="the server back", timeout=20)
+        assert fleet.store.redis.hget(fleet.store.keys.worker("bad"), "health_reason") == ""
+    assert fleet.store.dead_letters() == []

@@ -9,6 +9,12 @@ the scaler counts it as no capacity. It keeps probing every ``HEALTH_PROBE_INTER
 (or the server's ``Retry-After``, when longer, up to ``RETRY_AFTER_CAP_S``) and returns
 to ``ready`` by itself when a probe passes. Each transition is logged once at WARNING;
 nothing is logged per probe.
+
+A server that refuses every request (the same 400 for a run of requests from several
+tenants, :mod:`inferq.workers.rejections`) is taken out by :meth:`HealthMonitor.broken`:
+``unhealthy`` at once, with the refusal as its ``health_reason``, and its probes are
+strict (:meth:`ModelServer.probe`: the 1-token request must be served, not refused)
+until one passes.
 """
 
 from __future__ import annotations
@@ -54,6 +60,11 @@ class HealthMonitor:
         self._task: asyncio.Task[None] | None = None
         self._judged: asyncio.Event | None = None  # set once the probe loop's first verdict is out
         self.transitions = 0
+        #: why the server is held unhealthy (the last failed probe, or the refusal), or ""
+        self.reason = ""
+        #: True while the server is held broken for refusing every request: its probes
+        #: are strict and a refusal on it is not the caller's (the worker requeues it)
+        self.refusing = False
 
     @property
     def probing(self) -> bool:
@@ -70,6 +81,19 @@ class HealthMonitor:
             self._task = asyncio.get_running_loop().create_task(
                 self._probe_until_healthy(down, judged)
             )
+
+    def broken(self, refusal: ServerError, reason: str) -> None:
+        """The server refuses every request (``refusal``, the last of the run): turn
+        ``unhealthy`` now, with ``reason``, and probe strictly until it serves a probe
+        request. Call from the event loop."""
+        self.refusing = True
+        self.reason = reason
+        if self.probing:  # a loop already running probes strictly from its next round
+            return
+        self._judged = judged = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(
+            self._probe_until_healthy(refusal, judged)
+        )
 
     async def judged(self, timeout_s: float = defaults.HEALTH_VERDICT_WAIT_S) -> None:
         """Wait (at most ``timeout_s``) until the running probe loop's first verdict is
@@ -100,22 +124,26 @@ class HealthMonitor:
             down = None
             if error is None:
                 try:
-                    error = await self.server.probe()
+                    error = await self.server.probe(strict=self.refusing)
                 except Exception as exc:  # a probe that raises says the server is not healthy
                     error = ServerError(f"probe raised {exc!r}", retryable=True)
             state = self._get_state()
             if error is None:
+                self.refusing = False
+                self.reason = ""
                 if state is WorkerState.UNHEALTHY:
                     self.transitions += 1
                     log.warning("worker %s: model server healthy again; ready", self.worker_id)
                     await asyncio.to_thread(self._set_state, WorkerState.READY)
                 return
+            if not self.refusing:
+                self.reason = str(error)[:500]
             if state is WorkerState.READY:
                 self.transitions += 1
                 log.warning(
                     "worker %s: model server unhealthy (%s); taking no work until it recovers",
                     self.worker_id,
-                    error,
+                    self.reason,
                 )
                 await asyncio.to_thread(self._set_state, WorkerState.UNHEALTHY)
             elif state is not WorkerState.UNHEALTHY:

@@ -61,6 +61,7 @@ from inferq.workers.control import ControlReader
 from inferq.workers.gpu import GpuReader
 from inferq.workers.health import HealthMonitor
 from inferq.workers.pulse import HeartbeatProcess
+from inferq.workers.rejections import RejectionStreak, signature
 from inferq.workers.servers import (
     ChunkSink,
     FailureKind,
@@ -186,6 +187,8 @@ class Engine:
             get_state=lambda: self.state,
             set_state=self._set_health_state,
         )
+        # The run of identical refusals: a server that refuses every request is broken.
+        self._refusals = RejectionStreak()
 
     # --- identity, as the delivery seam sees it ----------------------------------------
 
@@ -371,6 +374,7 @@ class Engine:
             prompt_tokens_total=self.prefix_tokens[0],
             cached_tokens_total=self.prefix_tokens[1],
             forecast_tokens_total=self.prefix_tokens[2],
+            health_reason=self.health.reason if self.state is WorkerState.UNHEALTHY else "",
         )
 
     @property
@@ -801,7 +805,7 @@ class Engine:
             )
             return
         except ServerError as exc:
-            await self._failed(req.id, attempt, exc)
+            await self._failed(req.id, attempt, exc, tenant=req.tenant)
             return
         except asyncio.CancelledError:
             raise
@@ -811,6 +815,7 @@ class Engine:
                 req.id, attempt, ServerError(f"backend crashed: {exc!r}", retryable=True)
             )
             return
+        self._refusals.succeeded()
         first = t0 + result.ttft_s if result.ttft_s is not None else None
         miss = self._count_prefix(record, result)
         if miss:
@@ -887,17 +892,46 @@ class Engine:
                 except Exception as exc:  # the result path must go on regardless
                     log.warning("dropped %d output chunks: %s", len(batch), exc)
 
-    async def _failed(self, rid: str, attempt: int, exc: ServerError) -> None:
+    async def _failed(
+        self, rid: str, attempt: int, exc: ServerError, *, tenant: str = "default"
+    ) -> None:
         """Fail ``rid`` at once (a request error) or requeue it with a backoff, spending
         an attempt unless the model server's infrastructure failed
-        (:mod:`inferq.workers.failures`); any retryable failure has the server probed."""
+        (:mod:`inferq.workers.failures`); any retryable failure has the server probed.
+
+        A refusal that completes a run of identical ones (:mod:`inferq.workers.rejections`),
+        or comes while the server is held broken for them, is the server's fault: the
+        worker turns ``unhealthy`` and the request goes back to its queue, no attempt
+        spent, for a server that serves it."""
         self.failed += 1
         retry = failures.plan(exc, attempt)
         if not retry.retry:
-            rejection = exc.rejection or ""
-            self._queue(Completion(rid, attempt, "failed", error=str(exc), rejection=rejection))
-            return
-        self.health.suspect(exc if exc.server_down else None)
+            refusal = exc.rejection or str(exc)
+            if not self.health.refusing:
+                if not self._refusals.refused(
+                    signature(exc.status, refusal), request_id=rid, tenant=tenant
+                ):
+                    self._queue(
+                        Completion(
+                            rid, attempt, "failed", error=str(exc), rejection=exc.rejection or ""
+                        )
+                    )
+                    return
+                run = self._refusals.run
+                self._refusals.succeeded()  # the next run starts after the server is back
+                self.health.broken(
+                    exc,
+                    f"model server refused {run} requests in a row from several tenants"
+                    f" alike: {refusal}"[:500],
+                )
+            retry = failures.RetryPlan(
+                FailureKind.INFRASTRUCTURE,
+                retry=True,
+                spend_attempt=False,
+                delay_s=failures.backoff_s(attempt),
+            )
+        else:
+            self.health.suspect(exc if exc.server_down else None)
         await self.health.judged()  # the worker unhealthy before its slot frees
         log.info(
             "request %s attempt %d: %s failure, retry in %.2f s%s: %s",

@@ -173,9 +173,14 @@ class ModelServer(ABC):
     async def close(self) -> None:  # noqa: B027 - an optional hook, not abstract
         """Release connections and resources. Safe to call twice."""
 
-    async def probe(self) -> ServerError | None:
+    async def probe(self, *, strict: bool = False) -> ServerError | None:
         """Check the server is healthy (the worker calls it after a failure, and then
         every ``HEALTH_PROBE_INTERVAL_S`` while it holds the server unhealthy).
+
+        Args:
+            strict: the server was taken out for refusing every request
+                (:mod:`inferq.workers.rejections`): only an answer that serves the probe
+                request passes, a refusal of it (a 4xx) fails.
 
         Returns:
             None when healthy; otherwise the error that says why not (its ``kind`` and

@@ -411,12 +411,15 @@ class OpenAIServer(ModelServer):
             request, "".join(parts), usage, ttft_s=ttft_s, finish_reason=finish, timings=timings
         )
 
-    async def probe(self) -> ServerError | None:
+    async def probe(self, *, strict: bool = False) -> ServerError | None:
         """Is the server healthy? ``GET /health`` (llama.cpp, vLLM, TGI), then a 1-token
         completion. None when both pass, else the error of the first that failed (its kind
         and ``Retry-After`` included). An answer that refuses the probe itself (a 4xx but
         408 and 429: no ``/health`` route, a chat-only server without ``/v1/completions``)
-        counts as a pass: the server is up and answering, and an outage is what is probed."""
+        counts as a pass: the server is up and answering, and an outage is what is probed.
+        With ``strict`` (a server taken out for refusing every request) the 1-token
+        completion must succeed: its refusal is the fault probed for (a 404 or 405, no
+        such route, still passes)."""
         timeout = defaults.HEALTH_PROBE_TIMEOUT_S
         try:
             response = await self._client().get("/health", timeout=timeout)
@@ -424,8 +427,10 @@ class OpenAIServer(ModelServer):
                 return error
             body = {"model": self.served_model_name, "prompt": "Hi", "max_tokens": 1}
             response = await self._client().post("/v1/completions", json=body, timeout=timeout)
-            if not response.is_success and (error := status_error("probe", response)).retryable:
-                return error
+            if not response.is_success:
+                error = status_error("probe", response)
+                if error.retryable or (strict and response.status_code not in (404, 405)):
+                    return error
         except httpx.HTTPError as exc:
             return ServerError(
                 f"openai: probe of {redact_url(self.base_url)} failed: {type(exc).__name__}: {exc}",
