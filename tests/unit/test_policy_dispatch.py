@@ -573,7 +573,11 @@ def test_lowest_counter_tenant_served_first_and_charged() -> None:
 
 
 def test_newly_active_tenant_is_lifted_to_the_active_minimum() -> None:
-    reqs = [request("a1", tenant="a"), request("b1", tenant="b"), request("n1", tenant="new")]
+    reqs = [
+        request("a1", tenant="a"),
+        request("b1", tenant="b", waited=2.0),
+        request("n1", tenant="new", waited=1.0),
+    ]
     state = FairnessState(
         tenant_counter={"realtime": {"a": 900.0, "b": 700.0, "new": 10.0, "gone": 1.0}},
         active_tenants={"realtime": frozenset({"a", "b", "gone"})},
@@ -589,8 +593,10 @@ def test_newly_active_tenant_is_lifted_to_the_active_minimum() -> None:
     assert decision.tenant_counter_floor == {"realtime": {"new": 700.0}}
     assert decision.active_tenants["realtime"] == frozenset({"a", "b", "new"})
     assert decision.active_tenants["standard"] == frozenset()
-    # b and new tie at 700: the name breaks the tie
+    # b and new tie at 700: b's request has waited longer (not the name: issue 24)
     assert assigned(decision) == {"b1": "w"}
+    reqs[2] = request("n1", tenant="new", waited=3.0)
+    assert assigned(decide(snap, policy())) == {"n1": "w"}  # now new's has
 
 
 def test_weighted_tenant_gets_proportionally_more() -> None:

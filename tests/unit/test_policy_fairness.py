@@ -12,6 +12,7 @@ from inferq.config import Settings
 from inferq.policy.fairness import (
     VirtualTokenCounter,
     lift_new_tenants,
+    name_hash,
     overdue_s,
     swrr_charge,
     swrr_winner,
@@ -103,8 +104,9 @@ def test_lift_uses_weighted_counters() -> None:
 
 
 def test_vtc_serves_lowest_then_follows_charges() -> None:
-    vtc = VirtualTokenCounter({"a": 10.0, "b": 0.0}, ["a", "b", "c"], one)
-    assert vtc.lowest() == "b"  # b and c both 0: name order
+    oldest = {"a": 3.0, "b": 1.0, "c": 2.0}
+    vtc = VirtualTokenCounter({"a": 10.0, "b": 0.0}, ["a", "b", "c"], one, oldest)
+    assert vtc.lowest() == "b"  # b and c both 0: b's oldest request waited longer
     vtc.charge("b", 20.0)
     assert vtc.lowest() == "c"
     vtc.charge("c", 5.0)
@@ -140,3 +142,38 @@ def test_vtc_keeps_backlogged_tenants_within_one_cost(costs: list[int], n: int) 
         vtc.charge(tenant, float(cost))
         values = [vtc.counters.get(t, 0.0) for t in tenants]
         assert max(values) - min(values) <= max(costs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.text("abcxyz-0123456789", min_size=1, max_size=8), st.integers(0, 50)),
+        min_size=2,
+        max_size=12,
+        unique_by=lambda t: t[0],
+    ),
+    st.integers(0, 3),
+)
+def test_vtc_ties_go_to_the_oldest_waiting_request_then_a_stable_hash(
+    tenants: list[tuple[str, int]], counter: int
+) -> None:
+    """Issue 24: equal counters were broken by tenant name, so ``aaa-*`` tenants were
+    always served first among equals. Among equals the tenant whose oldest request
+    waited longest goes first, then the lowest stable hash: never the name's order."""
+    oldest = {name: float(at) for name, at in tenants}
+    vtc = VirtualTokenCounter({n: float(counter) for n in oldest}, list(oldest), one, oldest)
+    first = vtc.lowest()
+    assert first is not None
+    expected = min(oldest, key=lambda n: (oldest[n], name_hash(n)))
+    assert first == expected
+
+
+def test_equal_tenants_waiting_alike_are_not_served_in_name_order() -> None:
+    """Same counters, same oldest request: which one goes first is the hash's choice, and
+    over many names the alphabetically first is served first about 1 time in n, not always."""
+    wins = 0
+    for i in range(200):
+        names = [f"aaa-{i}", f"mmm-{i}", f"zzz-{i}"]
+        vtc = VirtualTokenCounter({}, names, one, dict.fromkeys(names, 5.0))
+        wins += vtc.lowest() == names[0]
+    assert 30 < wins < 110  # ~67 expected; name order would give 200

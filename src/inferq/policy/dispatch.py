@@ -188,7 +188,10 @@ class _Run:
             self.floor[cls.name] = lifted
         self.active[cls.name] = frozenset(backlogged)
         self.vtc[cls.name] = VirtualTokenCounter(
-            {**counters, **lifted}, tenants, self.policy.tenant_weight
+            {**counters, **lifted},
+            tenants,
+            self.policy.tenant_weight,
+            {t: its[0].req.submitted_at for t, its in tenants.items() if its},
         )
         # the standing at the decision's start (the reservation rule compares tenants by it)
         self.start_vt[cls.name] = {t: self.vtc[cls.name].virtual_time(t) for t in backlogged}

@@ -41,8 +41,11 @@ Language Models", OSDI 2024)
     Each tenant has a counter of the tokens it was served; a request costs
     ``prompt_tokens + vtc_output_weight * estimated output tokens`` (the paper's
     ``w_p * L_input + w_q * L_output`` with w_p = 1). The backlogged tenant with
-    the lowest ``counter / weight`` (weight 1 unless configured) is served next,
-    ties by tenant name. A tenant that becomes active (backlogged now, not at
+    the lowest ``counter / weight`` (weight 1 unless configured) is served next;
+    among equals the tenant whose oldest dispatchable request has waited longest
+    (at the decision's start), then a stable hash of the name (CRC-32: the same in
+    every dispatcher replica). Ties by name served ``aaa-*`` tenants first among
+    equals, every time (issue 24). A tenant that becomes active (backlogged now, not at
     the previous decision) is lifted to ``max(own, weight * min(counter / weight))``
     over the tenants that were active before and are still backlogged, so idle
     time earns no credit. Counters of tenants that stay backlogged with
@@ -54,6 +57,7 @@ Language Models", OSDI 2024)
 from __future__ import annotations
 
 import heapq
+import zlib
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 
 from inferq.config import PriorityClass
@@ -153,6 +157,12 @@ def lift_new_tenants(
     return lifted
 
 
+def name_hash(tenant: str) -> int:
+    """A tenant's stable tie-break hash (CRC-32 of its name: the same in every process,
+    unlike ``hash``, and not ordered like the name)."""
+    return zlib.crc32(tenant.encode())
+
+
 class VirtualTokenCounter:
     """VTC working state of one class during one decision: who is served next.
 
@@ -160,6 +170,10 @@ class VirtualTokenCounter:
         counters: tenant -> counter at the start (lifts already applied).
         tenants: the tenants that have queued requests to offer.
         weight: tenant -> fair-share weight (> 0).
+        oldest: tenant -> submit time (epoch seconds) of its oldest dispatchable
+            request at the decision's start: among tenants of equal ``counter /
+            weight`` the smallest is served first (missing: after every known one),
+            then the lowest :func:`name_hash`.
     """
 
     def __init__(
@@ -167,12 +181,18 @@ class VirtualTokenCounter:
         counters: Mapping[str, float],
         tenants: Iterable[str],
         weight: Callable[[str], float],
+        oldest: Mapping[str, float] | None = None,
     ) -> None:
         self.counters: dict[str, float] = dict(counters)
         self._weight = weight
+        self._oldest = dict(oldest or {})
         self._live: set[str] = set(tenants)
-        self._heap = [(self._key(t), t) for t in self._live]
+        self._heap = [self._entry(t) for t in self._live]
         heapq.heapify(self._heap)
+
+    def _entry(self, tenant: str) -> tuple[float, float, int, str]:
+        oldest = self._oldest.get(tenant, float("inf"))
+        return (self._key(tenant), oldest, name_hash(tenant), tenant)
 
     def _key(self, tenant: str) -> float:
         return self.counters.get(tenant, 0.0) / self._weight(tenant)
@@ -182,10 +202,11 @@ class VirtualTokenCounter:
         return self._key(tenant)
 
     def lowest(self) -> str | None:
-        """The tenant with the lowest ``counter / weight`` still offering work (name on ties)."""
+        """The tenant with the lowest ``counter / weight`` still offering work (on ties
+        the one waiting longest, then the lowest :func:`name_hash`)."""
         heap = self._heap
         while heap:
-            key, tenant = heap[0]
+            key, _, _, tenant = heap[0]
             if tenant in self._live and key == self._key(tenant):
                 return tenant
             heapq.heappop(heap)  # stale entry: charged since, or dropped
@@ -199,4 +220,4 @@ class VirtualTokenCounter:
         """Add ``cost`` tokens to ``tenant``'s counter."""
         self.counters[tenant] = self.counters.get(tenant, 0.0) + cost
         if tenant in self._live:
-            heapq.heappush(self._heap, (self._key(tenant), tenant))
+            heapq.heappush(self._heap, self._entry(tenant))
