@@ -10,7 +10,7 @@
 -- (includes/queue.lua). The queued counters of every (class, tenant) it touched (an id
 -- taken out of a sub-queue, a sub-queue set aside) are then recounted from what is queued:
 -- the tenant's ids in the class's sub-queues plus its delayed retries
--- (includes/counts.lua's invariant), c:<class> and fair:live following by the same
+-- (includes/counts.lua's invariant; includes/recount.lua), c:<class> and fair:live following by the same
 -- difference; the depth of a queue an id left (q:<class>|<route>: an id planted by hand
 -- never raised it) or whose sub-queue was set aside is recounted too, and a set-aside tenant
 -- index is rebuilt from the sub-queues of the class's backlogged tenants (fair:live), so
@@ -24,86 +24,15 @@
 -- inflight:<w> ids still assigned to or running on it: one slot and need_mib each, and
 -- `isolated` for a suspect among them) and the worker is marked changed, so a live worker
 -- goes on serving and is never promised capacity it does not have.
--- include: clock, keys, events, queue, counts, changed
+-- include: clock, keys, events, queue, counts, changed, recount
 local p, reason = ARGV[1], ARGV[2]
-
-local function zcard_of(key)
-  if redis.call('TYPE', key).ok ~= 'zset' then return 0 end
-  return redis.call('ZCARD', key)
-end
-
--- The routes of a class's queues (the `queues` set's `class|route` members).
-local function routes_of(class)
-  local out = {}
-  for _, name in ipairs(redis.call('SMEMBERS', p .. 'queues')) do
-    local c, route = name:match('^([^|]+)|(.+)$')
-    if c == class then out[#out + 1] = route end
-  end
-  return out
-end
-
--- t:<class>:<tenant> (and c:<class>, fair:live by count_queued) set to what is queued.
-local function recount_tenant(class, tenant)
-  local n = 0
-  for _, route in ipairs(routes_of(class)) do n = n + zcard_of(k_tqueue(p, class, route, tenant)) end
-  if redis.call('TYPE', p .. 'delayed').ok == 'zset' then
-    for _, id in ipairs(redis.call('ZRANGE', p .. 'delayed', 0, -1)) do
-      local r = redis.pcall('HMGET', k_req(p, id), 'priority', 'tenant')
-      if type(r) == 'table' and not r.err and r[1] == class and r[2] == tenant then n = n + 1 end
-    end
-  end
-  local had = tonumber(redis.call('HGET', p .. 'counts', 't:' .. class .. ':' .. tenant)) or 0
-  if n ~= had then count_queued(p, class, tenant, n - had, true) end
-end
-
--- Every t:<class>:<tenant> and c:<class> set to what is queued (the tenants of every
--- tenant index, the delayed retries by their records).
-local function recount_all()
-  local truth, classes = {}, {}
-  local function add(class, tenant, n)
-    classes[class] = true
-    truth[class] = truth[class] or {}
-    truth[class][tenant] = (truth[class][tenant] or 0) + n
-  end
-  for _, name in ipairs(redis.call('SMEMBERS', p .. 'queues')) do
-    local class, route = name:match('^([^|]+)|(.+)$')
-    local index = class and k_tindex(p, class, route)
-    if index and redis.call('TYPE', index).ok == 'zset' then
-      for _, tenant in ipairs(redis.call('ZRANGE', index, 0, -1)) do
-        add(class, tenant, zcard_of(k_tqueue(p, class, route, tenant)))
-      end
-    end
-  end
-  if redis.call('TYPE', p .. 'delayed').ok == 'zset' then
-    for _, id in ipairs(redis.call('ZRANGE', p .. 'delayed', 0, -1)) do
-      local r = redis.pcall('HMGET', k_req(p, id), 'priority', 'tenant')
-      if type(r) == 'table' and not r.err and r[1] and r[2] then add(r[1], r[2], 1) end
-    end
-  end
-  local counts = redis.call('HGETALL', p .. 'counts')
-  for i = 1, #counts - 1, 2 do
-    local class, tenant = counts[i]:match('^t:([^:]+):(.*)$')
-    if class then add(class, tenant, 0) end
-    class = counts[i]:match('^c:(.+)$')
-    if class then classes[class] = true end
-  end
-  for class in pairs(classes) do
-    local total = 0
-    for tenant, n in pairs(truth[class] or {}) do
-      local had = tonumber(redis.call('HGET', p .. 'counts', 't:' .. class .. ':' .. tenant)) or 0
-      if n ~= had then count_queued(p, class, tenant, n - had, true) end
-      total = total + n
-    end
-    redis.call('HSET', p .. 'counts', 'c:' .. class, total)
-  end
-end
 
 -- counts:q:<class>|<route> set to the ids in the queue's sub-queues.
 local function recount_queue(class, route)
   local n, index = 0, k_tindex(p, class, route)
   if redis.call('TYPE', index).ok == 'zset' then
     for _, tenant in ipairs(redis.call('ZRANGE', index, 0, -1)) do
-      n = n + zcard_of(k_tqueue(p, class, route, tenant))
+      n = n + recount_zcard(k_tqueue(p, class, route, tenant))
     end
   end
   redis.call('HSET', p .. 'counts', 'q:' .. class .. '|' .. route, n)
@@ -192,9 +121,9 @@ for i = 4, #ARGV, 2 do
 end
 for _, q in pairs(queues) do recount_queue(q[1], q[2]) end
 if unreadable then
-  recount_all()
+  recount_queued(p)
 else
-  for _, ct in ipairs(touched) do recount_tenant(ct[1], ct[2]) end
+  for _, ct in ipairs(touched) do recount_queued(p, ct[1], ct[2]) end
 end
 emit(p, ARGV[3], 'quarantine', 'key', KEYS[1], 'reason', reason)
 return 1
