@@ -44,8 +44,9 @@ def test_shaped_load_reverses_at_most_once_per_10_minutes_and_saves_gpus(tmp_pat
 GPU_RATIO_BOUND = 0.74
 
 #: Attainment (flat SLA) inferq may lose against the peak fleet here, per class: the
-#: measurement with this seed rounded up (realtime 0.37 points, standard 0.69; 0.52 and
-#: 0.91 before the censoring correction), not the issue's goal of 0.5, which standard
+#: measurement with this seed rounded up (realtime 0.40 points, standard 0.69; 0.37 for
+#: realtime while VTC ties went by tenant name, issue 24; 0.52 and 0.91 before the
+#: censoring correction), not the issue's goal of 0.5, which standard
 #: misses on this 20-minute day: its first crest comes within two minutes of the start,
 #: before the fleet has served as long as its long requests take (docs/evaluation.md).
-SLA_POINTS_LOST = {"realtime": 0.004, "standard": 0.007}
+SLA_POINTS_LOST = {"realtime": 0.0045, "standard": 0.007}
