@@ -20,6 +20,7 @@ from inferq.policy.scaling import (
     ScalerState,
     ScalingConfig,
     decide_scale,
+    ready_drain_s,
 )
 from inferq.sim.baselines import seed_scale
 
@@ -602,3 +603,31 @@ def test_a_constant_load_settles_to_a_constant_count(
         # down to need / down_threshold (issue 16's hysteresis).
         kept = math.ceil(rate * service_s / slots / config.down_threshold - 1e-9)
         assert tail[0] <= max(1, needed + 1, math.ceil(needed * 1.1), kept)
+
+
+def test_a_burst_the_ready_fleet_clears_within_a_cold_start_launches_nothing() -> None:
+    """Issue 24 (``inferq demo``): a batch burst at t~150 s started two more 70B workers
+    that came up at t~220 s, after the ready fleet had drained it, and idled. 3 ready
+    workers at 1 req/s each, 0.5 req/s arriving: 2.5 req/s spare clear 40 queued in 16 s,
+    before a worker launched now is ready (30 s cold start + 5 s): none is launched,
+    neither for the backlog nor for its age."""
+    burst = load(
+        ready=3,
+        arrival_rate=0.5,
+        cold_start_s=30.0,
+        queued={"batch": 40},
+        oldest_wait_s={"batch": 10.0},
+    )
+    d = one(burst)
+    assert (d.action, d.desired) == ("hold", 3), d.reasons
+    assert has(d, "backlog of 40 drains in 16 s with the 3 ready")
+    # A burst the fleet takes longer than a cold start to clear is still met with launches.
+    slow = one(replace(burst, ready=1, queued={"batch": 200}))
+    assert slow.action == "up" and slow.desired > 1
+
+
+def test_ready_drain_s_is_none_when_the_fleet_does_not_outrun_the_arrivals() -> None:
+    busy = load(ready=2, arrival_rate=2.0, queued={"batch": 5})
+    assert ready_drain_s(busy, 1.0, 2.0, 35.0) is None
+    assert ready_drain_s(load(ready=2, queued={}), 1.0, 0.0, 35.0) is None
+    assert ready_drain_s(load(ready=2, queued={"batch": 10}), 1.0, 0.0, 35.0) == 5.0

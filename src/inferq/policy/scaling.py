@@ -25,7 +25,9 @@ is cleared over ``h`` at the soonest: a worker launched for it is useful no soon
 rate (Holt 1957; irregular steps as in Wright 1986), kept in the state, so a
 rising wave is met by workers launched one cold start ahead of it. ``current``
 is ``ready + starting``: capacity on its way counts, so a burst never cascades
-launches. Then, in order:
+launches. A backlog the ready workers clear (beyond the arrivals) within ``h``
+adds nothing, and rule 2 below does not apply to it (:func:`ready_drain_s`): a worker
+launched for it would come up after the work is gone. Then, in order:
 
 1. tolerance band: hold while ``|need / current - 1| <= tolerance`` (the HPA rule),
    except upwards while the trend will leave the band within ``h + trend_slope_s``;
@@ -521,8 +523,11 @@ def _plan(
     want = _within_tolerance(
         need, ms.need_avg if settled else None, current, config, reasons, rising
     )
-    floor = _sla_floor(load, config, sla, reasons)
-    want = max(want, floor)
+    mu = load.capacity_rate or load.worker_rate
+    horizon = load.cold_start_s + config.interval_s
+    rate = max(load.arrival_rate, ms.forecast(horizon))
+    if ready_drain_s(load, mu, rate, horizon, sla) is None:  # else a launch comes too late
+        want = max(want, _sla_floor(load, config, sla, reasons))
     target = bounded(want, limits, reasons)
     surplus = target < current and load.starting == 0 and settled
     ms = replace(ms, surplus_since=(ms.surplus_since or now) if surplus else None)
@@ -556,6 +561,14 @@ def _need(
     rate = max(load.arrival_rate, predicted)
     backlog = _weighted_backlog(load, config, sla)
     drain_s = max(config.backlog_drain_s, horizon)
+    gone_in = ready_drain_s(load, mu, rate, horizon, sla)
+    if gone_in is not None:
+        reasons_gone = (
+            f"backlog of {load.total_queued} drains in {gone_in:.0f} s with the "
+            f"{load.ready} ready, before a worker launched now is ready "
+            f"({horizon:.0f} s): none launched for it"
+        )
+        backlog = 0.0
     need = (rate + backlog / drain_s) / mu
     if load.capacity_rate:
         reasons = [
@@ -578,9 +591,50 @@ def _need(
             f"> capacity: +{backlog / drain_s / mu:.2f} workers "
             f"to clear it in {drain_s:.0f} s"
         )
+    if gone_in is not None:
+        reasons.append(reasons_gone)
     if load.starting:
         reasons.append(f"{load.starting} starting counted as capacity")
     return need, reasons
+
+
+def ready_drain_s(
+    load: ModelLoad,
+    mu: float,
+    rate: float,
+    horizon_s: float,
+    sla: Mapping[str, float] | None = None,
+) -> float | None:
+    """Seconds the ready fleet takes to clear the queue, when that is sooner than
+    ``horizon_s`` (a worker launched now is ready no sooner) and every queued class's
+    oldest request still ends its wait within its SLA; else None.
+
+    The ready workers serve ``ready x mu`` requests/s; what they have beyond the
+    arrivals (``rate``) drains the ``total_queued`` requests. A burst the fleet clears
+    within a cold start needs no launch: the worker would come up after the work is
+    gone and idle (issue 24: ``inferq demo``'s batch burst at t~150 s started two 70B
+    workers that came up at t~220 s, after the fleet had drained it). None too when
+    nothing is queued or the ready fleet does not outrun the arrivals, and when a class
+    would wait past its SLA meanwhile (a realtime burst: the launch is for the arrivals
+    behind it, and dropping it cost the shaped-load test's realtime 0.4 points).
+
+    Args:
+        load: the model's load (``ready``, ``total_queued``).
+        mu: one worker's rate, requests/s.
+        rate: the arrivals expected, requests/s.
+        horizon_s: seconds until a worker launched now is useful.
+        sla: class -> SLA seconds (a class missing has none).
+    """
+    spare = load.ready * mu - rate
+    if load.total_queued <= 0 or spare <= _EPS:
+        return None
+    drain = load.total_queued / spare
+    if drain >= horizon_s:
+        return None
+    for cls, count in load.queued.items():
+        if count > 0 and sla and cls in sla and load.oldest_wait_s.get(cls, 0.0) + drain > sla[cls]:
+            return None
+    return drain
 
 
 def _weighted_backlog(load: ModelLoad, config: ScalingConfig, sla: Mapping[str, float]) -> float:
