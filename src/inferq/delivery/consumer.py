@@ -108,6 +108,20 @@ class InferqWorker(SimpleWorker):
             pipe.execute()
         self._last_beat = (now, ttl)
 
+    def subscribe(self) -> None:
+        """No RQ command channel: this worker takes its commands (drain, abort) from its
+        own control list (:mod:`inferq.workers.control`), so RQ's pub/sub thread is not
+        started.
+
+        RQ's teardown stops that thread with redis-py's ``PubSubWorkerThread.stop()``,
+        which joins it (redis-py 8) while it may wait up to 60 s in ``get_message`` for a
+        subscription a stop signal interrupted: a worker told to drain right after it
+        became ready then sat ``draining`` with nothing in flight until it was killed
+        (issue 25, ``test_close_drains_every_worker_it_started``).
+        """
+        self.pubsub = None
+        self.pubsub_thread = None
+
     def _install_signal_handlers(self) -> None:
         draining = self.handler.draining  # a second pass of work()
         if not draining and self.stop_pending is not None and self.stop_pending.is_set():
