@@ -47,8 +47,11 @@ def test_tick_8_serves_promptly_and_recovers_a_killed_worker_in_time(d8: Deploym
     served_s = time.monotonic() - started
     assert result.status == "succeeded", (result.error, d.logs())
     assert served_s < 3.0, f"a 4-token request on an idle fleet took {served_s:.1f} s"
-    # A long request on w1; kill w1 while it runs: back in its queue in time.
-    handle = d.client.submit("long", priority="standard", max_tokens=4000, timeout=60)
+    # A long request on w1; kill w1 while it runs: back in its queue in time. Long = ~19 s
+    # of decode at time_scale 0.2 (20,000 tokens of llama-3.1-8b): it must outlast the
+    # wait below and a loaded host's lag before the kill (4,000 tokens, 3.7 s, finished
+    # first on a busy CI host, and the requeue waited for a request that had succeeded).
+    handle = d.client.submit("long", priority="standard", max_tokens=20_000, timeout=60)
     wait_for(
         lambda: (r := d.store.record(handle.id)) is not None and r.state.value == "running",
         20,
@@ -62,6 +65,7 @@ def test_tick_8_serves_promptly_and_recovers_a_killed_worker_in_time(d8: Deploym
     with pytest.raises(ResultTimeout):
         d.client.result(unserved.id, timeout=2.0)
     assert 2.0 <= time.monotonic() - began < 10.0
+    assert d.store.record(handle.id).state.value == "running", "finished before the kill"
     killed_at = d.store.now()
     d.kill("w1")
     wait_for(
