@@ -165,5 +165,7 @@ def censoring_factor(
     """
     if running <= 0 or arrival_rate <= 0 or measured_service_s <= 0:
         return 1.0
-    little_s = running / arrival_rate
-    return min(1.0, (1.0 + margin) * measured_service_s / little_s)
+    # measured / (running / rate), without the quotient running / rate: it underflows to
+    # 0 for a denormal ``running`` (a ZeroDivisionError); this product overflows to inf at
+    # worst, and min() caps it at 1.
+    return min(1.0, (1.0 + margin) * measured_service_s * arrival_rate / running)
