@@ -16,9 +16,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from .conftest import HEARTBEAT_S, LEASE_S, Audit, Deployment
+from .conftest import HEARTBEAT_S, LEASE_S, Audit, Deployment, LagProbe
 
-#: A dead worker's requests must be requeued within this long of the kill, s.
+#: A dead worker's requests must be requeued within this long of the kill, s, plus the
+#: longest the host itself woke a thread late meanwhile (:class:`LagProbe`): on a host
+#: starved by other processes (CI beside another run) the dispatcher's step waits for a
+#: CPU too, which is the host's lateness, not the reaper's.
 REQUEUE_BOUND_S = 2 * HEARTBEAT_S + LEASE_S
 
 
@@ -31,6 +34,8 @@ class KillFigures:
     workers_killed: int = 0
     dispatchers_killed: int = 0
     requeue_s: list[float] = field(default_factory=list)
+    #: Per kill: the host's worst lateness between the kill and the reap (LagProbe), s.
+    host_lag_s: list[float] = field(default_factory=list)
     requeued_requests: int = 0
     stale_results: int = 0
     retried: int = 0
@@ -47,6 +52,7 @@ class KillFigures:
             "requests_requeued_from_killed_workers": self.requeued_requests,
             "kill_to_requeue_median_s": round(lat[len(lat) // 2], 3),
             "kill_to_requeue_max_s": round(lat[-1], 3),
+            "host_lag_max_s": round(max(self.host_lag_s, default=0.0), 3),
             "stale_results": self.stale_results,
             "retried": self.retried,
             "retries_by_reason": dict(self.retries),
@@ -92,6 +98,8 @@ def run_kills(
     rng = random.Random(seed)
     figures = KillFigures(requests=requests)
     started = time.monotonic()
+    probe = LagProbe()
+    probe.start()
     for name in ("d1", "d2"):
         d.dispatcher(name)
     live = [f"w{i}" for i in range(workers)]
@@ -126,12 +134,14 @@ def run_kills(
             figures.dispatchers_killed += 1
     submitter.join()
     d.wait_final(submitter.ids)
+    probe.stop()
     figures.wall_s = time.monotonic() - started
     audit = d.audit(submitter.ids)
     lost = {e.fields["worker"]: e for e in audit.of_type("worker_lost")}
     for wid, killed_at in kills.items():
         assert wid in lost, f"killed worker {wid} never reaped:\n{d.logs()}"
         figures.requeue_s.append(lost[wid].at - killed_at)
+        figures.host_lag_s.append(probe.max_lag(killed_at, lost[wid].at))
         figures.requeued_requests += int(lost[wid].fields["requeued"])
     figures.stale_results = audit.stats.get("stale_results", 0)
     figures.retried = audit.stats.get("retried", 0)
@@ -146,8 +156,15 @@ def check(figures: KillFigures, audit: Audit, ids: list[str]) -> None:
     assert audit.stats["succeeded"] == figures.requests
     assert figures.workers_killed >= 5 and figures.dispatchers_killed >= 1
     assert figures.requeued_requests > 0  # the kills did hit running work
-    late = [round(s, 3) for s in figures.requeue_s if s > REQUEUE_BOUND_S]
-    assert not late, f"requeued later than {REQUEUE_BOUND_S} s after the kill: {late}"
+    late = [
+        (round(s, 3), round(lag, 3))
+        for s, lag in zip(figures.requeue_s, figures.host_lag_s, strict=True)
+        if s > REQUEUE_BOUND_S + lag
+    ]
+    assert not late, (
+        f"requeued later than {REQUEUE_BOUND_S} s + the host's lag after the kill "
+        f"(requeue s, host lag s): {late}"
+    )
 
 
 def test_kill_workers_and_a_dispatcher_loses_nothing(deployment: Deployment) -> None:
