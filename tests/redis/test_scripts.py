@@ -202,6 +202,7 @@ def test_help_names_the_size_options() -> None:
         ("bench_redis_ops.py", "--requests"),
         ("trace_latency.py", "--gap-ms"),
         ("bench_handoff.py", "--handoffs"),
+        ("bench_prefix_llama.py", "--conversations"),
     ):
         proc = subprocess.run(
             [sys.executable, str(SCRIPTS / name), "--help"], capture_output=True, text=True
