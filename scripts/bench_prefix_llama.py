@@ -5,11 +5,11 @@ Starts two ``python -m inferq.llama_server`` processes (llama.cpp, SmolLM2-135M,
 runs multi-turn conversations through :class:`~inferq.client.Client`: ``--conversations`` at
 once, ``--turns`` turns each, every turn the whole chat so far plus a new user message of
 ``--words`` words after a pause (``--think-s``, a user reading and typing), so the prompt
-grows each turn (a few thousand tokens by the last at the defaults). Rounds alternate
-affinity on and off in the same run (``--rounds`` of each, on first): off, the client
-computes no prefix chain (``prefix.enabled = false``) and the dispatcher routes each turn to
-the least-loaded worker, today's rule; every round uses fresh conversations, so no round
-reuses another's cache.
+grows each turn (~1,000 tokens by the last at the defaults: SmolLM2's 2,048-token slots
+bound it). Rounds alternate affinity on and off in the same run (``--rounds`` of each, on
+first): off, the client computes no prefix chain (``prefix.enabled = false``) and the
+dispatcher routes each turn to the least-loaded worker, today's rule; every round uses
+fresh conversations, so no round reuses another's cache.
 
 Per mode it prints, over turns 2 and later (the first turn has nothing cached anywhere):
 TTFT p50/p99 (submit -> first token, from the worker's stream), how often a turn went to the
@@ -38,6 +38,7 @@ from bench_llama_server import Server
 from inferq.client import Client
 from inferq.config import Settings
 from inferq.dispatcher.daemon import Dispatcher
+from inferq.errors import InferqError
 from inferq.llama_server import BUNDLED_NAME
 from inferq.store import Store, connect
 
@@ -140,15 +141,19 @@ def converse(
         if index:
             time.sleep(rng.expovariate(1 / args.think_s) if args.think_s > 0 else 0)
         messages.append({"role": "user", "content": message(rng, args.words, f"{name} t{index}")})
-        handle = client.submit(
-            messages=list(messages),
-            model=BUNDLED_NAME,
-            max_tokens=args.max_tokens,
-            priority="standard",
-            params={"ignore_eos": True},
-            timeout=args.timeout,
-        )
-        result = handle.result(timeout=args.timeout + 30)
+        try:
+            handle = client.submit(
+                messages=list(messages),
+                model=BUNDLED_NAME,
+                max_tokens=args.max_tokens,
+                priority="standard",
+                params={"ignore_eos": True},
+                timeout=args.timeout,
+            )
+            result = handle.result(timeout=args.timeout + 30)
+        except InferqError as exc:  # e.g. the chat outgrew the model's context
+            out.append(Turn(mode, name, index, None, 0, 0, None, f"refused: {exc}"))
+            return
         out.append(
             Turn(
                 mode,
@@ -214,6 +219,7 @@ def figures(mode: Mode) -> dict[str, Any]:
     return {
         "turns": len(mode.turns),
         "failed": sum(1 for t in mode.turns if t.status != "succeeded"),
+        "errors": sorted({t.status for t in mode.turns if t.status != "succeeded"}),
         "later_turns": len(later),
         "ttft_p50_s": _bench.percentile(ttfts, 50) if ttfts else None,
         "ttft_p99_s": _bench.percentile(ttfts, 99) if ttfts else None,
@@ -230,8 +236,14 @@ def figures(mode: Mode) -> dict[str, Any]:
 def main() -> None:
     p = _bench.parser(__doc__.splitlines()[0])
     p.add_argument("--conversations", type=_bench.positive, default=4, help="at once per round")
-    p.add_argument("--turns", type=_bench.positive, default=6, help="turns per conversation")
-    p.add_argument("--words", type=_bench.positive, default=300, help="words per user message")
+    p.add_argument(
+        "--turns",
+        type=_bench.positive,
+        default=5,
+        help="turns per conversation (5 x 200 words: ~1,000 tokens by the last; the "
+        "intake's estimate, characters / 4, must stay within smollm2-135m's 2,048 per slot)",
+    )
+    p.add_argument("--words", type=_bench.positive, default=200, help="words per user message")
     p.add_argument("--max-tokens", type=_bench.positive, default=16, help="answer length")
     p.add_argument(
         "--think-s",
