@@ -16,7 +16,11 @@ class InvalidRequest(InferqError, ValueError):
     Attributes:
         field: the offending field's name (e.g. ``"max_tokens"``).
         reason: what is wrong with the value, naming the limit.
+        code: the refusal's kind as OpenAI's error codes spell it (the gateway's
+            ``code``): ``invalid_value`` here, a narrower one in the subclasses.
     """
+
+    code = "invalid_value"
 
     def __init__(self, field: str, reason: str) -> None:
         self.field = field
@@ -30,6 +34,29 @@ class UnknownPriorityClass(InvalidRequest):
 
 class UnknownRoute(InvalidRequest):
     """The model route names no model in the registry and no size satisfies it."""
+
+    code = "model_not_found"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    """The prompt, or the prompt plus ``max_tokens``, does not fit the route's largest
+    context (the prompt's tokens are inferq's estimate unless the model's tokenizer
+    counted them)."""
+
+    code = "context_length_exceeded"
+
+
+class UnsupportedParameter(InvalidRequest):
+    """A field inferq does not serve (OpenAI's ``logprobs``, ``audio``, ...): refused
+    rather than silently ignored."""
+
+    code = "unsupported_parameter"
+
+
+class MissingParameter(InvalidRequest):
+    """A required field is absent."""
+
+    code = "missing_required_parameter"
 
 
 class QueueFull(InferqError):

@@ -12,7 +12,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from inferq.config import ModelSpec
-from inferq.errors import InvalidRequest, UnknownRoute
+from inferq.errors import ContextLengthExceeded, InvalidRequest, UnknownRoute
 
 _SIZE = re.compile(r"^>=\s*(\d+(?:\.\d+)?)\s*[bB]$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -118,8 +118,18 @@ def default_max_tokens(default: int, prompt_tokens: int, specs: Sequence[ModelSp
     return min(default, max(1, max_context - prompt_tokens))
 
 
+#: What a context refusal says of its prompt count: intake counts with tiktoken's
+#: ``cl100k_base`` when installed, else characters / ``chars_per_token``, never with the
+#: served model's own tokenizer, so a prompt near the limit may be judged either way
+#: (the simulator words its refusals the same, so it refuses exactly what intake does).
+ESTIMATED = "an estimate, not the model's tokenizer"
+
+
 def check_context(
-    max_tokens: int, prompt_tokens: int, specs: Sequence[ModelSpec], route: str
+    max_tokens: int,
+    prompt_tokens: int,
+    specs: Sequence[ModelSpec],
+    route: str,
 ) -> None:
     """Refuse a submission no model of its route could ever hold: the intake rule.
 
@@ -137,8 +147,10 @@ def check_context(
         route: the route's text, for the message.
 
     Raises:
-        InvalidRequest: field ``max_tokens``, naming the limit; field ``prompt`` when the
-            prompt alone fills the context.
+        InvalidRequest: field ``max_tokens`` out of 1..the max context, naming the limit.
+        ContextLengthExceeded: field ``prompt`` when the prompt alone fills the context,
+            ``max_tokens`` when the two together overflow it; the message says the
+            prompt's count is an estimate.
     """
     max_context = max(s.max_context for s in specs)
     if not 1 <= max_tokens <= max_context:
@@ -151,14 +163,14 @@ def check_context(
             "max_tokens", f"{shown} is outside 1..{max_context} (max context of {route})"
         )
     if prompt_tokens >= max_context:  # no max_tokens could fit: the prompt is to blame
-        raise InvalidRequest(
+        raise ContextLengthExceeded(
             "prompt",
-            f"~{prompt_tokens} tokens leave no room for output in the max context of "
-            f"{route} ({max_context} tokens)",
+            f"~{prompt_tokens} tokens ({ESTIMATED}) leave no room for output in the max "
+            f"context of {route} ({max_context} tokens)",
         )
     if prompt_tokens + max_tokens > max_context:
-        raise InvalidRequest(
+        raise ContextLengthExceeded(
             "max_tokens",
-            f"prompt (~{prompt_tokens} tokens) + max_tokens {max_tokens} exceeds the max "
-            f"context of {route} ({max_context} tokens)",
+            f"prompt (~{prompt_tokens} tokens, {ESTIMATED}) + max_tokens {max_tokens} "
+            f"exceeds the max context of {route} ({max_context} tokens)",
         )

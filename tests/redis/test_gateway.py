@@ -170,6 +170,87 @@ def test_refusals_use_the_openai_error_body(fleet: Fleet, gateway: GatewayServer
     assert 1 <= int(limited.value.response.headers["retry-after"]) <= 60
 
 
+def test_each_refusal_raises_the_sdk_exception_openai_would(
+    fleet: Fleet, gateway: GatewayServer
+) -> None:
+    """Issue 26: an unknown model was a 400 listing models nobody serves, an over-context
+    chat named ``param: "prompt"`` with ``code: null``, and most refusals had no code.
+    Each is now OpenAI's status (so the SDK's exception class), param and code."""
+    fleet.worker("w1", time_scale=0.0)
+    client = sdk(gateway)
+    messages = [{"role": "user", "content": "hi"}]
+    long_chat = [{"role": "user", "content": "word " * 5000}]  # ~5000 tokens > 4096
+    cases: list[tuple[dict[str, Any], type[openai.APIStatusError], str | None, str]] = [
+        ({"model": "gpt-4o"}, openai.NotFoundError, "model", "model_not_found"),
+        ({"model": ">=900b"}, openai.NotFoundError, "model", "model_not_found"),
+        (
+            {"model": "llama-2-13b", "messages": long_chat},
+            openai.BadRequestError,
+            "messages",
+            "context_length_exceeded",
+        ),
+        (
+            {
+                "model": "llama-2-13b",
+                "max_tokens": 4000,
+                "messages": [{"role": "user", "content": "word " * 200}],
+            },
+            openai.BadRequestError,
+            "messages",
+            "context_length_exceeded",
+        ),
+        ({"temperature": 5}, openai.BadRequestError, "temperature", "invalid_value"),
+        ({"extra_body": {"echo": True}}, openai.BadRequestError, "echo", "unsupported_parameter"),
+        (
+            {"extra_headers": {"X-Inferq-Priority": "batch"}},
+            openai.PermissionDeniedError,
+            "X-Inferq-Priority",
+            "class_not_allowed",
+        ),
+    ]
+    for fields, error, param, code in cases:
+        call = {"model": MODEL, "messages": messages, "max_tokens": 4, **fields}
+        with pytest.raises(error) as refused:
+            client.chat.completions.create(**call)
+        assert refused.value.param == param, (fields, refused.value.body)
+        assert refused.value.code == code, (fields, refused.value.body)
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.chat.completions.create(model="gpt-4o", messages=messages)
+    assert unknown.value.type == "invalid_request_error"
+    served = [m.id for m in client.models.list()]
+    assert served == [MODEL]
+    # the message lists what /v1/models lists, not the whole registry
+    assert f"served now: {MODEL} " in unknown.value.message
+    assert "llama-2-13b" not in unknown.value.message
+    with pytest.raises(openai.BadRequestError) as over:
+        client.chat.completions.create(model="llama-2-13b", messages=long_chat)
+    assert "estimate" in over.value.message  # the count is not the model's tokenizer's
+    with pytest.raises(openai.BadRequestError) as over_text:
+        client.completions.create(model="llama-2-13b", prompt="word " * 5000)
+    assert (over_text.value.param, over_text.value.code) == ("prompt", "context_length_exceeded")
+    with pytest.raises(openai.AuthenticationError) as unknown_key:
+        sdk(gateway, "sk-nope").chat.completions.create(model=MODEL, messages=messages)
+    assert (unknown_key.value.type, unknown_key.value.code) == (
+        "invalid_request_error",
+        "invalid_api_key",
+    )
+    batch = sdk(gateway, "sk-batch")  # 2 requests per minute
+    for _ in range(2):
+        batch.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=1, extra_body={"sim_output_tokens": 1}
+        )
+    with pytest.raises(openai.RateLimitError) as limited:
+        batch.chat.completions.create(model=MODEL, messages=messages, max_tokens=1)
+    assert (limited.value.type, limited.value.code) == ("requests", "rate_limit_exceeded")
+    response = httpx.post(
+        f"{gateway.url}/chat/completions",
+        content=b"{nope",
+        headers={"Authorization": "Bearer sk-acme"},
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_json"
+
+
 def test_a_deadline_that_passes_in_the_queue_is_a_504(fleet: Fleet, gateway: GatewayServer) -> None:
     fleet.worker("w1", time_scale=50.0, slots=1)
     client = sdk(gateway)

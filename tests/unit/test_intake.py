@@ -70,8 +70,8 @@ def test_max_tokens_bounds_name_the_context() -> None:
         check_context(5, 4096, specs, "llama-2-13b")
     assert caught.value.field == "prompt"
     assert str(caught.value) == (
-        "prompt: ~4096 tokens leave no room for output in the max context of llama-2-13b "
-        "(4096 tokens)"
+        "prompt: ~4096 tokens (an estimate, not the model's tokenizer) leave no room for "
+        "output in the max context of llama-2-13b (4096 tokens)"
     )
 
 

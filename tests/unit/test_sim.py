@@ -323,8 +323,8 @@ def test_trace_rows_become_routed_requests_never_clamped() -> None:
     # One token over the context: refused as a client would be, not clamped (issue 12, fault 4).
     assert (c.max_tokens, c.output_tokens) == (101, 101)
     assert c.refused == (
-        f"max_tokens: prompt (~{ctx - 100} tokens) + max_tokens 101 exceeds the max "
-        f"context of llama-3.1-8b ({ctx} tokens)"
+        f"max_tokens: prompt (~{ctx - 100} tokens, an estimate, not the model's tokenizer) "
+        f"+ max_tokens 101 exceeds the max context of llama-3.1-8b ({ctx} tokens)"
     )
     assert a.id < b.id and a.priority == "standard"
     with pytest.raises(ConfigError, match="priority"):

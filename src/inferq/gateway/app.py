@@ -49,7 +49,14 @@ from inferq import defaults
 from inferq.cells import cell_for
 from inferq.client import AsyncClient, AsyncRequestHandle
 from inferq.config import Settings
-from inferq.errors import InferqError, InvalidRequest, QueueFull, RedisUnavailable
+from inferq.errors import (
+    ContextLengthExceeded,
+    InferqError,
+    InvalidRequest,
+    QueueFull,
+    RedisUnavailable,
+    UnknownRoute,
+)
 from inferq.gateway import openai_api as api
 from inferq.gateway.ratelimit import RateLimits
 from inferq.gateway.tenants import OPEN, ApiKey, KeyRing, StoredKeys
@@ -324,17 +331,27 @@ class Gateway:
                 code="request_too_large",
             )
         except (ValueError, UnicodeDecodeError):
-            return self._error(endpoint, 400, "the body is not JSON", "invalid_request_error")
+            return self._error(
+                endpoint,
+                400,
+                "the body is not JSON",
+                "invalid_request_error",
+                code="invalid_json",
+            )
         except RecursionError:  # the decoder recurses per nesting level
             return self._error(
-                endpoint, 400, "the body is JSON nested too deeply", "invalid_request_error"
+                endpoint,
+                400,
+                "the body is JSON nested too deeply",
+                "invalid_request_error",
+                code="invalid_json",
             )
         try:
             sub = api.read_body(endpoint, body)
             inferq_request = self._request(request, key, sub)
             cell = cell_for(self.settings, inferq_request.model, inferq_request.tenant)
         except InvalidRequest as exc:
-            return self._error(endpoint, 400, str(exc), "invalid_request_error", param=exc.field)
+            return await self._invalid(endpoint, exc, key.tenant, body)
         if not key.allows(inferq_request.priority):
             allowed = ", ".join(key.classes)
             return self._error(
@@ -344,12 +361,15 @@ class Gateway:
                 f"(allowed: {allowed})",
                 "permission_error",
                 param=_header_names(request).get("priority", "priority"),
+                code="class_not_allowed",
             )
         if not await self._servable(inferq_request, cell):
+            served_now = ", ".join(await self._served_routes(key.tenant)) or "none"
             return self._error(
                 endpoint,
                 503,
-                f"no live worker and no scaler pool serves model {sub.model!r}",
+                f"no live worker and no scaler pool serves model {sub.model!r} now "
+                f"(served now: {served_now})",
                 "service_unavailable",
                 param="model",
                 code="model_unavailable",
@@ -364,7 +384,7 @@ class Gateway:
                     endpoint,
                     429,
                     refusal.message(key.tenant),
-                    "rate_limit_error",
+                    refusal.what,  # OpenAI's type: "requests" or "tokens"
                     code="rate_limit_exceeded",
                     retry_after=refusal.retry_after_s,
                 )
@@ -376,12 +396,12 @@ class Gateway:
                 endpoint,
                 429,
                 str(exc),
-                "rate_limit_error",
+                "requests",
                 code="queue_full",
                 retry_after=QUEUE_FULL_RETRY_S,
             )
         except InvalidRequest as exc:
-            return self._error(endpoint, 400, str(exc), "invalid_request_error", param=exc.field)
+            return await self._invalid(endpoint, exc, key.tenant, body)
         created = int(time.time())
         if sub.stream:
             return await self._stream(
@@ -711,6 +731,40 @@ class Gateway:
             code="invalid_api_key",
         )
 
+    async def _invalid(
+        self, endpoint: api.Endpoint, exc: InvalidRequest, tenant: str, body: Any
+    ) -> Response:
+        """A refused field as OpenAI answers it: an unknown model is a 404
+        ``model_not_found`` listing the models served now (``GET /v1/models``', not the
+        registry's); a prompt over the context a 400 ``context_length_exceeded`` naming
+        ``messages`` (or ``prompt``) as OpenAI does; any other a 400 naming the field,
+        with the refusal's code (:attr:`InvalidRequest.code`)."""
+        if isinstance(exc, UnknownRoute):
+            served_now = ", ".join(await self._served_routes(tenant)) or "none"
+            model = body.get("model") if isinstance(body, dict) else None
+            return self._error(
+                endpoint,
+                404,
+                f"the model {model!r} does not exist or is not served here; the models "
+                f"served now: {served_now} (GET /v1/models)",
+                "invalid_request_error",
+                param="model",
+                code=exc.code,
+            )
+        if isinstance(exc, ContextLengthExceeded):
+            field = "messages" if endpoint == "chat" else "prompt"
+            return self._error(
+                endpoint,
+                400,
+                f"{field}: {exc.reason}",
+                "invalid_request_error",
+                param=field,
+                code=exc.code,
+            )
+        return self._error(
+            endpoint, 400, str(exc), "invalid_request_error", param=exc.field, code=exc.code
+        )
+
     def _failure(self, endpoint: str, result: Result) -> Response:
         status, kind, code = _failure_kind(result)
         return self._error(endpoint, status, _failure_message(result), kind, code=code)
@@ -781,8 +835,9 @@ def create_app(
     async def http_error(request: Request, exc: Exception) -> Response:
         """404, 405 and the like as OpenAI's error body (Starlette's is plain text)."""
         assert isinstance(exc, HTTPException)
+        code = {404: "unknown_url", 405: "method_not_allowed"}.get(exc.status_code)
         return JSONResponse(
-            api.error_body(exc.detail, "invalid_request_error"),
+            api.error_body(exc.detail, "invalid_request_error", code=code),
             status_code=exc.status_code,
             headers=exc.headers,
         )
@@ -790,7 +845,8 @@ def create_app(
     async def server_error(request: Request, exc: Exception) -> Response:
         """An unexpected fault as OpenAI's error body (logged by Starlette, with traceback)."""
         return JSONResponse(
-            api.error_body("internal error in the gateway", "server_error"), status_code=500
+            api.error_body("internal error in the gateway", "server_error", code="internal_error"),
+            status_code=500,
         )
 
     app = Starlette(

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from inferq.errors import InvalidRequest
+from inferq.errors import InvalidRequest, MissingParameter, UnsupportedParameter
 from inferq.models import Result
 
 Endpoint = Literal["chat", "completions"]
@@ -132,10 +132,10 @@ def read_body(endpoint: Endpoint, body: Any) -> Submission:
         raise InvalidRequest("body", "must be a JSON object")
     for name in body:
         if name in _REFUSED and body[name] not in (None, False, [], {}):
-            raise InvalidRequest(name, "is not supported by inferq's gateway")
+            raise UnsupportedParameter(name, "is not supported by inferq's gateway")
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise InvalidRequest("model", "is required: a model name or a size route such as >=13b")
+        raise MissingParameter("model", "is required: a model name or a size route such as >=13b")
     n = body.get("n", 1)
     if n is not None and not (type(n) is int and n == 1):  # not true, not 1.0
         raise InvalidRequest("n", f"only 1 choice per request is served, got {n!r}")
@@ -335,6 +335,8 @@ def _priority(value: Any) -> str | int | None:
 
 
 def _messages(raw: Any) -> list[dict[str, str]]:
+    if raw is None:
+        raise MissingParameter("messages", "is required: a non-empty list of messages")
     if not isinstance(raw, list) or not raw:
         raise InvalidRequest("messages", "must be a non-empty list of messages")
     out = []
@@ -369,6 +371,8 @@ def _content(where: str, content: Any) -> str:
 
 
 def _prompt(raw: Any) -> str:
+    if raw is None:
+        raise MissingParameter("prompt", "is required: the prompt text")
     if isinstance(raw, str):
         return raw
     if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
