@@ -153,6 +153,24 @@ class ModelSpec(BaseModel):
         return room
 
 
+class Price(BaseModel):
+    """What serving one model (route) costs, in US dollars; ``inferq usage`` derives cost
+    from the metered figures at read time, so a changed price re-prices history too.
+
+    Any mix of the rates may be given; cost is their sum over the figures metered:
+    GPU-seconds x ``gpu_hour_usd`` / 3600 + tokens x the per-1M rates / 1e6. Cached
+    prompt tokens are charged ``cached_prompt_per_1m_usd`` when given, else as prompt
+    tokens (``prompt_per_1m_usd``).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gpu_hour_usd: float | None = Field(default=None, ge=0)
+    prompt_per_1m_usd: float | None = Field(default=None, ge=0)
+    cached_prompt_per_1m_usd: float | None = Field(default=None, ge=0)
+    completion_per_1m_usd: float | None = Field(default=None, ge=0)
+
+
 class ClassifierRule(BaseModel):
     """Default priority class and route for a ``task_type`` (the request classifier)."""
 
@@ -446,6 +464,14 @@ class Settings(BaseSettings):
     chars_per_token: float = Field(default=defaults.CHARS_PER_TOKEN, gt=0)
     scaling: ScalingSettings = Field(default_factory=ScalingSettings)
     prefix: PrefixSettings = Field(default_factory=PrefixSettings)
+    usage_retention_days: int = Field(
+        default=defaults.USAGE_RETENTION_DAYS,
+        ge=1,
+        le=3660,
+        description="days a usage roll-up is kept after its day ends (inferq usage)",
+    )
+    #: Prices by model (route) name, ``[prices."llama-3.1-8b"]``: :class:`Price`.
+    prices: dict[str, Price] = Field(default_factory=dict)
     #: Cells by name (empty: one Redis, ``redis_url``); see :mod:`inferq.cells`.
     cells: dict[str, CellSpec] = Field(default_factory=dict)
     #: The cell of routes no cell lists (None: such requests are refused).
@@ -509,6 +535,9 @@ class Settings(BaseSettings):
         for pool in self.scaling.pools:
             if pool not in models:
                 raise ValueError(f"scaling.pools[{pool!r}]: model is not in the registry")
+        for priced in self.prices:
+            if priced not in models:
+                raise ValueError(f"prices[{priced!r}]: model is not in the registry")
         self._check_cells()
         return self
 

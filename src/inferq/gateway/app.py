@@ -52,7 +52,7 @@ from inferq.config import Settings
 from inferq.errors import InferqError, InvalidRequest, QueueFull, RedisUnavailable
 from inferq.gateway import openai_api as api
 from inferq.gateway.ratelimit import RateLimits
-from inferq.gateway.tenants import OPEN, ApiKey, KeyRing, StoredKeys
+from inferq.gateway.tenants import KEY_ID_LEN, OPEN, ApiKey, KeyRing, StoredKeys, digest
 from inferq.ids import new_id
 from inferq.intake import build_request
 from inferq.metrics import MetricsLease, build_registry
@@ -433,7 +433,7 @@ class Gateway:
             raise InvalidRequest("body", str(exc)) from None
         except InvalidRequest as exc:
             raise api.as_sent(exc, sub, names) from None
-        return built.model_copy(update={"caller": self.caller_id})
+        return built.model_copy(update={"caller": self.caller_id, "api_key": _key_id(request, key)})
 
     # --- the caller lease -------------------------------------------------------------
 
@@ -879,3 +879,13 @@ async def _aclose(items: AsyncIterator[Any]) -> None:
     close = getattr(items, "aclose", None)
     if close is not None:
         await close()
+
+
+def _key_id(request: Request, key: ApiKey) -> str | None:
+    """The id usage is metered under: the first ``KEY_ID_LEN`` hex digits of the bearer
+    key's SHA-256 (as ``inferq keys list`` shows it); None on an open gateway."""
+    if key is OPEN:
+        return None
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    bearer = token.strip() if scheme.lower() == "bearer" else ""
+    return digest(bearer)[:KEY_ID_LEN] if bearer else None

@@ -61,6 +61,8 @@ class Completion:
         first_token_at: epoch seconds of the first output token, when known.
         rejection: the model server's own message when it refused the request as
             invalid (``ServerError.rejection``), else empty.
+        cached_tokens: of the prompt tokens, those the model server reported reusing
+            from its prefix cache (0 when it does not say); metered as cached tokens.
     """
 
     request_id: str
@@ -73,6 +75,7 @@ class Completion:
     error: str = ""
     finish_reason: str | None = None
     rejection: str = ""
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -505,6 +508,7 @@ def complete_call(
             c.error,
             c.finish_reason or "",
             c.rejection,
+            c.cached_tokens,
         ]
     return Call("complete", [], argv)
 
