@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
+
+import pytest
 
 from inferq import usage
 from inferq.config import Settings
@@ -11,6 +15,7 @@ from inferq.store import Completion, Store
 
 from ..builders import inference_request
 from ..helpers import queue_key, ready_worker
+from .test_cli_ops import inferq
 
 
 def _window(store: Store) -> tuple[int, int]:
@@ -142,3 +147,41 @@ def test_a_roll_up_key_of_another_type_is_reported(store: Store) -> None:
     store.redis.set(store.keys.usage_day(day), "x")
     records, corrupt = store.usage_records(day * usage.DAY_MS, (day + 1) * usage.DAY_MS)
     assert records == [] and [c.key for c in corrupt] == [store.keys.usage_day(day)]
+
+
+def test_inferq_usage_prints_rows_cost_and_skips_corrupt_records(
+    store: Store, settings: Settings, namespace: str, tmp_path: Path
+) -> None:
+    ready_worker(store, "w1", slots=8)
+    for tenant, prompt in (("acme", 3), ("acme", 4), ("zeta", 10)):
+        rid, attempt = _run(store, settings, tenant=tenant)
+        done = Completion(rid, attempt, "succeeded", prompt_tokens=prompt, completion_tokens=1)
+        store.complete("w1", [done])
+    config = tmp_path / "inferq.toml"
+    model = settings.default_model
+    config.write_text(
+        f'[prices."{model}"]\nprompt_per_1m_usd = 1000000.0\ncompletion_per_1m_usd = 2000000.0\n'
+    )
+    out = inferq(namespace, "usage", "--json", INFERQ_CONFIG=str(config))
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    rows = {r["name"]: r for r in data["rows"]}
+    assert (rows["acme"]["requests"], rows["acme"]["prompt_tokens"]) == (2, 7)
+    assert rows["acme"]["cost_usd"] == pytest.approx(7 + 2 * 2)  # $1/prompt, $2/completion token
+    assert data["total"]["prompt_tokens"] == 17 and data["total"]["requests"] == 3
+    assert data["corrupt"] == [] and data["total"]["unpriced_models"] == []
+    # A corrupt record is skipped and reported; the rest still prints.
+    [key] = store.redis.keys(store.keys.prefix + "usage:[0-9]*")
+    store.redis.hset(key, "[1,2]", "bad")
+    table = inferq(namespace, "usage", "--by", "class", "--since", "2d")
+    assert table.returncode == 0, table.stderr
+    assert "standard" in table.stdout and "total" in table.stdout and "cost $" in table.stdout
+    assert "skipped 1 usage record" in table.stderr and "[1,2]" in table.stderr
+    assert "no price for" in table.stderr  # no config: every model unpriced
+
+
+def test_inferq_usage_refuses_a_bad_window(namespace: str) -> None:
+    bad = inferq(namespace, "usage", "--since", "3 weeks")
+    assert bad.returncode != 0 and "--since" in bad.stderr and "24h" in bad.stderr
+    backwards = inferq(namespace, "usage", "--since", "1d", "--until", "2d")
+    assert backwards.returncode != 0 and "is not before --until" in backwards.stderr

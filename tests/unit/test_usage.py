@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import click
 import pytest
 
 from inferq import defaults, usage
@@ -86,3 +87,14 @@ def test_meter_lua_default_retention_is_the_default_setting() -> None:
     src = script_source("complete")
     [days] = re.findall(r"local USAGE_RETENTION_S = (\d+) \* 86400", src)
     assert int(days) == defaults.USAGE_RETENTION_DAYS
+
+
+def test_the_cli_window_is_whole_hours_with_the_current_one() -> None:
+    from inferq.cli.usage import window_ms
+
+    now = 100 * H + 1234
+    assert window_ms(now, "24h", "now") == (76 * H, 101 * H)
+    assert window_ms(now, "2d", "1d") == (52 * H, 77 * H)
+    for since, until in (("3x", "now"), ("1h", "2h")):
+        with pytest.raises(click.BadParameter):
+            window_ms(now, since, until)
