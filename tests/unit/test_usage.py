@@ -98,3 +98,21 @@ def test_the_cli_window_is_whole_hours_with_the_current_one() -> None:
     for since, until in (("3x", "now"), ("1h", "2h")):
         with pytest.raises(click.BadParameter):
             window_ms(now, since, until)
+
+
+@pytest.mark.parametrize(
+    ("budget", "named"),
+    [
+        ({"tenant": "acme", "period": "week", "tokens": 5}, "budgets.b.period"),
+        ({"tenant": "acme", "period": "day", "tokens": -5}, "budgets.b.tokens"),
+        ({"tenant": "acme", "period": "day", "usd": -1.0}, "budgets.b.usd"),
+        ({"tenant": "acme", "period": "day"}, "exactly one of tokens and usd"),
+        ({"period": "day", "tokens": 5}, "exactly one of tenant and key"),
+        ({"key": "not-a-key-id", "period": "day", "tokens": 5}, "budgets.b.key"),
+        ({"tenant": "acme", "period": "day", "tokens": 5, "soft": 9}, "soft (9.0) must be below"),
+        ({"tenant": "acme", "period": "day", "tokens": 5, "cap": 9}, "budgets.b.cap"),
+    ],
+)
+def test_a_bad_budget_is_refused_naming_the_field(budget: dict[str, object], named: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        Settings.load(budgets={"b": budget})

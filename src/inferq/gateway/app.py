@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
@@ -49,7 +50,13 @@ from inferq import defaults
 from inferq.cells import cell_for
 from inferq.client import AsyncClient, AsyncRequestHandle
 from inferq.config import Settings
-from inferq.errors import InferqError, InvalidRequest, QueueFull, RedisUnavailable
+from inferq.errors import (
+    BudgetExceeded,
+    InferqError,
+    InvalidRequest,
+    QueueFull,
+    RedisUnavailable,
+)
 from inferq.gateway import openai_api as api
 from inferq.gateway.ratelimit import RateLimits
 from inferq.gateway.tenants import KEY_ID_LEN, OPEN, ApiKey, KeyRing, StoredKeys, digest
@@ -371,6 +378,15 @@ class Gateway:
         try:
             await self._hold_caller_lease(cell)
             handle = await self.aclient.submit_request(inferq_request)
+        except BudgetExceeded as exc:  # OpenAI's answer to a spent quota
+            return self._error(
+                endpoint,
+                429,
+                str(exc),
+                "insufficient_quota",
+                code="insufficient_quota",
+                retry_after=max(1, math.ceil(exc.resets_at - time.time())),
+            )
         except QueueFull as exc:
             return self._error(
                 endpoint,
