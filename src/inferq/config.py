@@ -43,7 +43,7 @@ import re
 from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
@@ -151,6 +151,64 @@ class ModelSpec(BaseModel):
                 f"{vram_total_mib} MiB (x{defaults.GPU_MEMORY_UTILIZATION} usable)"
             )
         return room
+
+
+class Price(BaseModel):
+    """What serving one model (route) costs, in US dollars; ``inferq usage`` derives cost
+    from the metered figures at read time, so a changed price re-prices history too.
+
+    Any mix of the rates may be given; cost is their sum over the figures metered:
+    GPU-seconds x ``gpu_hour_usd`` / 3600 + tokens x the per-1M rates / 1e6. Cached
+    prompt tokens are charged ``cached_prompt_per_1m_usd`` when given, else as prompt
+    tokens (``prompt_per_1m_usd``).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gpu_hour_usd: float | None = Field(default=None, ge=0)
+    prompt_per_1m_usd: float | None = Field(default=None, ge=0)
+    cached_prompt_per_1m_usd: float | None = Field(default=None, ge=0)
+    completion_per_1m_usd: float | None = Field(default=None, ge=0)
+
+
+class Budget(BaseModel):
+    """A spending limit of one tenant or one gateway API key per UTC day or month,
+    enforced at intake (``store/lua/includes/budget.lua``): a request is admitted only if
+    what the period's requests used (final ones: their metered figures; admitted,
+    not yet final ones: their estimate, prompt + ``max_tokens``) leaves room for its
+    estimate. In ``tokens`` (prompt + completion) or ``usd`` (the model's token prices;
+    its GPU-hour price is added when the request is final, not held at intake; a model
+    without a price costs $0). ``soft`` only warns (a ``budget_soft`` event) when crossed.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tenant: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,63}$")
+    key: str | None = Field(
+        default=None, pattern=r"^[0-9a-f]{12}$", description="API key id (inferq keys list)"
+    )
+    period: Literal["day", "month"]
+    tokens: int | None = Field(default=None, gt=0)
+    usd: float | None = Field(default=None, gt=0)
+    soft: float | None = Field(default=None, gt=0, description="warn above this amount")
+
+    @model_validator(mode="after")
+    def _one_of_each(self) -> Budget:
+        if (self.tenant is None) == (self.key is None):
+            raise ValueError("give exactly one of tenant and key")
+        if (self.tokens is None) == (self.usd is None):
+            raise ValueError("give exactly one of tokens and usd")
+        if self.soft is not None and self.soft >= self.limit:
+            raise ValueError(f"soft ({self.soft}) must be below the limit ({self.limit})")
+        return self
+
+    @property
+    def unit(self) -> str:
+        return "tokens" if self.tokens is not None else "usd"
+
+    @property
+    def limit(self) -> float:
+        return float(self.tokens if self.tokens is not None else self.usd or 0.0)
 
 
 class ClassifierRule(BaseModel):
@@ -446,6 +504,16 @@ class Settings(BaseSettings):
     chars_per_token: float = Field(default=defaults.CHARS_PER_TOKEN, gt=0)
     scaling: ScalingSettings = Field(default_factory=ScalingSettings)
     prefix: PrefixSettings = Field(default_factory=PrefixSettings)
+    usage_retention_days: int = Field(
+        default=defaults.USAGE_RETENTION_DAYS,
+        ge=1,
+        le=3660,
+        description="days a usage roll-up is kept after its day ends (inferq usage)",
+    )
+    #: Prices by model (route) name, ``[prices."llama-3.1-8b"]``: :class:`Price`.
+    prices: dict[str, Price] = Field(default_factory=dict)
+    #: Budgets by name, ``[budgets.acme-monthly]``: :class:`Budget`.
+    budgets: dict[str, Budget] = Field(default_factory=dict)
     #: Cells by name (empty: one Redis, ``redis_url``); see :mod:`inferq.cells`.
     cells: dict[str, CellSpec] = Field(default_factory=dict)
     #: The cell of routes no cell lists (None: such requests are refused).
@@ -509,6 +577,12 @@ class Settings(BaseSettings):
         for pool in self.scaling.pools:
             if pool not in models:
                 raise ValueError(f"scaling.pools[{pool!r}]: model is not in the registry")
+        for priced in self.prices:
+            if priced not in models:
+                raise ValueError(f"prices[{priced!r}]: model is not in the registry")
+        for name in self.budgets:
+            if not re.match(NAME_PATTERN, name):
+                raise ValueError(f"budgets[{name!r}]: a name is letters, digits, '.', '_', '-'")
         self._check_cells()
         return self
 

@@ -73,6 +73,10 @@ MAX_TOKENS = 256
 MAX_ATTEMPTS = 3
 #: How long a finished request's record and result stay readable, seconds.
 RESULT_TTL_S = 24 * 3600
+#: Days a usage roll-up (``P usage:<day>``) is kept after its day ends: a calendar month
+#: (31 days) and a few days to bill it in; ``store/lua/includes/meter.lua`` spells it once
+#: more (for a deployment whose dispatcher has not written ``usage_retention_days`` yet).
+USAGE_RETENTION_DAYS = 35
 #: How long an idempotency key maps to its request, seconds (one day, like Stripe's).
 IDEMPOTENCY_TTL_S = 24 * 3600
 #: How long a dead-lettered request (record ~1.9 KB) is kept for inspection and requeue,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from urllib.parse import urlsplit, urlunsplit
 
 
@@ -76,6 +77,50 @@ class QueueFull(InferqError):
         super().__init__(
             f"queue full: {who} already has {limit} queued requests (limit {limit}); "
             "retry later or raise the limit"
+        )
+
+
+class BudgetExceeded(QueueFull):
+    """A tenant's or API key's budget has no room for the request (HTTP 429,
+    ``insufficient_quota``); nothing written. A :class:`QueueFull` so that every caller
+    that handles backpressure handles it too.
+
+    Attributes:
+        budget: the budget's name (``[budgets.<name>]``).
+        limit / used: the period's limit and what its final and admitted requests use,
+            in ``unit`` (``tokens`` or ``usd``).
+        period: ``day`` or ``month`` (UTC).
+        resets_at: epoch seconds when the period ends (Redis time).
+    """
+
+    def __init__(
+        self,
+        priority: str,
+        tenant: str,
+        budget: str,
+        limit: float,
+        used: float,
+        period: str,
+        unit: str,
+        resets_at: float,
+    ) -> None:
+        self.priority = priority
+        self.tenant = tenant
+        self.limit = int(limit) if unit == "tokens" else limit  # type: ignore[assignment]
+        self.budget = budget
+        self.used = used
+        self.period = period
+        self.unit = unit
+        self.resets_at = resets_at
+        when = datetime.fromtimestamp(resets_at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if unit == "tokens":
+            amount = f"{used:,.0f} of {limit:,.0f} tokens"
+        else:
+            amount = f"${used:,.4f} of ${limit:,.2f}"
+        InferqError.__init__(
+            self,
+            f"budget {budget!r} exhausted: {amount} used this {period} (tenant {tenant!r}); "
+            f"it resets at {when}; raise the budget or wait",
         )
 
 

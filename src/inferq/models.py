@@ -150,6 +150,9 @@ class InferenceRequest(BaseModel):
             ``reap_callers.lua``). Unlike the other fields it can change in Redis: a
             resubmission of the idempotency key takes the request over (``submit.lua``),
             so a retry through another gateway is not cancelled with the first one.
+        api_key: the id of the gateway API key it came with (the first 12 hex digits of
+            the key's SHA-256, as ``inferq keys list`` shows it); None when submitted
+            otherwise. Its usage is metered under it (``inferq usage --by key``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -169,6 +172,7 @@ class InferenceRequest(BaseModel):
     attempts: int = Field(default=0, ge=0)
     stream: bool = False
     caller: str | None = Field(default=None, pattern=ID_PATTERN)
+    api_key: str | None = Field(default=None, pattern=r"^[0-9a-f]{12}$")
     prefix_hashes: tuple[int, ...] = ()
     prefix_block_tokens: int = Field(default=0, ge=0)
 
@@ -224,6 +228,8 @@ class InferenceRequest(BaseModel):
             fields["stream"] = "1"
         if self.caller is not None:
             fields["caller"] = self.caller
+        if self.api_key is not None:
+            fields["api_key"] = self.api_key
         if self.prefix_hashes:
             fields["prefix"] = encode_chain(self.prefix_block_tokens, self.prefix_hashes)
         return fields
@@ -253,6 +259,7 @@ class InferenceRequest(BaseModel):
                 attempts=int(fields.get("attempts", "0")),
                 stream=fields.get("stream") == "1",
                 caller=fields.get("caller") or None,
+                api_key=fields.get("api_key") or None,
                 prefix_hashes=chain,
                 prefix_block_tokens=block_tokens,
             )

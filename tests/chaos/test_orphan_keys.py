@@ -22,6 +22,7 @@ DEPLOYMENT_KEYS = {
     "fair:classes",  # one credit per class
     "wake",  # at most one token
     "wchanged",  # one member per worker live or removed within a minute (changed.lua)
+    "usage:retention",  # one number: usage_retention_days (the dispatcher writes it)
 }
 #: Prefixes of keys bounded by an owner's folding (fairness.lua, estimates.lua).
 FOLDED = ("fair:vtc:", "fair:seen:", "estimates")

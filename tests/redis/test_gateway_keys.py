@@ -114,6 +114,8 @@ def test_the_gateway_serves_stored_keys_until_revoked(  # type: ignore[no-untype
     )
     record = store.record(chat.id.removeprefix("chatcmpl-"))
     assert record.request.tenant == "nightly" and record.request.priority == "batch"
+    # Metered under the key's id, as ``inferq keys list`` shows it (``inferq usage --by key``).
+    assert record.request.api_key == digest(key)[:12] == json.loads(made.stdout)["id"][:12]
     with pytest.raises(openai.PermissionDeniedError) as denied:  # a class it may not use
         client.chat.completions.create(
             model=MODEL, messages=MESSAGES, extra_headers={"X-Inferq-Priority": "realtime"}

@@ -61,6 +61,10 @@ LAZY_COMMANDS = {
         "inferq.cli.keys:keys",
         "The gateway's API keys stored in Redis: add, list, revoke.",
     ),
+    "usage": (
+        "inferq.cli.usage:usage_cmd",
+        "Tokens, GPU-seconds, outcomes and cost per tenant, key, class or model.",
+    ),
     "simulate": (
         "inferq.cli.simulate:simulate",
         "Replay traces through the five policies in virtual time and compare them.",

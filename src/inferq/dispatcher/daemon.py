@@ -135,6 +135,10 @@ class Dispatcher:
         """Step until :meth:`stop`; survive Redis outages with backoff."""
         backoff = 0.1
         log.info("dispatcher started (namespace %s)", self.settings.namespace)
+        try:
+            self.store.set_usage_retention()
+        except REDIS_ERRORS as exc:  # the metering keeps its default retention meanwhile
+            log.warning("usage retention not written: %s", exc)
         previous: float | None = None
         woken = False
         while not self._stop.is_set():

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
@@ -50,6 +51,7 @@ from inferq.cells import cell_for
 from inferq.client import AsyncClient, AsyncRequestHandle
 from inferq.config import Settings
 from inferq.errors import (
+    BudgetExceeded,
     ContextLengthExceeded,
     InferqError,
     InvalidRequest,
@@ -59,7 +61,7 @@ from inferq.errors import (
 )
 from inferq.gateway import openai_api as api
 from inferq.gateway.ratelimit import RateLimits
-from inferq.gateway.tenants import OPEN, ApiKey, KeyRing, StoredKeys
+from inferq.gateway.tenants import KEY_ID_LEN, OPEN, ApiKey, KeyRing, StoredKeys, digest
 from inferq.ids import new_id
 from inferq.intake import build_request
 from inferq.metrics import MetricsLease, build_registry
@@ -391,6 +393,15 @@ class Gateway:
         try:
             await self._hold_caller_lease(cell)
             handle = await self.aclient.submit_request(inferq_request)
+        except BudgetExceeded as exc:  # OpenAI's answer to a spent quota
+            return self._error(
+                endpoint,
+                429,
+                str(exc),
+                "insufficient_quota",
+                code="insufficient_quota",
+                retry_after=max(1, math.ceil(exc.resets_at - time.time())),
+            )
         except QueueFull as exc:
             return self._error(
                 endpoint,
@@ -453,7 +464,7 @@ class Gateway:
             raise InvalidRequest("body", str(exc)) from None
         except InvalidRequest as exc:
             raise api.as_sent(exc, sub, names) from None
-        return built.model_copy(update={"caller": self.caller_id})
+        return built.model_copy(update={"caller": self.caller_id, "api_key": _key_id(request, key)})
 
     # --- the caller lease -------------------------------------------------------------
 
@@ -935,3 +946,13 @@ async def _aclose(items: AsyncIterator[Any]) -> None:
     close = getattr(items, "aclose", None)
     if close is not None:
         await close()
+
+
+def _key_id(request: Request, key: ApiKey) -> str | None:
+    """The id usage is metered under: the first ``KEY_ID_LEN`` hex digits of the bearer
+    key's SHA-256 (as ``inferq keys list`` shows it); None on an open gateway."""
+    if key is OPEN:
+        return None
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    bearer = token.strip() if scheme.lower() == "bearer" else ""
+    return digest(bearer)[:KEY_ID_LEN] if bearer else None

@@ -16,7 +16,7 @@ from typing import Any, Literal, NamedTuple
 
 from inferq import defaults
 from inferq.config import Settings
-from inferq.errors import IdempotencyConflict, QueueFull, RequestNotFound
+from inferq.errors import BudgetExceeded, IdempotencyConflict, QueueFull, RequestNotFound
 from inferq.models import (
     Event,
     InferenceRequest,
@@ -61,6 +61,8 @@ class Completion:
         first_token_at: epoch seconds of the first output token, when known.
         rejection: the model server's own message when it refused the request as
             invalid (``ServerError.rejection``), else empty.
+        cached_tokens: of the prompt tokens, those the model server reported reusing
+            from its prefix cache (0 when it does not say); metered as cached tokens.
     """
 
     request_id: str
@@ -73,6 +75,7 @@ class Completion:
     error: str = ""
     finish_reason: str | None = None
     rejection: str = ""
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +179,31 @@ def _pairs(flat: Sequence[Any]) -> list[tuple[Any, Any]]:
 # --- submit ---------------------------------------------------------------------------
 
 
+def budget_entries(settings: Settings, request: InferenceRequest) -> str:
+    """The ``budgets`` argument of ``submit.lua``: one entry per budget of the request's
+    tenant or API key (``includes/budget.lua``), '' when none applies. The estimate is
+    prompt (as estimated) + ``max_tokens`` tokens, priced for a ``usd`` budget."""
+    out = []
+    for name, b in sorted(settings.budgets.items()):
+        if not (b.tenant == request.tenant or (b.key is not None and b.key == request.api_key)):
+            continue
+        if b.unit == "tokens":
+            rates = (1.0, 1.0, 0.0)
+        else:
+            price = settings.prices.get(request.model)
+            rates = (
+                ((price.prompt_per_1m_usd or 0.0) / 1e6, (price.completion_per_1m_usd or 0.0) / 1e6,
+                 (price.gpu_hour_usd or 0.0) / 3.6e6)
+                if price is not None
+                else (0.0, 0.0, 0.0)
+            )  # fmt: skip
+        est = request.prompt_tokens * rates[0] + request.max_tokens * rates[1]
+        soft = "" if b.soft is None else repr(b.soft)
+        fields = [name, b.period, b.unit, repr(b.limit), soft, repr(est), *map(repr, rates)]
+        out.append(",".join(fields))
+    return " ".join(out)
+
+
 def submit_call(
     keys: Keys, settings: Settings, request: InferenceRequest, explicit_deadline: bool
 ) -> Call:
@@ -204,6 +232,9 @@ def submit_call(
     ]
     for name, value in fields.items():
         argv += [name, value]
+    held = budget_entries(settings, request)
+    if held:
+        argv += ["budgets", held]
     keys_ = [
         keys.req(request.id),
         keys.tenant_queue(request.priority, request.route, request.tenant),
@@ -228,6 +259,18 @@ def parse_submit(reply: Sequence[str], request: InferenceRequest) -> Submitted:
     if kind == "conflict":
         assert request.idempotency_key is not None
         raise IdempotencyConflict(request.idempotency_key, request.tenant, reply[1])
+    if kind == "budget":
+        name, limit, resets_ms, used, period, unit = reply[1:7]
+        raise BudgetExceeded(
+            request.priority,
+            request.tenant,
+            str(name),
+            float(limit),
+            float(used),
+            str(period),
+            str(unit),
+            int(resets_ms) / 1000,
+        )
     tenant = request.tenant if reply[1] == "tenant" else None
     raise QueueFull(request.priority, tenant, int(reply[2]))
 
@@ -505,6 +548,7 @@ def complete_call(
             c.error,
             c.finish_reason or "",
             c.rejection,
+            c.cached_tokens,
         ]
     return Call("complete", [], argv)
 

@@ -54,6 +54,14 @@ P events                        stream  capped event log
 P prefixlog                     stream  placements of prefix chains (worker, chains), capped:
                                         what every dispatcher's prefix-cache index learns from
 P wake                          list    dispatcher wake-up tokens
+P usage:<day>                   hash    usage roll-up of epoch day <day> (UTC): field = JSON
+                                        ``[hour, tenant, key id, class, model]``, value = 8
+                                        counts (``inferq.usage.COUNTERS``); expires
+                                        ``usage_retention_days`` after the day (``meter.lua``)
+P usage:retention               string  ``usage_retention_days`` in seconds (the dispatcher)
+P budget:<name>:<period>        hash    a budget's ``held`` (admitted, not final: estimates) and
+                                        ``spent`` (final: metered) in period d<day> | mYYYYMM;
+                                        expires 31 days after the period (``budget.lua``)
 P estimates                     hash    ``<model>|<task>`` -> moving output-token mean
 P estimates:seen                zset    estimates field -> last write ms (bounds the hash)
 P dispatcher:beat               string  set (TTL 3 heartbeats) by each dispatcher's housekeeping
@@ -246,6 +254,20 @@ class Keys:
         """Zset of retries backing off: member = request id, score = not-before ms (Redis
         TIME); ``promote.lua`` moves each back to its queue when due."""
         return f"{self.prefix}delayed"
+
+    def usage_day(self, day: int) -> str:
+        """The usage roll-up of epoch day ``day`` (UTC), written by ``lua/includes/meter.lua``."""
+        return f"{self.prefix}usage:{day}"
+
+    @property
+    def usage_retention(self) -> str:
+        """Seconds a usage roll-up is kept after its day (settings, written by the dispatcher)."""
+        return f"{self.prefix}usage:retention"
+
+    def budget(self, name: str, period: str) -> str:
+        """Budget ``name``'s counters in ``period`` (``d<epoch day>`` or ``mYYYYMM``, UTC),
+        held by ``submit.lua`` and settled by ``lua/includes/finalize.lua``."""
+        return f"{self.prefix}budget:{name}:{period}"
 
     @property
     def estimates(self) -> str:

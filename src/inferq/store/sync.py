@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from redis.exceptions import NoScriptError, ResponseError
 
-from inferq import defaults
+from inferq import defaults, usage
 from inferq.config import Settings
 from inferq.errors import CorruptRecord, IdempotencyConflict, QueueFull, RequestNotFound
 from inferq.ids import new_id
@@ -220,6 +220,32 @@ class Store(AdminCalls):
     def beat_dispatcher(self, ttl_s: float) -> None:
         """Say a dispatcher runs, for ``ttl_s`` seconds (``dispatcher:beat``)."""
         self.redis.set(self.keys.dispatcher_beat, "1", px=max(1, round(ttl_s * 1000)))
+
+    def set_usage_retention(self) -> None:
+        """Tell the metering (``lua/includes/meter.lua``) how long to keep a usage roll-up
+        after its day: ``usage_retention_days`` (read when a roll-up field is created)."""
+        self.redis.set(self.keys.usage_retention, self.settings.usage_retention_days * 86400)
+
+    def usage_records(
+        self, since_ms: int, until_ms: int
+    ) -> tuple[list[usage.UsageRecord], list[usage.Corrupt]]:
+        """The usage roll-up records of the days holding ``[since_ms, until_ms)`` (one
+        pipelined round trip), and the fields (or keys) that do not parse: skipped."""
+        days = usage.days_between(since_ms, until_ms)
+        pipe = self.redis.pipeline(transaction=False)
+        for day in days:
+            pipe.hgetall(self.keys.usage_day(day))
+        records: list[usage.UsageRecord] = []
+        corrupt: list[usage.Corrupt] = []
+        for day, reply in zip(days, pipe.execute(raise_on_error=False), strict=True):
+            key = self.keys.usage_day(day)
+            if isinstance(reply, Exception):
+                corrupt.append(usage.Corrupt(key, "", f"not a usage hash: {reply}"))
+                continue
+            for name, value in reply.items():
+                parsed = usage.parse_record(key, name, value)
+                (corrupt if isinstance(parsed, usage.Corrupt) else records).append(parsed)  # type: ignore[arg-type]
+        return records, corrupt
 
     def reap_leases(self, limit: int = 1000) -> list[tuple[str, str]]:
         """Requeue requests whose lease lapsed; returns (id, verdict) pairs."""

@@ -829,6 +829,7 @@ class Engine:
             completion_tokens=result.completion_tokens,
             first_token_at=first,
             finish_reason=result.finish_reason,
+            cached_tokens=result.cached_tokens or 0,
         )
         self._queue(outcome, req.task_type)
 

@@ -1,10 +1,13 @@
 -- complete: record final results from a worker, fenced by attempt number.
 -- ARGV: 1 prefix, 2 worker id, 3 result ttl s, 4 events maxlen,
---       then 10-tuples: id, attempt, status ('succeeded'|'failed'|'expired'|'cancelled'),
+--       then 11-tuples: id, attempt, status ('succeeded'|'failed'|'expired'|'cancelled'),
 --       output, prompt_tokens, completion_tokens, first_token_ms ('' if unknown), error,
 --       finish_reason ('stop'|'length'|... as the model server said; '' if unknown),
 --       rejection (the model server's message when it refused the request as invalid,
---       the caller's error; '' otherwise, and then no field is written)
+--       the caller's error; '' otherwise, and then no field is written),
+--       cached_tokens (prompt tokens the model server reused from its cache; 0 unknown)
+-- Writes service_ms (Redis ms from this attempt's start to now: the GPU time metered,
+-- see includes/meter.lua) and cached_tokens beside the result.
 -- Events: finish/fail/expire with class, tenant, queue_ms, e2e_ms, ttft_ms (finish time
 -- when the model server reports no first token), output and prompt tokens, so
 -- metrics and reports need not read the request hashes.
@@ -16,11 +19,11 @@
 local p, w, ttl, maxlen = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local now = now_ms()
 local out = {}
-for i = 5, #ARGV, 10 do
+for i = 5, #ARGV, 11 do
   local id, attempt, status = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local key = k_req(p, id)
   local r = redis.call('HMGET', key, 'state', 'attempts', 'worker', 'need_mib', 'priority',
-    'submitted_ms', 'dispatched_ms', 'tenant')
+    'submitted_ms', 'dispatched_ms', 'tenant', 'started_ms')
   if (r[1] ~= 'assigned' and r[1] ~= 'running') or r[2] ~= attempt or r[3] ~= w then
     stat(p, 'stale_results')
     out[#out + 1] = 'stale'
@@ -29,7 +32,8 @@ for i = 5, #ARGV, 10 do
     local fields = {
       'output', ARGV[i + 3], 'prompt_tokens_used', ARGV[i + 4],
       'completion_tokens', ARGV[i + 5], 'first_token_ms', ARGV[i + 6], 'error', ARGV[i + 7],
-      'finish_reason', ARGV[i + 8]}
+      'finish_reason', ARGV[i + 8], 'cached_tokens', ARGV[i + 10],
+      'service_ms', math.max(0, now - (tonumber(r[9]) or now))}
     if ARGV[i + 9] ~= '' then
       fields[#fields + 1] = 'rejection'
       fields[#fields + 1] = ARGV[i + 9]

@@ -5,8 +5,13 @@
 --       8 timeout_ms, 9 deadline_ms ('' = now + timeout), 10 idem_ttl_s, 11 events maxlen,
 --       12 fingerprint of the request's fields ('' without a key),
 --       13.. field/value pairs of the submission (the payload goes to payload:<id>)
+--       (a ``budgets`` field is not written as given: its entries
+--       'name,day|month,tokens|usd,limit,soft limit ('' none),estimate,prompt rate,
+--       completion rate,gpu ms rate' are checked and held, see includes/budget.lua, and the hash keeps
+--       'budget key,estimate,rates...' for finalize to settle)
 -- Returns {'ok', id, submitted_ms, deadline_ms} | {'dup', existing_id}
 --       | {'conflict', existing_id} | {'full', 'class'|'tenant', limit}
+--       | {'budget', name, limit, resets_ms, used, period, unit}
 -- Invariant: a request is in exactly one queue (its tenant's sub-queue, see
 -- includes/queue.lua) iff its state is 'queued' and it is not a delayed retry; counts:c:<class>
 -- and counts:t:<class>:<tenant> equal the queued requests they name; an idempotency key
@@ -17,12 +22,14 @@
 -- the latest submitter of its idempotency key: a retry through another gateway (the first
 -- one died) or from a client without one takes it over, so the first gateway's lapsed lease
 -- does not cancel the request the retry is reading (see reap_callers.lua).
--- include: clock, keys, record, queue, counts, events, wake
+-- include: clock, keys, record, queue, counts, events, wake, budget
 local p, id, class, route, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local idem, fp = KEYS[3], ARGV[12]
 local caller = false
+local budgets = false
 for i = 13, #ARGV, 2 do
   if ARGV[i] == 'caller' then caller = ARGV[i + 1] end
+  if ARGV[i] == 'budgets' then budgets = ARGV[i + 1] end
 end
 
 -- The duplicate's caller becomes `caller` (none: tied to no process) unless it is final.
@@ -62,11 +69,44 @@ if tenant_n >= tonumber(ARGV[7]) then return {'full', 'tenant', ARGV[7]} end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'dup', id} end
 
 local now = now_ms()
+-- Every budget is checked before anything is written: a refusal writes nothing.
+local holds, kept = {}, {}
+if budgets then
+  for entry in string.gmatch(budgets, '%S+') do
+    local name, period, unit, limit, soft, est, pr, cr, gr = string.match(entry,
+      '^([^,]+),([^,]+),([^,]+),([^,]+),([^,]*),([^,]+),([^,]+),([^,]+),([^,]+)$')
+    if name then
+      local pid, resets = budget_period(period, now)
+      local bkey = p .. 'budget:' .. name .. ':' .. pid
+      local cur = redis.call('HMGET', bkey, 'spent', 'held')
+      local used = (tonumber(cur[1]) or 0) + (tonumber(cur[2]) or 0)
+      if used + tonumber(est) > tonumber(limit) then
+        return {'budget', name, limit, tostring(resets), tostring(used), period, unit}
+      end
+      holds[#holds + 1] = {bkey, est, resets, tonumber(soft), used, name, limit}
+      kept[#kept + 1] = table.concat({bkey, est, pr, cr, gr}, ',')
+    end
+  end
+end
+for _, h in ipairs(holds) do
+  redis.call('HINCRBYFLOAT', h[1], 'held', h[2])
+  -- kept a month past its period: long enough for any request admitted in it to settle
+  redis.call('PEXPIREAT', h[1], h[3] + 31 * 86400000)
+  if h[4] and h[5] <= h[4] and h[5] + tonumber(h[2]) > h[4] then
+    emit(p, ARGV[11], 'budget_soft', 'budget', h[6], 'tenant', tenant, 'limit', h[7],
+      'soft', h[4], 'used', h[5] + tonumber(h[2]))
+  end
+end
 local deadline = tonumber(ARGV[9]) or (now + tonumber(ARGV[8]))
 local fields = {}
 for i = 13, #ARGV, 2 do
   if ARGV[i] == 'payload' then
     redis.call('SET', k_payload(p, id), ARGV[i + 1])
+  elseif ARGV[i] == 'budgets' then
+    if #kept > 0 then
+      fields[#fields + 1] = 'budgets'
+      fields[#fields + 1] = table.concat(kept, ' ')
+    end
   else
     fields[#fields + 1] = ARGV[i]
     fields[#fields + 1] = ARGV[i + 1]

@@ -1,0 +1,158 @@
+"""Usage roll-ups: what the metering in ``store/lua/includes/meter.lua`` wrote, read back,
+summed by one dimension and priced. Pure: the records and the time are arguments.
+
+A record is one (UTC hour, tenant, API key id, class, model) with its counters (see
+:data:`COUNTERS`). Cost is derived here, from the settings' prices at read time: a
+changed price re-prices history as it is read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from inferq.config import Price
+
+#: The counters of a record, in the order ``meter.lua`` writes them.
+COUNTERS = (
+    "succeeded",
+    "failed",
+    "expired",
+    "cancelled",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "gpu_ms",
+)
+#: Outcomes counted (each a request made final in that state, as ``stats`` counts them).
+OUTCOMES = COUNTERS[:4]
+#: The dimensions ``inferq usage --by`` sums over.
+DIMENSIONS = ("tenant", "key", "class", "model")
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRecord:
+    """One roll-up field: the requests made final in ``hour`` (epoch hour, UTC) of one
+    tenant, API key id ('' = not through the gateway), class and model."""
+
+    hour: int
+    tenant: str
+    key: str
+    klass: str
+    model: str
+    counts: tuple[int, ...]
+
+    def dimension(self, by: str) -> str:
+        """The record's value of dimension ``by`` (one of :data:`DIMENSIONS`)."""
+        return {"tenant": self.tenant, "key": self.key, "class": self.klass, "model": self.model}[
+            by
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class Corrupt:
+    """A roll-up field that does not parse: skipped, and reported by ``inferq usage``."""
+
+    key: str
+    field: str
+    reason: str
+
+
+def parse_record(key: str, name: str, value: str) -> UsageRecord | Corrupt:
+    """The record of field ``name`` of roll-up key ``key``, or why it does not parse."""
+    try:
+        parts = json.loads(name)
+        hour, tenant, api_key, klass, model = parts
+        if not isinstance(hour, int) or not all(
+            isinstance(p, str) for p in (tenant, api_key, klass, model)
+        ):
+            raise ValueError("mistyped dimensions")
+    except (ValueError, TypeError) as exc:
+        return Corrupt(key, name, f"field is not [hour, tenant, key, class, model]: {exc}")
+    try:
+        counts = tuple(int(n) for n in value.split())
+    except ValueError:
+        counts = ()
+    if len(counts) != len(COUNTERS) or min(counts) < 0:
+        return Corrupt(key, name, f"value is not {len(COUNTERS)} counts >= 0: {value[:80]!r}")
+    return UsageRecord(hour, tenant, api_key, klass, model, counts)
+
+
+@dataclass(slots=True)
+class UsageRow:
+    """The sum of the records of one value of a dimension, with their cost."""
+
+    name: str
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+    cost_usd: float = 0.0
+    #: Models of these records without a price (their cost counts as 0).
+    unpriced: set[str] = field(default_factory=set)
+
+    @property
+    def requests(self) -> int:
+        return sum(self.counts[o] for o in OUTCOMES)
+
+    @property
+    def gpu_s(self) -> float:
+        return self.counts["gpu_ms"] / 1000
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "requests": self.requests,
+            **self.counts,
+            "gpu_s": self.gpu_s,
+            "cost_usd": round(self.cost_usd, 6),
+            "unpriced_models": sorted(self.unpriced),
+        }
+
+
+def cost_usd(counts: Mapping[str, int], price: Price) -> float:
+    """What ``counts`` cost at ``price`` (see :class:`~inferq.config.Price`)."""
+    cached = counts["cached_tokens"]
+    prompt_rate = price.prompt_per_1m_usd or 0.0
+    cached_rate = price.cached_prompt_per_1m_usd
+    if cached_rate is None:
+        cached_rate = prompt_rate
+    return (
+        counts["gpu_ms"] / 3_600_000 * (price.gpu_hour_usd or 0.0)
+        + (counts["prompt_tokens"] - cached) * prompt_rate / 1e6
+        + cached * cached_rate / 1e6
+        + counts["completion_tokens"] * (price.completion_per_1m_usd or 0.0) / 1e6
+    )
+
+
+def roll_up(
+    records: Iterable[UsageRecord],
+    by: str,
+    prices: Mapping[str, Price],
+    since_ms: int,
+    until_ms: int,
+) -> list[UsageRow]:
+    """Sum the records of the hours in ``[since_ms, until_ms)`` by dimension ``by``, each
+    record priced by its model; rows by name."""
+    rows: dict[str, UsageRow] = {}
+    for rec in records:
+        if not since_ms <= rec.hour * HOUR_MS < until_ms:
+            continue
+        name = rec.dimension(by)
+        row = rows.setdefault(name, UsageRow(name))
+        counts = dict(zip(COUNTERS, rec.counts, strict=True))
+        for c, n in counts.items():
+            row.counts[c] += n
+        price = prices.get(rec.model)
+        if price is None:
+            row.unpriced.add(rec.model)
+        else:
+            row.cost_usd += cost_usd(counts, price)
+    return [rows[n] for n in sorted(rows)]
+
+
+def days_between(since_ms: int, until_ms: int) -> list[int]:
+    """The epoch days (UTC) whose roll-up keys hold the hours of ``[since_ms, until_ms)``."""
+    if until_ms <= since_ms:
+        return []
+    return list(range(since_ms // DAY_MS, (until_ms - 1) // DAY_MS + 1))

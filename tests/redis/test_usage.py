@@ -1,0 +1,187 @@
+"""Metering at the source (``lua/includes/meter.lua``) and reading it back, real Redis."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from inferq import usage
+from inferq.config import Settings
+from inferq.models import RequestState
+from inferq.store import Completion, Store
+
+from ..builders import inference_request
+from ..helpers import queue_key, ready_worker
+from .test_cli_ops import inferq
+
+
+def _window(store: Store) -> tuple[int, int]:
+    """From yesterday to tomorrow, Redis ms: every hour a test writes."""
+    now = round(store.now() * 1000)
+    return now - usage.DAY_MS, now + usage.DAY_MS
+
+
+def _run(store: Store, settings: Settings, worker: str = "w1", **fields: object) -> tuple[str, int]:
+    """Submit one request and start it on ``worker``: (id, attempt)."""
+    r = inference_request(settings, **fields)
+    store.submit(r)
+    [(rid, attempt)] = store.assign(worker, r.id + "b", [(r.id, queue_key(store, r), 1.0)])
+    assert store.start(worker, [(rid, attempt)]) == ["run"]
+    return rid, attempt
+
+
+def _by(store: Store, by: str) -> dict[str, usage.UsageRow]:
+    records, corrupt = store.usage_records(*_window(store))
+    assert corrupt == []
+    return {row.name: row for row in usage.roll_up(records, by, {}, *_window(store))}
+
+
+def test_a_duplicate_completion_is_metered_once(store: Store, settings: Settings) -> None:
+    ready_worker(store, "w1")
+    rid, attempt = _run(store, settings, tenant="acme")
+    done = Completion(
+        rid, attempt, "succeeded", output="hi", prompt_tokens=30, completion_tokens=7,
+        cached_tokens=16,
+    )  # fmt: skip
+    assert store.complete("w1", [done]) == ["ok"]
+    assert store.complete("w1", [done]) == ["stale"]  # resent: a second flush, a retry
+    row = _by(store, "tenant")["acme"]
+    assert row.requests == 1 and row.counts["succeeded"] == 1
+    assert (row.counts["prompt_tokens"], row.counts["cached_tokens"]) == (30, 16)
+    assert row.counts["completion_tokens"] == 7
+    assert row.counts["gpu_ms"] >= 0
+    service = store.redis.hget(store.keys.req(rid), "service_ms")
+    assert service is not None and row.counts["gpu_ms"] == int(service)
+
+
+def test_tenant_totals_equal_the_sum_over_final_results(store: Store, settings: Settings) -> None:
+    ready_worker(store, "w1", slots=64)
+    rng = random.Random(23)
+    final: list[str] = []
+    for i in range(40):
+        tenant = f"t{i % 4}"
+        if i % 10 == 9:  # cancelled while queued: made final by cancel.lua, not the worker
+            r = inference_request(settings, tenant=tenant)
+            store.submit(r)
+            store.cancel(r.id)
+            final.append(r.id)
+            continue
+        rid, attempt = _run(
+            store, settings, tenant=tenant, priority=rng.choice(["batch", "standard"])
+        )
+        final.append(rid)
+        status = "failed" if i % 7 == 3 else "succeeded"
+        c = Completion(
+            rid, attempt, status, prompt_tokens=rng.randint(1, 500),
+            completion_tokens=rng.randint(0, 200), cached_tokens=rng.randint(0, 1),
+        )  # fmt: skip
+        assert store.complete("w1", [c, c]) == ["ok", "stale"]
+    want: dict[str, dict[str, int]] = {}
+    for rid in final:
+        rec = store.record(rid)
+        w = want.setdefault(rec.request.tenant, dict.fromkeys(usage.COUNTERS[:7], 0))
+        w[rec.state.value] += 1
+        fields = store.redis.hgetall(store.keys.req(rid))
+        w["prompt_tokens"] += int(fields.get("prompt_tokens_used", 0))
+        w["completion_tokens"] += int(fields.get("completion_tokens", 0))
+        w["cached_tokens"] += int(fields.get("cached_tokens", 0))
+    got = _by(store, "tenant")
+    assert {t: {c: r.counts[c] for c in usage.COUNTERS[:7]} for t, r in got.items()} == want
+    stats = store.redis.hgetall(store.keys.stats)
+    for outcome in usage.OUTCOMES:  # the reconciliation with ``inferq stats``
+        assert sum(r.counts[outcome] for r in got.values()) == int(stats.get(outcome, 0))
+    assert sum(r.requests for r in _by(store, "class").values()) == 40
+
+
+def test_usage_is_kept_by_key_class_and_model(store: Store, settings: Settings) -> None:
+    ready_worker(store, "w1")
+    rid, attempt = _run(store, settings, tenant="acme", priority="batch")
+    store.redis.hset(store.keys.req(rid), "api_key", "0123456789ab")  # as the gateway writes it
+    store.complete("w1", [Completion(rid, attempt, "succeeded", prompt_tokens=5)])
+    rid, attempt = _run(store, settings, tenant="acme", priority="standard")
+    store.complete("w1", [Completion(rid, attempt, "succeeded", prompt_tokens=2)])
+    keys = _by(store, "key")
+    assert keys["0123456789ab"].counts["prompt_tokens"] == 5 and keys[""].requests == 1
+    assert {n: r.requests for n, r in _by(store, "class").items()} == {"batch": 1, "standard": 1}
+    assert {n: r.requests for n, r in _by(store, "model").items()} == {settings.default_model: 2}
+
+
+def test_a_roll_up_expires_after_its_day_and_the_retention(
+    store: Store, settings: Settings
+) -> None:
+    ready_worker(store, "w1")
+    store.set_usage_retention()
+    rid, attempt = _run(store, settings)
+    store.complete("w1", [Completion(rid, attempt, "succeeded")])
+    [key] = store.redis.keys(store.keys.prefix + "usage:[0-9]*")
+    keep = settings.usage_retention_days * 86400
+    assert keep < store.redis.ttl(key) <= keep + 86400
+
+
+def test_a_corrupt_roll_up_value_is_moved_aside_and_skipped(
+    store: Store, settings: Settings
+) -> None:
+    ready_worker(store, "w1", slots=8)
+    rid, attempt = _run(store, settings, tenant="acme")
+    store.complete("w1", [Completion(rid, attempt, "succeeded", prompt_tokens=4)])
+    [key] = store.redis.keys(store.keys.prefix + "usage:[0-9]*")
+    [field] = store.redis.hkeys(key)
+    store.redis.hset(key, field, "garbage")
+    store.redis.hset(key, "not json", "1 2 3")
+    records, corrupt = store.usage_records(*_window(store))
+    assert records == [] and {c.field for c in corrupt} == {field, "not json"}
+    # The next request of that field: the bad value is reported aside, counting restarts.
+    rid, attempt = _run(store, settings, tenant="acme")
+    store.complete("w1", [Completion(rid, attempt, "succeeded", prompt_tokens=6)])
+    assert store.redis.hget(store.keys.quarantine, f"usage:{key.rsplit(':', 1)[1]}|{field}")
+    records, corrupt = store.usage_records(*_window(store))
+    assert [r.counts[4] for r in records] == [6] and [c.field for c in corrupt] == ["not json"]
+    assert store.record(rid).state is RequestState.SUCCEEDED
+
+
+def test_a_roll_up_key_of_another_type_is_reported(store: Store) -> None:
+    day = round(store.now() * 1000) // usage.DAY_MS
+    store.redis.set(store.keys.usage_day(day), "x")
+    records, corrupt = store.usage_records(day * usage.DAY_MS, (day + 1) * usage.DAY_MS)
+    assert records == [] and [c.key for c in corrupt] == [store.keys.usage_day(day)]
+
+
+def test_inferq_usage_prints_rows_cost_and_skips_corrupt_records(
+    store: Store, settings: Settings, namespace: str, tmp_path: Path
+) -> None:
+    ready_worker(store, "w1", slots=8)
+    for tenant, prompt in (("acme", 3), ("acme", 4), ("zeta", 10)):
+        rid, attempt = _run(store, settings, tenant=tenant)
+        done = Completion(rid, attempt, "succeeded", prompt_tokens=prompt, completion_tokens=1)
+        store.complete("w1", [done])
+    config = tmp_path / "inferq.toml"
+    model = settings.default_model
+    config.write_text(
+        f'[prices."{model}"]\nprompt_per_1m_usd = 1000000.0\ncompletion_per_1m_usd = 2000000.0\n'
+    )
+    out = inferq(namespace, "usage", "--json", INFERQ_CONFIG=str(config))
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    rows = {r["name"]: r for r in data["rows"]}
+    assert (rows["acme"]["requests"], rows["acme"]["prompt_tokens"]) == (2, 7)
+    assert rows["acme"]["cost_usd"] == pytest.approx(7 + 2 * 2)  # $1/prompt, $2/completion token
+    assert data["total"]["prompt_tokens"] == 17 and data["total"]["requests"] == 3
+    assert data["corrupt"] == [] and data["total"]["unpriced_models"] == []
+    # A corrupt record is skipped and reported; the rest still prints.
+    [key] = store.redis.keys(store.keys.prefix + "usage:[0-9]*")
+    store.redis.hset(key, "[1,2]", "bad")
+    table = inferq(namespace, "usage", "--by", "class", "--since", "2d")
+    assert table.returncode == 0, table.stderr
+    assert "standard" in table.stdout and "total" in table.stdout and "cost $" in table.stdout
+    assert "skipped 1 usage record" in table.stderr and "[1,2]" in table.stderr
+    assert "no price for" in table.stderr  # no config: every model unpriced
+
+
+def test_inferq_usage_refuses_a_bad_window(namespace: str) -> None:
+    bad = inferq(namespace, "usage", "--since", "3 weeks")
+    assert bad.returncode != 0 and "--since" in bad.stderr and "24h" in bad.stderr
+    backwards = inferq(namespace, "usage", "--since", "1d", "--until", "2d")
+    assert backwards.returncode != 0 and "is not before --until" in backwards.stderr
