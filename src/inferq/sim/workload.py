@@ -163,8 +163,8 @@ def _route_specs(route: str, settings: Settings) -> list[ModelSpec] | None:
 # --- the command line's workload ----------------------------------------------------
 
 #: Classes of the bundled traces when ``--trace`` names none: conversations are
-#: interactive (``realtime``), code completions ``standard``.
-BUNDLED_CLASSES = {"conv": "realtime", "code": "standard"}
+#: interactive (``realtime``; Mooncake's is a chatbot's), code completions ``standard``.
+BUNDLED_CLASSES = {"conv": "realtime", "code": "standard", "mooncake": "realtime"}
 
 
 @dataclass(frozen=True, slots=True)
