@@ -463,15 +463,24 @@ MAX_PREFIX_BLOCKS = 512
 #: Weight of a worker's load (tokens it holds: running + assigned, prompt + max_tokens)
 #: against the prefill tokens a cache hit saves, in the affinity cost
 #: ``uncached prompt tokens + LOAD_WEIGHT x load tokens`` (Dynamo's KV router cost,
-#: "prefill blocks to compute + active blocks", with its overlap weight of 1).
-PREFIX_LOAD_WEIGHT = 1.0
+#: "prefill blocks to compute + active blocks"). 0.15 is the roofline of the default
+#: model (llama-3.1-8b on an H200 profile): a resident KV token costs 30 ns of memory
+#: reads per decode step, ~150 steps for Mooncake's mean output (4.5 us), against 34 us
+#: to prefill one token at a 15k-token context: 0.13. Tuned on the simulator
+#: (scripts/bench_prefix_sim.py): 1.0 (Dynamo's equal weights) kept inferq at 0.55-0.6
+#: of the pooled-LRU hit rate, 0.15 reaches 0.84-0.89 with max/mean load <= 1.16.
+PREFIX_LOAD_WEIGHT = 0.15
 #: Balance thresholds (SGLang's cache-aware router: it stops following the cache when
 #: ``max_load - min_load > balance_abs_threshold`` and ``max_load > balance_rel_threshold
 #: x min_load``; inferq counts tokens, not requests): a cached worker is passed over
-#: when it holds this many tokens more than the least-loaded candidate ...
-PREFIX_BALANCE_ABS_TOKENS = 8192
-#: ... and more than this many times its load.
-PREFIX_BALANCE_REL = 1.5
+#: when it holds this many tokens more than the least-loaded candidate ... 131,072 is
+#: about 8 of Mooncake's mean prompts (15k tokens), 28% of an 8B model's KV on an 80 GiB
+#: card; 8,192 (half of one such prompt) passed over nearly every hit on the simulator
+#: (hit rate 0.58 of pooled on 8 workers), 196,608 let 16 workers drift to 1.28 max/mean.
+PREFIX_BALANCE_ABS_TOKENS = 131_072
+#: ... and more than this many times its load (SGLang's relative threshold; 2 is where
+#: the simulator's max/mean prompt tokens per worker stayed <= 1.16 on 4-16 workers).
+PREFIX_BALANCE_REL = 2.0
 #: The load weight grows as a request's SLA slack shrinks, up to this factor at no
 #: slack left: a request close to its time-to-first-token SLA takes the surer, less
 #: loaded worker over a forecast hit (the index is an approximation).

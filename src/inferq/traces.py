@@ -20,6 +20,7 @@ mooncake   Mooncake JSONL: ``timestamp`` (ms since the first request),
            ``input_length``, ``output_length``, optional ``hash_ids`` (prefix
            blocks). Timestamps may be quantised to a tick of a few seconds;
            ``spread_ticks`` spreads each tick's requests evenly across it.
+           Bundled: ``"mooncake"`` (FAST'25's synthetic trace, Apache-2.0).
 burstgpt   BurstGPT CSV: ``Timestamp,Model,Request tokens,Response tokens,
            Total tokens,Log Type``; ``Timestamp`` in seconds. Rows with 0
            response tokens are *failed* requests (BurstGPT's README says so and
@@ -64,7 +65,11 @@ TraceFormat = Literal["auto", "azure", "mooncake", "burstgpt", "jsonl"]
 BUNDLED: dict[str, str] = {
     "code": "azure-llm-2023-code.csv",
     "conv": "azure-llm-2023-conv.csv",
+    "mooncake": "mooncake-fast25-synthetic.jsonl",
 }
+#: Tokens per block of Mooncake's ``hash_ids`` (its release README: one id per
+#: 512-token block of the prompt; the last block may be partial).
+MOONCAKE_BLOCK_TOKENS = 512
 
 _AZURE_HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _JSONL_KEYS = frozenset(
@@ -137,7 +142,7 @@ def load_trace(
     spread_ticks: bool = False,
     tick_s: float | None = None,
 ) -> list[TraceRequest]:
-    """Load a trace file, or a bundled trace by name (``"conv"``, ``"code"``).
+    """Load a trace file, or a bundled trace by name (``"conv"``, ``"code"``, ``"mooncake"``).
 
     Args:
         path_or_name: a file path, or a key of :data:`BUNDLED`.
@@ -154,15 +159,16 @@ def load_trace(
         FileNotFoundError: no such file.
     """
     bundled = isinstance(path_or_name, str) and path_or_name in BUNDLED
-    if bundled and fmt not in ("auto", "azure"):
-        raise ValueError(f"fmt: bundled trace {path_or_name!r} is 'azure', not {fmt!r}")
-    kind: str = "azure" if bundled else fmt
+    own = _bundled_format(str(path_or_name)) if bundled else fmt
+    if bundled and fmt not in ("auto", own):
+        raise ValueError(f"fmt: bundled trace {path_or_name!r} is {own!r}, not {fmt!r}")
+    kind: str = own
     if kind == "auto":
         kind = detect_format(path_or_name)
     if kind != "mooncake" and (spread_ticks or tick_s is not None):
         raise ValueError(f"spread_ticks/tick_s: apply to Mooncake traces only, not {kind!r}")
     if bundled:
-        return load_bundled(str(path_or_name))
+        return load_bundled(str(path_or_name), spread_ticks=spread_ticks, tick_s=tick_s)
     if kind == "azure":
         return load_azure_csv(path_or_name)
     if kind == "mooncake":
@@ -174,8 +180,14 @@ def load_trace(
     raise ValueError(f"fmt: expected one of auto, azure, mooncake, burstgpt, jsonl; got {fmt!r}")
 
 
-def load_bundled(name: str) -> list[TraceRequest]:
-    """Load a bundled Azure trace: ``"conv"`` (19,366 requests) or ``"code"`` (8,819).
+def load_bundled(
+    name: str, *, spread_ticks: bool = False, tick_s: float | None = None
+) -> list[TraceRequest]:
+    """Load a bundled trace: the Azure ``"conv"`` (19,366 requests) or ``"code"`` (8,819),
+    or ``"mooncake"`` (Mooncake's FAST'25 synthetic trace, 3,993 requests with block ids).
+
+    Args:
+        spread_ticks / tick_s: Mooncake only, see :func:`load_mooncake_jsonl`.
 
     Raises:
         KeyError: ``name`` is not a key of :data:`BUNDLED`.
@@ -184,7 +196,14 @@ def load_bundled(name: str) -> list[TraceRequest]:
         raise KeyError(f"no bundled trace {name!r}; choose one of {sorted(BUNDLED)}")
     resource = resources.files("inferq.data") / "traces" / BUNDLED[name]
     with resources.as_file(resource) as path:
+        if _bundled_format(name) == "mooncake":
+            return load_mooncake_jsonl(path, spread_ticks=spread_ticks, tick_s=tick_s)
         return load_azure_csv(path)
+
+
+def _bundled_format(name: str) -> str:
+    """The format of bundled trace ``name``: from its file's suffix."""
+    return "mooncake" if BUNDLED[name].endswith(".jsonl") else "azure"
 
 
 def detect_format(path: StrPath) -> str:

@@ -21,17 +21,20 @@ KV_BYTES = 131_072  # llama-3.1-8b: 1 token = 0.125 MiB
 
 
 def test_a_cached_worker_wins_when_the_prefill_saved_outweighs_its_load() -> None:
+    saved, weight = 3000, RULE.load_weight
     idle = Candidate(0, 0, 0.0)
-    cached = Candidate(1, 3000, 1000.0)
+    cached = Candidate(1, saved, saved / 2 / weight)  # its load weighs half the hit
     assert choose(idle, [cached], 4000, RULE, slack=1.0) is cached
-    # the same hit on a worker twice as loaded as the hit saves: the idle worker
-    assert choose(idle, [Candidate(1, 3000, 3500.0)], 4000, RULE, slack=1.0) is idle
+    # the same hit on a worker whose load weighs twice what the hit saves: the idle worker
+    assert choose(idle, [Candidate(1, saved, 2 * saved / weight)], 4000, RULE, slack=1.0) is idle
 
 
 def test_little_sla_slack_weighs_load_more() -> None:
+    saved, weight = 3000, RULE.load_weight
     idle = Candidate(0, 0, 0.0)
-    cached = Candidate(1, 3000, 1000.0)
-    assert choose(idle, [cached], 4000, RULE, slack=0.0) is idle  # 3000 < 4 x 1000
+    cached = Candidate(1, saved, saved / 2 / weight)
+    # no slack: the load weighs urgent_load_factor (4) times more, twice the hit
+    assert choose(idle, [cached], 4000, RULE, slack=0.0) is idle
 
 
 def test_balance_mode_passes_over_an_overloaded_cached_worker() -> None:

@@ -288,7 +288,7 @@ def test_load_trace_refuses_unknown_files_and_misplaced_options(tmp_path: Path) 
 
 @pytest.mark.parametrize(
     ("name", "rows", "span_s"),
-    [("code", 8_819, 3_435.9), ("conv", 19_366, 3_501.7)],
+    [("code", 8_819, 3_435.9), ("conv", 19_366, 3_501.7), ("mooncake", 3_993, 1_022.0)],
 )
 def test_bundled_traces_load_whole(name: str, rows: int, span_s: float) -> None:
     trace = traces.load_trace(name)
@@ -305,12 +305,22 @@ def test_bundled_traces_load_whole(name: str, rows: int, span_s: float) -> None:
     [
         ("azure-llm-2023-code.csv", "62bd8109d0f2b1bc48206d397ecca48d8de03aab"),
         ("azure-llm-2023-conv.csv", "5b9219f2caf93bbbf95ec29894e206115658e235"),
+        ("mooncake-fast25-synthetic.jsonl", "e4838049c0dcfc358a5f24ab08251279475cba94"),
     ],
 )
 def test_bundled_copies_are_byte_identical_to_upstream(file: str, blob: str) -> None:
     data = (resources.files("inferq.data") / "traces" / file).read_bytes()
     assert hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest() == blob
     assert file in traces.BUNDLED.values()
+
+
+def test_bundled_mooncake_keeps_its_block_ids() -> None:
+    trace = traces.load_trace("mooncake")
+    assert all(r.hash_ids for r in trace)
+    blocks = traces.MOONCAKE_BLOCK_TOKENS
+    assert all(len(r.hash_ids) == -(-r.prompt_tokens // blocks) for r in trace[:50])
+    with pytest.raises(ValueError, match="'mooncake'"):
+        traces.load_trace("mooncake", "azure")
 
 
 # --- reshaping ----------------------------------------------------------------------

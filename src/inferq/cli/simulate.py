@@ -4,7 +4,11 @@ Default workload: the bundled Azure conversation trace as ``realtime``, the
 code trace as ``standard``, and a synthetic batch job (10% as many requests,
 token counts drawn from both traces, arriving a quarter into the window) as
 ``batch``, all routed to the default model. Default fleet: ``defaults.SIM_FLEET``
-on 80 GiB cards; every policy below is run unless ``--policy`` picks some.
+on 80 GiB cards; every policy below is run unless ``--policy`` picks some, and when
+the requests carry prefix chains (``--trace mooncake``) the two prefix-routing
+baselines beside them (``least-loaded``, ``naive-affinity``:
+:data:`~inferq.sim.policies.PREFIX_BASELINES`), with a prefix-cache table (hit rate,
+the pooled-LRU reference, prompt tokens per worker).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from inferq.sim.catalog import build_scenario, scenario_names
 from inferq.sim.deployment import SimConfig
 from inferq.sim.engine import simulate as run_simulation
 from inferq.sim.fleet import parse_fleet
-from inferq.sim.policies import POLICIES
+from inferq.sim.policies import ALL_POLICIES, POLICIES, PREFIX_BASELINES
 from inferq.sim.report import markdown, plot, summarize, tables, write_json
 from inferq.sim.result import SimResult
 from inferq.sim.scenarios import ScenarioContext
@@ -58,7 +62,7 @@ def _settings(config_path: str | None) -> Settings:
     "traces",
     multiple=True,
     metavar="NAME|PATH[=CLASS]",
-    help="conv, code or a trace file, optionally =class (repeatable). "
+    help="conv, code, mooncake or a trace file, optionally =class (repeatable). "
     "Default: conv=realtime, code=standard and a synthetic batch job.",
 )
 @click.option(
@@ -88,8 +92,9 @@ def _settings(config_path: str | None) -> Settings:
     "--policy",
     "policies",
     multiple=True,
-    type=click.Choice(list(POLICIES)),
-    help="Policy to run (repeatable; default all five).",
+    type=click.Choice(list(ALL_POLICIES)),
+    help="Policy to run (repeatable; default all five, and the prefix-routing baselines "
+    "when the requests carry prefix chains).",
 )
 @click.option(
     "--fleet",
@@ -151,11 +156,11 @@ def _run(opts: dict[str, Any]) -> None:
         max_workers=opts["max_workers"],
         check=opts["check"],
     )
-    names = list(dict.fromkeys(opts["policies"])) or list(POLICIES)
+    names = list(dict.fromkeys(opts["policies"])) or default_policies(requests)
     results: list[SimResult] = []
     reports: list[dict[str, Any]] = []
     for name in names:
-        policy = POLICIES[name]
+        policy = ALL_POLICIES[name]
         result = run_simulation(requests, policy, config)
         results.append(result)
         reports.append(
@@ -169,6 +174,14 @@ def _run(opts: dict[str, Any]) -> None:
         plot(results, reports, opts["plot_path"])
     if opts["md_path"]:
         Path(opts["md_path"]).write_text(markdown(reports), encoding="utf-8")
+
+
+def default_policies(requests: Sequence[SimRequest]) -> list[str]:
+    """The five policies, and the prefix-routing baselines when some request carries a chain."""
+    names = list(POLICIES)
+    if any(r.prefix for r in requests):
+        names += list(PREFIX_BASELINES)
+    return names
 
 
 def _scenario(

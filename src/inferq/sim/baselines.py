@@ -9,7 +9,11 @@ simulator swaps them in without knowing which it runs (:mod:`inferq.sim.policies
   fairness mechanism of :mod:`inferq.policy.fairness`;
 - scalers with :func:`~inferq.policy.scaling.decide_scale`'s signature: the seed
   text's autoscaler (:func:`seed_scale`) and a KEDA-style queue-length scaler
-  (:func:`keda_zcard_scale`).
+  (:func:`keda_zcard_scale`);
+- prefix-cache affinity rules for :func:`~inferq.policy.dispatch.decide`
+  (:mod:`inferq.policy.affinity`, issue 22): none at all (:func:`no_affinity`, today's
+  least-utilised routing) and the naive "longest cached prefix wins"
+  (:func:`naive_affinity`), both settings of the one rule.
 
 Production code never calls these; only the simulator and its comparison do.
 """
@@ -18,9 +22,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from inferq import defaults
 from inferq.config import PriorityClass
+from inferq.policy.affinity import AffinityRule
 from inferq.policy.scaling import (
     Action,
     ModelLimits,
@@ -84,6 +90,23 @@ def seed_ratio_classes(
         )
         for i, c in enumerate(classes)
     )
+
+
+# --- prefix-cache affinity ---------------------------------------------------------
+
+
+def no_affinity(rule: AffinityRule) -> AffinityRule:
+    """The rule turned off: every request goes to the least-utilised worker with room
+    (routing before issue 22; SGLang's and Dynamo's round-robin / load baselines)."""
+    return replace(rule, enabled=False)
+
+
+def naive_affinity(rule: AffinityRule) -> AffinityRule:
+    """ "Longest cached prefix wins": load weighs nothing and no balance margin holds
+    (only a worker's free slots and KV room still bound it). On a trace whose
+    requests share a first block (a system prompt) it piles the fleet onto one worker,
+    the trap issue 22 measures."""
+    return replace(rule, load_weight=0.0, balance_abs_tokens=math.inf)
 
 
 # --- scalers ----------------------------------------------------------------------

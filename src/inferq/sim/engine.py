@@ -83,6 +83,7 @@ from itertools import islice
 
 from inferq import defaults
 from inferq.errors import ConfigError, InvalidRequest
+from inferq.latency import ServiceTime, prefill_s
 from inferq.models import WorkerState
 from inferq.policy.estimate import estimate_key, update_moving_mean
 from inferq.policy.preemption import (
@@ -102,6 +103,7 @@ from inferq.policy.snapshot import (
     RunningRequest,
     Snapshot,
 )
+from inferq.sim.caches import PrefixCaches
 from inferq.sim.deployment import (
     LatencyFn,
     SimConfig,
@@ -268,6 +270,10 @@ class _Sim:
         self.scale_events: list[ScaleEvent] = []
         self.samples: list[Sample] = []
         self.fleet = Fleet(config.vram_mib, config.slots)
+        # prefix caching (issue 22): the servers' LRUs and the dispatcher's index, kept
+        # only when some request carries a chain (the snapshot has no index otherwise)
+        self.prefixed = any(r.prefix for r in self.requests)
+        self.caches = PrefixCaches()
         admitted = [r for r in self.requests if r.refused is None]
         self.initial = initial_fleet(policy, admitted, config)
         for model, n in sorted(self.initial.items()):
@@ -276,7 +282,7 @@ class _Sim:
                 known = ", ".join(sorted(settings.model_by_name))
                 raise ConfigError(f"fleet: unknown model {model!r} (registry: {known})")
             for _ in range(n):
-                self.fleet.launch(spec, 0.0, warm=True)
+                self.caches.launched(self.fleet.launch(spec, 0.0, warm=True))
         self.tracker = LoadTracker(settings, self._managed(), config.slots, config.rate_window_s)
         # What the dispatcher sees of the scaler (as the daemon reads it from Redis).
         self.pools = frozenset(self.tracker.managed) if policy.scaler else frozenset()
@@ -368,6 +374,8 @@ class _Sim:
             deadline=o.deadline,
             prompt_tokens=r.prompt_tokens,
             max_tokens=r.max_tokens,
+            prefix=r.prefix,
+            block_tokens=r.block_tokens,
         )
         self._enqueue(q, index)
         self.tracker.arrived(self.now, r.route)
@@ -546,6 +554,7 @@ class _Sim:
             backlogged_tenants=self.backlogged,
             output_estimates=self.estimates,
             scaler_pools=self.pools,
+            prefix_index=self.caches.index if self.prefixed else None,
         )
 
     def _waiting_for_room(self) -> tuple[float, float, dict[str, float]]:
@@ -673,7 +682,7 @@ class _Sim:
             if counters is not None and r.tenant in counters:
                 self.active[r.priority] = self.active.get(r.priority, frozenset()) | {r.tenant}
         if worker.state is WorkerState.DRAINING and not worker.running:
-            self.fleet.stop(worker_id, now)
+            self._stop(worker_id)
 
     def _apply(self, decision: Decision) -> None:
         now = self.now
@@ -694,6 +703,7 @@ class _Sim:
                 batch.worker_id,
                 [a.request_id for a in batch.items],
                 [a.need_mib for a in batch.items],
+                [a.cached_tokens for a in batch.items],
             )
         self._write_fairness(decision)
         if dispatched:
@@ -704,19 +714,27 @@ class _Sim:
         if self.config.check:
             self._check_limits()
 
-    def _start(self, worker_id: str, ids: Sequence[str], needs: Sequence[float]) -> int:
+    def _start(
+        self,
+        worker_id: str,
+        ids: Sequence[str],
+        needs: Sequence[float],
+        forecasts: Sequence[int],
+    ) -> int:
         now = self.now
         worker = self.fleet.live[worker_id]
         if worker.state is not WorkerState.READY:
             raise AssertionError(f"decision assigned to {worker_id} in state {worker.state}")
         decision = self.stats.decisions - 1
         started: list[RequestOutcome] = []
-        for rid, need in zip(ids, needs, strict=True):
+        for rid, need, forecast in zip(ids, needs, forecasts, strict=True):
             o = self.by_id[rid]
             if o.status != "queued":
                 raise AssertionError(f"decision assigned {rid} in state {o.status}")
             self._dequeue(o)
             worker.admit(rid, need, now)
+            o.forecast_tokens = forecast
+            self.caches.placed(worker.id, o.request)
             o.status = "running"
             o.dispatched_at = now
             o.worker = worker.id
@@ -735,11 +753,16 @@ class _Sim:
             started.append(o)
         concurrency = worker.in_flight
         latency = self.config.latency
+        decode = sum(self.by_id[rid].request.max_tokens for rid in worker.running)
         for o in started:
             r = o.request
             o.concurrency = concurrency
             o.runs += 1
             took = latency(worker.spec, r.prompt_tokens, r.output_tokens, concurrency)
+            o.cached_tokens = self.caches.started(worker, r, decode)
+            if o.cached_tokens:  # the server skips the cached part's prefill (sim server's rule)
+                ttft = max(0.0, took.ttft_s - prefill_s(worker.spec, o.cached_tokens))
+                took = ServiceTime(ttft_s=ttft, decode_s=took.decode_s)
             end = now + took.total_s
             self.run_times[r.id] = (now, took.ttft_s, took.total_s)
             if end > o.deadline:
@@ -761,8 +784,12 @@ class _Sim:
         else:
             self._end(o, "succeeded", now, None)
             self._observe(worker.model, o, now)
+            if o.request.prefix:
+                self.caches.succeeded(
+                    worker_id, o.forecast_tokens, o.cached_tokens, o.request.block_tokens
+                )
         if worker.state is WorkerState.DRAINING and not worker.running:
-            self.fleet.stop(worker_id, now)
+            self._stop(worker_id)
 
     def _observe(self, model: str, o: RequestOutcome, now: float) -> None:
         """Fold a success into the output-token estimate and the scaler's service mean."""
@@ -845,6 +872,7 @@ class _Sim:
             launched = []
             for _ in range(desired - current):
                 worker = self.fleet.launch(spec, now)
+                self.caches.launched(worker)
                 launched.append(worker.id)
                 self._push(now + spec.cold_start_s, _READY, worker.id)
             self._unpark()
@@ -853,6 +881,9 @@ class _Sim:
             )
         elif action == "down" and drain:
             drained = tuple(w for w in drain if self.fleet.drain(w, now))
+            for w in drained:
+                if w not in self.fleet.live:  # it was idle: stopped at once
+                    self.caches.stopped(w)
             if drained:
                 self.scale_events.append(
                     ScaleEvent(
@@ -865,6 +896,11 @@ class _Sim:
                         tuple(reasons),
                     )
                 )
+
+    def _stop(self, worker_id: str) -> None:
+        """A draining worker became idle: it leaves the fleet, and its caches with it."""
+        self.fleet.stop(worker_id, self.now)
+        self.caches.stopped(worker_id)
 
     def _sample(self) -> None:
         counts = {s: 0 for s in WorkerState}

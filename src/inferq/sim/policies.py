@@ -13,6 +13,16 @@ keda-zcard         FIFO (:class:`FifoDispatch`)                 ``keda_zcard_sca
 inferq             ``decide`` with the configured classes       ``decide_scale``
 =================  ==========================================  =====================
 
+Beside ``inferq`` on traces whose requests carry prefix chains
+(:data:`PREFIX_BASELINES`; issue 22), two routings of the same ``decide``, classes
+and scaler, differing only in the prefix-cache affinity rule
+(:mod:`inferq.policy.affinity`):
+
+=================  ===================================================================
+least-loaded       no affinity: the least-utilised worker with room (routing before it)
+naive-affinity     the longest cached prefix wins, load ignored (slots and KV room aside)
+=================  ===================================================================
+
 Every rule is the production one: :func:`inferq.policy.dispatch.decide`, the
 class transforms of :mod:`inferq.policy.fairness` and the scalers of
 :mod:`inferq.policy.scaling` are called, never copied. FIFO is the one
@@ -29,6 +39,7 @@ from typing import Literal
 
 from inferq.config import PriorityClass, Settings
 from inferq.errors import InvalidRequest
+from inferq.policy.affinity import AffinityRule
 from inferq.policy.dispatch import decide
 from inferq.policy.routing import FleetCapacity, need_mib, serving_models
 from inferq.policy.scaling import (
@@ -48,6 +59,8 @@ from inferq.policy.snapshot import (
 )
 from inferq.sim.baselines import (
     keda_zcard_scale,
+    naive_affinity,
+    no_affinity,
     seed_ratio_classes,
     seed_scale,
     strict_priority_classes,
@@ -61,6 +74,7 @@ ScaleFn = Callable[
     tuple[list[ScaleDecision], ScalerState],
 ]
 ClassTransform = Callable[[Sequence[PriorityClass]], tuple[PriorityClass, ...]]
+AffinityTransform = Callable[[AffinityRule], AffinityRule]
 
 #: The seed text's fairness ratio: every five realtime dispatches serve one lower.
 SEED_RATIO = 5
@@ -77,6 +91,8 @@ class SimPolicy:
         classes: turns the configured classes into the policy's (weights, aging).
         scaler: the scaling function, or None for a static fleet.
         peak_fleet: the fleet is sized for the trace's peak instead of ``--fleet``.
+        affinity: turns the configured prefix-cache affinity rule into the policy's
+            (None: the configured one).
     """
 
     name: str
@@ -85,11 +101,15 @@ class SimPolicy:
     classes: ClassTransform
     scaler: ScaleFn | None
     peak_fleet: bool = False
+    affinity: AffinityTransform | None = None
 
     def dispatch_policy(self, settings: Settings) -> DispatchPolicy:
         """The dispatch policy over ``settings``' registry and this policy's classes (the
         preemption rule reads its classes' ``may_preempt_after_s`` and ``preemptible``)."""
-        return DispatchPolicy.from_settings(settings, classes=self.classes(settings.classes))
+        policy = DispatchPolicy.from_settings(settings, classes=self.classes(settings.classes))
+        if self.affinity is None:
+            return policy
+        return replace(policy, affinity=self.affinity(policy.affinity))
 
     def dispatcher(self, settings: Settings) -> DispatchFn:
         """A fresh dispatch function over ``settings``' classes and registry (stateful for FIFO)."""
@@ -135,6 +155,7 @@ POLICIES: Mapping[str, SimPolicy] = {
             "decide",
             _seed,
             seed_scale,
+            affinity=no_affinity,
         ),
         SimPolicy(
             "keda-zcard",
@@ -152,6 +173,28 @@ POLICIES: Mapping[str, SimPolicy] = {
         ),
     )
 }
+
+
+#: The routings compared with ``inferq`` when the requests carry prefix chains.
+PREFIX_BASELINES: Mapping[str, SimPolicy] = {
+    p.name: p
+    for p in (
+        replace(
+            POLICIES["inferq"],
+            name="least-loaded",
+            summary="inferq without prefix affinity: least-utilised worker with room",
+            affinity=no_affinity,
+        ),
+        replace(
+            POLICIES["inferq"],
+            name="naive-affinity",
+            summary="inferq with 'longest cached prefix wins', load ignored",
+            affinity=naive_affinity,
+        ),
+    )
+}
+#: Every named policy (``inferq simulate --policy``).
+ALL_POLICIES: Mapping[str, SimPolicy] = {**POLICIES, **PREFIX_BASELINES}
 
 
 def without_preemption(policy: SimPolicy) -> SimPolicy:

@@ -32,6 +32,15 @@ Definitions (per class, and over all requests):
 - scale events: scale-up and scale-down actions (and the workers they
   launched or drained); direction reversals: per model, consecutive actions
   in opposite directions (flapping).
+- prefix cache (requests with a prefix chain; issue 22): over the runs that started,
+  hit tokens (leading prompt tokens the server's cache held, whose prefill was
+  skipped), miss tokens (the rest of their prompts) and the hit rate = hit tokens /
+  prompt tokens; the *pooled* hit rate of one LRU holding the whole warm fleet's KV
+  capacity fed the same requests in arrival order
+  (:func:`~inferq.sim.caches.pooled_cached_tokens`: the fleet behaving as one cache)
+  and the ratio of the two; the index's forecast tokens and the servers' misses;
+  imbalance = max / mean prompt tokens dispatched per worker (every worker of the run,
+  idle ones at 0; 1 = perfectly even); the mean TTFT (seconds);
 - fairness: Jain's index ``(sum x)^2 / (n sum x^2)`` over tenants of
   ``x_t`` = the share of tenant ``t``'s tokens (prompt + output) that were
   served within the SLA: 1 when every tenant gets the same quality of
@@ -50,6 +59,7 @@ from rich.table import Table
 from inferq.config import PriorityClass
 from inferq.extras import import_extra
 from inferq.reporting import Outcome, class_summary, jain_index, percentile, slo_attainment
+from inferq.sim.caches import kv_tokens, pooled_cached_tokens
 from inferq.sim.result import RequestOutcome, SimResult
 from inferq.sla import meets_flat_ttft
 
@@ -118,6 +128,7 @@ def summarize(
         "scaling": _scaling(result),
         "refused": {c: refused[c] for c in sla if c in refused},
         "fairness": _fairness(admitted, sla),
+        "prefix": prefix_summary(result),
         "tenants": {t: _tenant(result.outcomes, t, sla) for t in watch_tenants},
         "run": {
             "wall_s": result.stats.wall_s,
@@ -224,6 +235,49 @@ def _fleet(result: SimResult) -> dict[str, Any]:
             default=0.0,
         ),
     }
+
+
+def prefix_summary(result: SimResult) -> dict[str, Any] | None:
+    """The prefix-cache figures of the module docstring, or None when no request that
+    ran carried a chain."""
+    ran = [o for o in result.outcomes if o.runs > 0]
+    chained = [o for o in ran if o.request.prefix]
+    if not chained:
+        return None
+    prompt = sum(o.request.prompt_tokens for o in chained)
+    hits = sum(o.cached_tokens for o in chained)
+    capacity = sum(kv_tokens(w) for w in result.workers if w.launched_at == 0)
+    pooled = sum(pooled_cached_tokens([o.request for o in chained], capacity))
+    per_worker = {w.id: 0 for w in result.workers}
+    by_id = {o.request.id: o.request for o in ran}
+    for a in result.assignments:
+        per_worker[a.worker_id] = per_worker.get(a.worker_id, 0) + by_id[a.request_id].prompt_tokens
+    loads = list(per_worker.values())
+    mean = sum(loads) / len(loads) if loads else 0.0
+    ttfts = [v for o in ran if (v := o.ttft_s) is not None]
+    hit_rate = hits / prompt if prompt else None
+    pooled_rate = pooled / prompt if prompt else None
+    return {
+        "requests": len(chained),
+        "prompt_tokens": prompt,
+        "hit_tokens": hits,
+        "miss_tokens": prompt - hits,
+        "hit_rate": hit_rate,
+        "pooled_capacity_tokens": capacity,
+        "pooled_hit_tokens": pooled,
+        "pooled_hit_rate": pooled_rate,
+        "pooled_ratio": hit_rate / pooled_rate if hit_rate is not None and pooled_rate else None,
+        "forecast_tokens": sum(o.forecast_tokens for o in chained),
+        "misses": sum(1 for o in chained if _missed(o)),
+        "prompt_tokens_per_worker": per_worker,
+        "imbalance": max(loads) / mean if mean > 0 else None,
+        "mean_ttft_s": sum(ttfts) / len(ttfts) if ttfts else None,
+    }
+
+
+def _missed(o: RequestOutcome) -> bool:
+    """The server reused fewer prompt tokens than the index forecast, by more than a block."""
+    return o.forecast_tokens > 0 and o.cached_tokens + o.request.block_tokens < o.forecast_tokens
 
 
 def _scaling(result: SimResult) -> dict[str, Any]:
@@ -362,8 +416,45 @@ def fleet_rows(reports: Sequence[Report]) -> list[list[str]]:
     return rows
 
 
-def tables(reports: Sequence[Report]) -> tuple[Table, Table]:
-    """Two rich tables: per class, and fleet/scaling/fairness per policy."""
+PREFIX_COLUMNS = (
+    "policy",
+    "prompt tokens",
+    "hit rate",
+    "pooled LRU",
+    "hit/pooled",
+    "forecast",
+    "misses",
+    "max/mean per worker",
+    "mean TTFT s",
+)
+
+
+def prefix_rows(reports: Sequence[Report]) -> list[list[str]]:
+    """One row per policy whose requests carried chains: the cells of :data:`PREFIX_COLUMNS`."""
+    rows = []
+    for rep in reports:
+        p = rep.get("prefix")
+        if not p:
+            continue
+        rows.append(
+            [
+                rep["policy"],
+                f"{p['prompt_tokens']:,}",
+                _pct(p["hit_rate"]),
+                _pct(p["pooled_hit_rate"]),
+                _num(p["pooled_ratio"]),
+                f"{p['forecast_tokens']:,}",
+                str(p["misses"]),
+                _num(p["imbalance"]),
+                _num(p["mean_ttft_s"], 3),
+            ]
+        )
+    return rows
+
+
+def tables(reports: Sequence[Report]) -> tuple[Table, ...]:
+    """Rich tables: per class, fleet/scaling/fairness per policy, and the prefix cache
+    per policy when the requests carried prefix chains."""
     per_class = Table(
         title="SLA and latency per class (SLA = flat TTFT; TTFT/TPOT/SLO = inferq.sla's targets)"
     )
@@ -376,11 +467,22 @@ def tables(reports: Sequence[Report]) -> tuple[Table, Table]:
         fleet.add_column(col, justify="left" if col == "policy" else "right")
     for row in fleet_rows(reports):
         fleet.add_row(*row)
-    return per_class, fleet
+    rows = prefix_rows(reports)
+    if not rows:
+        return per_class, fleet
+    prefix = Table(
+        title="Prefix cache (hit rate = cached / prompt tokens; pooled = one LRU of the "
+        "fleet's KV; max/mean = prompt tokens per worker)"
+    )
+    for col in PREFIX_COLUMNS:
+        prefix.add_column(col, justify="left" if col == "policy" else "right")
+    for row in rows:
+        prefix.add_row(*row)
+    return per_class, fleet, prefix
 
 
 def markdown(reports: Sequence[Report]) -> str:
-    """The two tables of :func:`tables` as GitHub markdown."""
+    """The tables of :func:`tables` as GitHub markdown."""
 
     def table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
         head = "| " + " | ".join(columns) + " |"
@@ -389,12 +491,16 @@ def markdown(reports: Sequence[Report]) -> str:
         body = ["| " + " | ".join(r) + " |" for r in rows]
         return "\n".join([head, rule, *body])
 
-    return (
+    text = (
         table(CLASS_COLUMNS, class_rows(reports))
         + "\n\n"
         + table(FLEET_COLUMNS, fleet_rows(reports))
         + "\n"
     )
+    rows = prefix_rows(reports)
+    if rows:
+        text += "\n" + table(PREFIX_COLUMNS, rows) + "\n"
+    return text
 
 
 def write_json(reports: Sequence[Report], path: str | Path, meta: Mapping[str, Any]) -> None:

@@ -34,6 +34,9 @@ class RequestOutcome:
         preemptions: times it was preempted (aborted and requeued, no attempt spent).
         wasted_tokens: prompt and output tokens its preempted runs had processed and
             lost (a restart recomputes them: vLLM's recompute preemption).
+        cached_tokens: leading prompt tokens its (last) run found in its server's prefix
+            cache, whose prefill it skipped (:mod:`inferq.sim.caches`).
+        forecast_tokens: what the dispatcher's prefix index forecast cached there.
     """
 
     request: SimRequest
@@ -50,6 +53,8 @@ class RequestOutcome:
     runs: int = 0
     preemptions: int = 0
     wasted_tokens: int = 0
+    cached_tokens: int = 0
+    forecast_tokens: int = 0
 
     @property
     def queue_wait_s(self) -> float | None:

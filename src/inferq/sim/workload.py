@@ -13,7 +13,11 @@ A :class:`SimRequest` is what a client would have submitted for one trace row:
   counts per class;
 - priority class: the class the trace is mapped to, else the row's own, else
   ``Settings.default_priority``;
-- tenant: the row's own, else drawn from a Zipf law (:func:`inferq.traces.assign_tenants`).
+- tenant: the row's own, else drawn from a Zipf law (:func:`inferq.traces.assign_tenants`);
+- prefix: a row with block ids (Mooncake's ``hash_ids``, one per
+  :data:`~inferq.traces.MOONCAKE_BLOCK_TOKENS`-token block) carries their chain
+  (:func:`inferq.prefix.chain_ids`: block ``i``'s hash covers blocks ``0..i``), as the
+  client library would send it; a row without carries none.
 
 Ids are ``r0000000``, ``r0000001``... in arrival order, so ordering by
 ``(submitted_at, id)`` (the dispatcher's queue order) is arrival order.
@@ -28,8 +32,16 @@ from dataclasses import dataclass, replace
 from inferq import defaults
 from inferq.config import ModelSpec, Settings
 from inferq.errors import ConfigError, InvalidRequest
+from inferq.prefix import chain_ids
 from inferq.routes import check_context, check_known, parse_route
-from inferq.traces import TraceRequest, assign_tenants, load_trace, synthetic_batch, window
+from inferq.traces import (
+    MOONCAKE_BLOCK_TOKENS,
+    TraceRequest,
+    assign_tenants,
+    load_trace,
+    synthetic_batch,
+    window,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +60,9 @@ class SimRequest:
         task_type: kind of request (keys the output-token estimates), or None.
         source: where the row comes from (the trace file's stem, ``"synthetic"``).
         refused: why intake refuses it (the client's ``InvalidRequest`` text), or None.
+        prefix: the chain of its prompt's block hashes (:mod:`inferq.prefix`), ``()``
+            for none.
+        block_tokens: tokens per block of ``prefix`` (0 without one).
     """
 
     id: str
@@ -61,6 +76,8 @@ class SimRequest:
     task_type: str | None = None
     source: str = ""
     refused: str | None = None
+    prefix: tuple[int, ...] = ()
+    block_tokens: int = 0
 
 
 def request_id(index: int) -> str:
@@ -110,6 +127,7 @@ def build_requests(
             (own, row.model) if own is not None and row.model else (default_specs, route)
         )
         refused = None
+        prefix = chain_ids(row.hash_ids, MOONCAKE_BLOCK_TOKENS) if row.hash_ids else ()
         try:
             check_context(row.output_tokens, row.prompt_tokens, specs, req_route)
         except InvalidRequest as exc:
@@ -127,6 +145,8 @@ def build_requests(
                 task_type=row.task_type,
                 source=row.source,
                 refused=refused,
+                prefix=prefix,
+                block_tokens=MOONCAKE_BLOCK_TOKENS if prefix else 0,
             )
         )
     return out
@@ -143,8 +163,8 @@ def _route_specs(route: str, settings: Settings) -> list[ModelSpec] | None:
 # --- the command line's workload ----------------------------------------------------
 
 #: Classes of the bundled traces when ``--trace`` names none: conversations are
-#: interactive (``realtime``), code completions ``standard``.
-BUNDLED_CLASSES = {"conv": "realtime", "code": "standard"}
+#: interactive (``realtime``; Mooncake's is a chatbot's), code completions ``standard``.
+BUNDLED_CLASSES = {"conv": "realtime", "code": "standard", "mooncake": "realtime"}
 
 
 @dataclass(frozen=True, slots=True)
