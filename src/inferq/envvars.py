@@ -45,6 +45,9 @@ SETTINGS_FIELDS = (
     "chars_per_token",
     "scaling",
     "prefix",
+    "prices",
+    "budgets",
+    "usage_retention_days",
     "cells",
     "default_cell",
 )
