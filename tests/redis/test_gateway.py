@@ -63,6 +63,20 @@ def sdk(gateway: GatewayServer, key: str = "sk-acme") -> openai.OpenAI:
     return openai.OpenAI(base_url=gateway.url, api_key=key, max_retries=0, timeout=30)
 
 
+def spend_the_batch_keys_minute(
+    gateway: GatewayServer, messages: list[dict[str, str]]
+) -> pytest.ExceptionInfo[openai.RateLimitError]:
+    """Send ``sk-batch``'s 2 requests of the minute, then the third: its refusal."""
+    batch = sdk(gateway, "sk-batch")
+    for _ in range(2):
+        batch.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=1, extra_body={"sim_output_tokens": 1}
+        )
+    with pytest.raises(openai.RateLimitError) as limited:
+        batch.chat.completions.create(model=MODEL, messages=messages, max_tokens=1)
+    return limited
+
+
 def test_chat_and_completions_with_the_sdk(fleet: Fleet, gateway: GatewayServer) -> None:
     fleet.worker("w1", time_scale=0.0)
     client = sdk(gateway)
@@ -159,13 +173,7 @@ def test_refusals_use_the_openai_error_body(fleet: Fleet, gateway: GatewayServer
         client.chat.completions.create(model="llama-3.1-70b-awq", messages=messages)
     assert unavailable.value.status_code == 503
     assert unavailable.value.body["code"] == "model_unavailable"  # type: ignore[index]
-    batch = sdk(gateway, "sk-batch")  # 2 requests per minute
-    for _ in range(2):
-        batch.chat.completions.create(
-            model=MODEL, messages=messages, max_tokens=1, extra_body={"sim_output_tokens": 1}
-        )
-    with pytest.raises(openai.RateLimitError) as limited:
-        batch.chat.completions.create(model=MODEL, messages=messages, max_tokens=1)
+    limited = spend_the_batch_keys_minute(gateway, messages)
     assert limited.value.body["code"] == "rate_limit_exceeded"  # type: ignore[index]
     assert 1 <= int(limited.value.response.headers["retry-after"]) <= 60
 
@@ -234,13 +242,7 @@ def test_each_refusal_raises_the_sdk_exception_openai_would(
         "invalid_request_error",
         "invalid_api_key",
     )
-    batch = sdk(gateway, "sk-batch")  # 2 requests per minute
-    for _ in range(2):
-        batch.chat.completions.create(
-            model=MODEL, messages=messages, max_tokens=1, extra_body={"sim_output_tokens": 1}
-        )
-    with pytest.raises(openai.RateLimitError) as limited:
-        batch.chat.completions.create(model=MODEL, messages=messages, max_tokens=1)
+    limited = spend_the_batch_keys_minute(gateway, messages)
     assert (limited.value.type, limited.value.code) == ("requests", "rate_limit_exceeded")
     response = httpx.post(
         f"{gateway.url}/chat/completions",

@@ -96,16 +96,7 @@ def usage_table(data: dict[str, object]) -> Table:
             name,
             *(
                 f"{row[c]:,}"
-                for c in (
-                    "requests",
-                    "succeeded",
-                    "failed",
-                    "expired",
-                    "cancelled",
-                    "prompt_tokens",
-                    "cached_tokens",
-                    "completion_tokens",
-                )
+                for c in ("requests", *usage.COUNTERS[:-1])  # gpu_ms: shown as gpu_s
             ),
             f"{row['gpu_s']:,.1f}",
             cost,
