@@ -19,6 +19,14 @@ slots and submits as many new ones, so the backlog stays at ``--queued``:
   placed for 2 s); each step reads the snapshot and dispatches nothing: what a
   wake-up by a submission costs when the fleet is full.
 
+With ``--prefix`` every fleet size runs a second time with prefix-cache routing fed
+(issue 22): each submission carries a chain of prompt block hashes, ``--conversations``
+multi-turn chats behind one shared system prompt of 4 blocks, a chat's prompt 4
+blocks longer every turn (up to 36 blocks of 64 tokens, prompt text of that length),
+so the dispatcher's prefix index holds real chains and the affinity rule weighs
+cached candidates on every decision. The table under the runs gives ms per batch with
+chains over ms per batch without, same process.
+
 Decision time per batch = a step's wall time / the batches it dispatched. The
 step is split into its pieces (expiry, recovery, snapshot read, policy decision,
 claim = the assign Lua call, RQ enqueue, fairness write) so it shows where the
@@ -28,6 +36,7 @@ before and after, is RQ's own hand-off of one job: ``Queue.enqueue`` of a no-op
 job (JSON serializer). Goal: <= 2 ms per batch::
 
     python scripts/bench_dispatch.py --json dispatch.json
+    python scripts/bench_dispatch.py --workers 500 --prefix --json dispatch-prefix.json
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ from inferq.config import Settings
 from inferq.delivery import rq_connection
 from inferq.dispatcher.daemon import Dispatcher, StepReport
 from inferq.models import WorkerInfo, WorkerState
+from inferq.prefix import chain_ids
 from inferq.store import Completion, Store, calls, connect
 
 GOAL_MS_PER_BATCH = 2.0
@@ -74,6 +84,11 @@ BEAT_EVERY_S = 1.0
 PROMPT = "Classify the sentiment of this review and explain why in one line: great"
 #: Requests never expire during a run (the bench measures dispatching, not expiry).
 TIMEOUT_S = 3600.0
+#: Prefix chains (``--prefix``): the shared system prompt's blocks, blocks a turn adds,
+#: turns before a chat starts over.
+SYSTEM_BLOCKS = 4
+TURN_BLOCKS = 4
+TURNS = 8
 PIECES = ("expire", "recover", "snapshot", "decide", "claim", "enqueue", "fairness", "other")
 
 
@@ -135,25 +150,44 @@ def beat_forever(url: str, namespace: str, workers: int, slots: int) -> None:
         time.sleep(max(0.0, BEAT_EVERY_S - (time.monotonic() - started)))
 
 
-def submissions(n: int, offset: int = 0) -> list[dict[str, Any]]:
-    """``n`` submissions over the classes, tenants and ROUTES (``offset`` varies the mix)."""
+def submissions(n: int, offset: int = 0, conversations: int = 0) -> list[dict[str, Any]]:
+    """``n`` submissions over the classes, tenants and ROUTES (``offset`` varies the mix);
+    with ``conversations`` > 0, prompts of those chats with their prefix chains."""
     routes = [route for route, share in ROUTES for _ in range(round(share * 20))]
-    return [
-        {
+    out = []
+    for i in range(n):
+        k = offset + i
+        sub: dict[str, Any] = {
             "prompt": PROMPT,
             "max_tokens": 64,
-            "priority": CLASSES[(offset + i) % len(CLASSES)],
-            "tenant": f"tenant{(offset + i) % TENANTS}",
-            "model": routes[(offset + i) % len(routes)],
+            "priority": CLASSES[k % len(CLASSES)],
+            "tenant": f"tenant{k % TENANTS}",
+            "model": routes[k % len(routes)],
             "timeout": TIMEOUT_S,
         }
-        for i in range(n)
+        if conversations:
+            sub |= conversation_turn(k % conversations, (k // conversations) % TURNS)
+        out.append(sub)
+    return out
+
+
+def conversation_turn(chat: int, turn: int) -> dict[str, Any]:
+    """Chat ``chat``'s prompt at ``turn`` (0-based): the shared system blocks, then the
+    chat's own, TURN_BLOCKS more a turn; its chain given as ``prefix_hashes``."""
+    ids = [
+        *range(SYSTEM_BLOCKS),
+        *(1_000_000 * (chat + 1) + j for j in range(TURN_BLOCKS * (turn + 1))),
     ]
+    chars = int(len(ids) * defaults.PREFIX_BLOCK_TOKENS * defaults.CHARS_PER_TOKEN)
+    return {
+        "prompt": (PROMPT + " ") * (chars // (len(PROMPT) + 1)),
+        "prefix_hashes": list(chain_ids(ids, defaults.PREFIX_BLOCK_TOKENS)),
+    }
 
 
-def submit(client: Client, n: int, offset: int = 0) -> None:
+def submit(client: Client, n: int, offset: int = 0, conversations: int = 0) -> None:
     """Submit ``n`` requests in pipelined chunks of 500."""
-    batch = submissions(n, offset)
+    batch = submissions(n, offset, conversations)
     for i in range(0, n, 500):
         client.submit_many(batch[i : i + 500])
 
@@ -177,8 +211,11 @@ class Held:
 class Bench:
     """A dispatcher whose store calls are timed, and the untimed worker stand-in around it."""
 
-    def __init__(self, settings: Settings, client: Client, full_fleet: bool = False) -> None:
+    def __init__(
+        self, settings: Settings, client: Client, full_fleet: bool = False, conversations: int = 0
+    ) -> None:
         self.client = client
+        self.conversations = conversations
         self.store = Store(connect(settings.redis_url), settings)
         if full_fleet:
             self.store.fleet.full_every_s = 0.0  # every step reads every heartbeat
@@ -211,9 +248,13 @@ class Bench:
             ]
             self.store.complete(worker_id, outcomes)
             done += len(outcomes)
-        submit(self.client, done, self.submitted)
-        self.submitted += done
+        self.top_up(done)
         return done
+
+    def top_up(self, n: int) -> None:
+        """Submit ``n`` more requests (the next of the mix)."""
+        submit(self.client, n, self.submitted, self.conversations)
+        self.submitted += n
 
     def free_slots(self, slots: int) -> int:
         """Slots of the fleet not reserved by assigned work (one pipelined round trip)."""
@@ -325,8 +366,7 @@ def fill(bench: Bench, slots: int) -> dict[str, float]:
     while bench.free_slots(slots) and time.monotonic() - last < SETTLE_S:
         n = bench.dispatcher.step().dispatched
         if n:
-            submit(bench.client, n, bench.submitted)
-            bench.submitted += n
+            bench.top_up(n)
             last = time.monotonic()
         else:
             time.sleep(0.05)
@@ -346,11 +386,15 @@ def rq_enqueue_s(url: str, ns: str, n: int, tag: str) -> list[float]:
 
 
 def measure(
-    args: argparse.Namespace, ns: str, profile: cProfile.Profile | None, workers: int
+    args: argparse.Namespace,
+    ns: str,
+    profile: cProfile.Profile | None,
+    workers: int,
+    conversations: int = 0,
 ) -> tuple[list[Scenario], list[float]]:
     settings = bench_settings(args.redis_url, ns)
     client = Client(settings=settings)
-    bench = Bench(settings, client, full_fleet=args.full_fleet)
+    bench = Bench(settings, client, full_fleet=args.full_fleet, conversations=conversations)
     ttl = settings.heartbeat_interval_s * defaults.HEARTBEAT_TTL_INTERVALS
     for info in fleet(settings, workers, args.slots):
         bench.store.heartbeat(info, ttl_s=ttl)
@@ -370,8 +414,7 @@ def measure(
     )
     try:
         baseline = rq_enqueue_s(args.redis_url, ns, args.baseline_jobs, "a")
-        submit(client, args.queued)
-        bench.submitted = args.queued
+        bench.top_up(args.queued)
         for _ in range(args.warmup):
             bench.free(None)
             bench.step()
@@ -400,7 +443,11 @@ def measure(
 
 
 def report(
-    args: argparse.Namespace, scenarios: list[Scenario], baseline_s: list[float], workers: int
+    args: argparse.Namespace,
+    scenarios: list[Scenario],
+    baseline_s: list[float],
+    workers: int,
+    conversations: int = 0,
 ) -> dict[str, Any]:
     summaries = {s.name: s.summary() for s in scenarios}
     rq_ms = _bench.median(baseline_s) * 1000
@@ -429,7 +476,8 @@ def report(
     _bench.table(
         f"Dispatcher: {args.queued:,} queued, 3 classes, {TENANTS} tenants, "
         f"{workers:,} heartbeating workers x {args.slots} slots"
-        + (" (every heartbeat read every step)" if args.full_fleet else ""),
+        + (" (every heartbeat read every step)" if args.full_fleet else "")
+        + (f", prefix chains of {conversations:,} chats" if conversations else ""),
         [
             "scenario",
             "ms/batch p50",
@@ -455,7 +503,43 @@ def report(
         ["scenario", *PIECES],
         piece_rows,
     )
-    return {"workers": workers, "rq_enqueue_ms_p50": rq_ms, "scenarios": summaries}
+    return {
+        "workers": workers,
+        "prefix_conversations": conversations,
+        "rq_enqueue_ms_p50": rq_ms,
+        "scenarios": summaries,
+    }
+
+
+def prefix_ratios(plain: dict[str, Any], chained: dict[str, Any]) -> dict[str, Any]:
+    """Per scenario: ms per batch p50 and decide ms per step, with chains / without."""
+    out: dict[str, Any] = {}
+    for name, a in plain["scenarios"].items():
+        b = chained["scenarios"][name]
+        if "ms_per_batch_p50" not in a or "ms_per_batch_p50" not in b:
+            continue
+        decide = (a["piece_ms_per_step_mean"]["decide"], b["piece_ms_per_step_mean"]["decide"])
+        out[name] = {
+            "ms_per_batch_p50": (a["ms_per_batch_p50"], b["ms_per_batch_p50"]),
+            "ratio": _bench.ratio(b["ms_per_batch_p50"], a["ms_per_batch_p50"]),
+            "decide_ms_per_step": decide,
+            "decide_ratio": _bench.ratio(decide[1], decide[0]),
+        }
+    _bench.table(
+        f"Prefix-cache routing's cost, {plain['workers']:,} workers (same process)",
+        ["scenario", "ms/batch p50 without", "with chains", "ratio", "decide ms/step ratio"],
+        [
+            [
+                name,
+                _bench.fmt(r["ms_per_batch_p50"][0], 3),
+                _bench.fmt(r["ms_per_batch_p50"][1], 3),
+                _bench.fmt(r["ratio"]),
+                _bench.fmt(r["decide_ratio"]),
+            ]
+            for name, r in out.items()
+        ],
+    )
+    return out
 
 
 def main() -> None:
@@ -487,6 +571,12 @@ def main() -> None:
     p.add_argument(
         "--profile", type=int, metavar="N", default=0, help="print the top N by cProfile"
     )
+    p.add_argument(
+        "--prefix",
+        action="store_true",
+        help="also run every fleet size with prefix chains (issue 22) and compare",
+    )
+    p.add_argument("--conversations", type=_bench.positive, default=500, help="chats of --prefix")
     p.add_argument("--beat", metavar="NAMESPACE", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.beat:
@@ -495,10 +585,17 @@ def main() -> None:
 
     profile = cProfile.Profile() if args.profile else None
     fleets = []
+    prefix: dict[int, Any] = {}
     for workers in args.workers:
         with _bench.namespace(args.redis_url) as ns:
             scenarios, baseline = measure(args, ns, profile, workers)
         fleets.append(report(args, scenarios, baseline, workers))
+        if not args.prefix:
+            continue
+        with _bench.namespace(args.redis_url) as ns:
+            scenarios, baseline = measure(args, ns, profile, workers, args.conversations)
+        fleets.append(report(args, scenarios, baseline, workers, args.conversations))
+        prefix[workers] = prefix_ratios(fleets[-2], fleets[-1])
     for figures in fleets:
         for name, s in figures["scenarios"].items():
             if "goal_met" in s:
@@ -509,9 +606,10 @@ def main() -> None:
                     else f"MISSED by {p50 - GOAL_MS_PER_BATCH:.3f} ms "
                     f"({p50 / GOAL_MS_PER_BATCH:.1f}x the goal)"
                 )
+                chains = " with prefix chains" if figures["prefix_conversations"] else ""
                 _bench.note(
-                    f"{figures['workers']:,} workers, {name}: goal <= {GOAL_MS_PER_BATCH:g} ms "
-                    f"per batch {verdict} (p50 {p50:.3f} ms)"
+                    f"{figures['workers']:,} workers{chains}, {name}: "
+                    f"goal <= {GOAL_MS_PER_BATCH:g} ms per batch {verdict} (p50 {p50:.3f} ms)"
                 )
     if profile:
         out = io.StringIO()
@@ -528,6 +626,7 @@ def main() -> None:
             "tenants": TENANTS,
             "free_workers_per_busy_step": args.free_workers,
             "full_fleet": args.full_fleet,
+            "prefix_vs_plain": prefix,
             # The first fleet size at the top level, as before; every size under "fleets".
             **fleets[0],
             "fleets": fleets,

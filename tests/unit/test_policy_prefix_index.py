@@ -88,3 +88,52 @@ def test_the_index_never_exceeds_capacity_and_match_agrees_with_a_scan(
             while n < len(chain) and chain[n] in held[w]:
                 n += 1
             assert found.get(w, 0) == n
+
+
+def test_deepest_skips_blocks_every_worker_holds() -> None:
+    """A system prompt on every worker names the whole fleet in ``match``; ``deepest``
+    names the workers holding more of the chain than the crowd."""
+    index = PrefixIndex()
+    for i in range(10):
+        index.set_capacity(f"w{i}", 10_000)
+        index.touch(f"w{i}", 16, (1, 2))  # the shared system blocks
+    index.touch("w7", 16, (1, 2, 3, 4, 5))
+    index.touch("w3", 16, (1, 2, 3))
+    chain = (1, 2, 3, 4, 5, 6)
+    assert len(index.match(chain)) == 10
+    assert index.deepest(chain, 3) == {"w7": 5, "w3": 3}
+    assert index.deepest(chain, 1) == {"w7": 5}
+    assert index.deepest((1, 2), 3) == {}  # only the crowd's blocks: no candidate
+    assert index.deepest(chain, 0) == {} and index.deepest((9,), 5) == {}
+    assert index.deepest(chain, 20) == index.match(chain)
+    assert (index.held("w7", chain), index.held("w9", chain), index.held("x", chain)) == (5, 2, 0)
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("abcdef"), st.integers(0, 2), st.integers(0, 6)),
+        max_size=30,
+    ),
+    st.integers(0, 2),
+    st.integers(1, 6),
+    st.integers(1, 7),
+)
+def test_deepest_names_the_holders_of_more_than_the_crowd(
+    touches: list[tuple[str, int, int]], base: int, length: int, limit: int
+) -> None:
+    """Chains as a model server holds them: prefixes of a few conversations, LRU-evicted."""
+    convs = [tuple(range(100 * c, 100 * c + 6)) for c in range(3)]
+    index = PrefixIndex()
+    for w, c, n in touches:
+        index.set_capacity(w, 96)  # six 16-token blocks: evictions
+        index.touch(w, 16, convs[c][:n])
+    chain = convs[base][:length]
+    every = index.match(chain)
+    top = index.deepest(chain, limit)
+    assert len(top) <= limit
+    assert all(every[w] == n for w, n in top.items())
+    for w, n in every.items():
+        if w not in top:  # it holds no more than blocks more than ``limit`` workers hold
+            assert len(index.match(chain[:n])) > limit
+            assert not top or n < min(top.values())
+    assert all(index.held(w, chain) == n for w, n in every.items())

@@ -41,10 +41,11 @@ The caller applies the result: claims the batches, expires and reports, stores
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
+from inferq import defaults
 from inferq.config import PriorityClass
 from inferq.latency import service_time
 from inferq.policy.batching import OpenBatch, held_back
@@ -106,8 +107,8 @@ class _Item:
     tokens: int
     waited_s: float
     pending: bool = True
-    #: worker -> cached prompt tokens forecast at its last placement (affinity)
-    cached: Mapping[str, int] | None = None
+    #: its prefix-cache affinity at its last placement (the forecast of its cached tokens)
+    affinity: Affinity | None = None
 
 
 class _Run:
@@ -281,7 +282,7 @@ class _Run:
             alone=item.req.alone,
             blocked=blocked,
             group=group,
-            affinity=self._affinity(item),
+            affinity=(lambda: self._affinity(item)) if item.req.prefix else None,
         )
 
     def _affinity(self, item: _Item) -> Affinity | None:
@@ -293,16 +294,24 @@ class _Run:
         lookup = self.snapshot.prefix_index
         if not req.prefix or lookup is None or not rule.enabled or req.alone:
             return None
-        blocks = dict(lookup.match(req.prefix))
-        for worker, held in self.placed.match(req.prefix).items():
+        limit = defaults.PREFIX_CANDIDATES
+        blocks = dict(lookup.deepest(req.prefix, limit))
+        for worker, held in self.placed.deepest(req.prefix, limit).items():
             blocks[worker] = max(held, blocks.get(worker, 0))
         if not blocks:
             return None
-        size = req.block_tokens
-        cached = {w: min(n * size, req.prompt_tokens) for w, n in blocks.items()}
-        item.cached = cached
+        size, prefix, placed = req.block_tokens, req.prefix, self.placed
+
+        def tokens(n: int) -> int:
+            return min(n * size, req.prompt_tokens)
+
+        def cached_on(worker: str) -> int:
+            return tokens(max(lookup.held(worker, prefix), placed.held(worker, prefix)))
+
         slack = 1.0 - item.waited_s / item.cls.sla_s
-        return Affinity(cached, req.prompt_tokens, rule, slack)
+        cached = {w: tokens(n) for w, n in blocks.items()}
+        item.affinity = Affinity(cached, req.prompt_tokens, rule, slack, cached_on)
+        return item.affinity
 
     def _drop(self, item: _Item) -> None:
         item.pending = False
@@ -442,7 +451,7 @@ class _Run:
             tenant=req.tenant,
             need_mib=need_mib(req, batch.spec),
             cost=cost,
-            cached_tokens=item.cached.get(batch.worker.id, 0) if item.cached else 0,
+            cached_tokens=item.affinity.tokens_on(batch.worker.id) if item.affinity else 0,
         )
         if not batch.items:
             self.order.append(batch)

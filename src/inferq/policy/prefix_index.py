@@ -157,6 +157,45 @@ class PrefixIndex:
                 found[w] = i + 1
         return found
 
+    def deepest(self, hashes: Sequence[int], limit: int) -> dict[str, int]:
+        """Workers holding the longest prefixes of ``hashes``, at most ``limit``: worker ->
+        leading blocks held (>= 1).
+
+        What the dispatcher weighs (:mod:`.affinity`). A block held by more than
+        ``limit`` workers (a system prompt every worker has seen) names no candidate:
+        those workers tie on it, and the least-loaded pick, weighed beside the
+        candidates, is as good as any of them. So the candidates are the holders of the
+        chain's first block held by at most ``limit`` workers, each with its own
+        leading blocks; none when every block of the chain is held more widely. The
+        cost is a dict lookup per widely held block and ``limit`` short walks, however
+        large the fleet (:meth:`match` visits every holder).
+        """
+        if limit <= 0:
+            return {}
+        for h in hashes:
+            holders = self._holders.get(h)
+            if not holders:
+                return {}
+            if len(holders) <= limit:
+                break
+        else:
+            return {}
+        out = {w: self.held(w, hashes) for w in holders}
+        return {w: n for w, n in out.items() if n}
+
+    def held(self, worker: str, hashes: Sequence[int]) -> int:
+        """Leading blocks of ``hashes`` that ``worker``'s cache holds (0 if none)."""
+        cache = self._caches.get(worker)
+        if cache is None:
+            return 0
+        held = cache.blocks
+        n = 0
+        for h in hashes:
+            if h not in held:
+                break
+            n += 1
+        return n
+
     def blocks(self, worker: str) -> int:
         """Blocks held for ``worker``."""
         cache = self._caches.get(worker)

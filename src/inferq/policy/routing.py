@@ -47,16 +47,26 @@ class Affinity:
     """A request's prefix-cache affinity during one placement.
 
     Attributes:
-        cached: worker id -> leading prompt tokens its cache holds (forecast), tokens.
+        cached: the candidates: worker id -> leading prompt tokens its cache holds
+            (forecast), tokens; the workers holding the longest prefixes
+            (``defaults.PREFIX_CANDIDATES`` of the index, as many of this decision's).
         prompt_tokens: the request's prompt tokens.
         rule: the affinity settings.
         slack: fraction of the request's class SLA left, 0..1.
+        cached_on: worker id -> its cached prompt tokens, for any worker (the
+            least-loaded pick need not be a candidate).
     """
 
     cached: Mapping[str, int]
     prompt_tokens: int
     rule: AffinityRule
     slack: float
+    cached_on: Callable[[str], int]
+
+    def tokens_on(self, worker_id: str) -> int:
+        """Cached prompt tokens forecast on ``worker_id``."""
+        got = self.cached.get(worker_id)
+        return self.cached_on(worker_id) if got is None else got
 
 
 def load_tokens(batch: OpenBatch) -> float:
@@ -222,7 +232,7 @@ class WorkerIndex:
         alone: bool = False,
         blocked: Callable[[OpenBatch], bool] | None = None,
         group: object = None,
-        affinity: Affinity | None = None,
+        affinity: Callable[[], Affinity | None] | None = None,
     ) -> OpenBatch | None:
         """The preferred open batch for a request, or None when none has room.
 
@@ -240,7 +250,9 @@ class WorkerIndex:
                 reservations and headroom); they count as having no room.
             group: what ``blocked`` depends on (the workers it blocks): refusals are
                 remembered per (models, group).
-            affinity: the request's cached prefix per worker and the rule, or None.
+            affinity: gives the request's cached prefix per worker and the rule (None:
+                no affinity); called only once a worker with room is found, so a
+                request that fits nowhere costs no index lookup.
         """
         key: tuple[object, ...] = (*models, group)
         if tokens >= self._refused.get(key, tokens + 1):
@@ -256,9 +268,10 @@ class WorkerIndex:
                     if blocked is not None and blocked(batch):
                         continue
                     if batch.worker.id != excluded:
-                        if affinity is None:
+                        aff = None if affinity is None else affinity()
+                        if aff is None:
                             return batch
-                        return self._affine(batch, tokens, need, excluded, blocked, affinity)
+                        return self._affine(batch, tokens, need, excluded, blocked, aff)
                     fallback = batch
         if fallback is None and not alone:
             self._refused[key] = min(tokens, self._refused.get(key, tokens))
@@ -292,7 +305,7 @@ class WorkerIndex:
             batches.append(batch)
         if not cached:
             return default
-        first = Candidate(0, affinity.cached.get(default.worker.id, 0), load_tokens(default))
+        first = Candidate(0, affinity.tokens_on(default.worker.id), load_tokens(default))
         pick = choose(first, cached, affinity.prompt_tokens, affinity.rule, affinity.slack)
         return batches[pick.key]
 

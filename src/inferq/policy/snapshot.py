@@ -131,10 +131,15 @@ class Snapshot:
 
 
 class PrefixLookup(Protocol):
-    """What a decision reads of the prefix index: a chain's cached prefix per worker."""
+    """What a decision reads of the prefix index (:class:`.prefix_index.PrefixIndex`)."""
 
-    def match(self, hashes: Sequence[int]) -> Mapping[str, int]:
-        """Worker id -> leading blocks of ``hashes`` it holds (workers holding none absent)."""
+    def deepest(self, hashes: Sequence[int], limit: int) -> Mapping[str, int]:
+        """The ``limit`` workers holding the longest prefixes of ``hashes``: worker id ->
+        leading blocks held (workers holding none absent)."""
+        ...
+
+    def held(self, worker: str, hashes: Sequence[int]) -> int:
+        """Leading blocks of ``hashes`` that ``worker`` holds."""
         ...
 
 

@@ -52,8 +52,6 @@ class PrefixCaches:
     def __init__(self) -> None:
         self.servers = PrefixIndex()
         self.index = PrefixIndex()
-        #: misses the servers reported (forecast not confirmed), and index corrections
-        self.misses = 0
 
     def launched(self, worker: SimWorker) -> None:
         """A worker joined the fleet: both caches sized, empty."""
@@ -84,9 +82,14 @@ class PrefixCaches:
     def succeeded(self, worker_id: str, forecast: int, served: int, block_tokens: int) -> None:
         """A run ended: a forecast its server missed by more than a block corrects the index
         (the worker's ``miss`` entry of the prefix log)."""
-        if forecast > 0 and served + block_tokens < forecast:
-            self.misses += 1
+        if missed(forecast, served, block_tokens):
             self.index.observe(worker_id, forecast, served, block_tokens)
+
+
+def missed(forecast: int, served: int, block_tokens: int) -> bool:
+    """The server reused fewer prompt tokens (``served``) than the index ``forecast`` by
+    more than a block of ``block_tokens``: a *miss*, which corrects the index."""
+    return forecast > 0 and served + block_tokens < forecast
 
 
 def pooled_cached_tokens(requests: Iterable[SimRequest], capacity_tokens: float) -> list[int]:

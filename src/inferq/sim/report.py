@@ -59,7 +59,7 @@ from rich.table import Table
 from inferq.config import PriorityClass
 from inferq.extras import import_extra
 from inferq.reporting import Outcome, class_summary, jain_index, percentile, slo_attainment
-from inferq.sim.caches import kv_tokens, pooled_cached_tokens
+from inferq.sim.caches import kv_tokens, missed, pooled_cached_tokens
 from inferq.sim.result import RequestOutcome, SimResult
 from inferq.sla import meets_flat_ttft
 
@@ -268,16 +268,13 @@ def prefix_summary(result: SimResult) -> dict[str, Any] | None:
         "pooled_hit_rate": pooled_rate,
         "pooled_ratio": hit_rate / pooled_rate if hit_rate is not None and pooled_rate else None,
         "forecast_tokens": sum(o.forecast_tokens for o in chained),
-        "misses": sum(1 for o in chained if _missed(o)),
+        "misses": sum(
+            1 for o in chained if missed(o.forecast_tokens, o.cached_tokens, o.request.block_tokens)
+        ),
         "prompt_tokens_per_worker": per_worker,
         "imbalance": max(loads) / mean if mean > 0 else None,
         "mean_ttft_s": sum(ttfts) / len(ttfts) if ttfts else None,
     }
-
-
-def _missed(o: RequestOutcome) -> bool:
-    """The server reused fewer prompt tokens than the index forecast, by more than a block."""
-    return o.forecast_tokens > 0 and o.cached_tokens + o.request.block_tokens < o.forecast_tokens
 
 
 def _scaling(result: SimResult) -> dict[str, Any]:
