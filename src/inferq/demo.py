@@ -38,6 +38,7 @@ rerun at. The SLA table stays as measured.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -422,7 +423,14 @@ class Processes:
 
 @dataclass
 class LiveSample:
-    """One sample of the system, wall seconds since the replay started."""
+    """One sample of the system, wall seconds since the replay started.
+
+    ``workers``, ``starting``, ``draining`` and ``unhealthy``: model -> live workers whose
+    heartbeat says that state. They are kept apart (issue 24: one "starting/draining"
+    line made two 70B workers coming up one after the other, a starting worker turning
+    ready, read as a worker flipping between ready and draining; the workers' logs showed
+    no drain then).
+    """
 
     t: float
     queued: dict[str, int]
@@ -430,6 +438,10 @@ class LiveSample:
     starting: dict[str, int]
     utilisation: float
     gpus_busy: float
+    draining: dict[str, int] = field(default_factory=dict)
+    unhealthy: dict[str, int] = field(default_factory=dict)
+    #: ready workers with nothing in flight (the fleet's idle capacity at this sample)
+    idle: int = 0
 
 
 class Sampler(threading.Thread):
@@ -448,10 +460,14 @@ class Sampler(threading.Thread):
         infos, _ = self.store.workers()
         ready: dict[str, int] = {}
         starting: dict[str, int] = {}
-        slots = used = busy = 0
+        draining: dict[str, int] = {}
+        unhealthy: dict[str, int] = {}
+        by_state = {"ready": ready, "starting": starting, "draining": draining}
+        slots = used = busy = idle = 0
         for w in infos:
-            target = ready if w.state.value == "ready" else starting
+            target = by_state.get(w.state.value, unhealthy)
             target[w.model] = target.get(w.model, 0) + 1
+            idle += target is ready and w.in_flight == 0
             slots += w.slots
             used += min(w.slots, w.in_flight)
             busy += w.in_flight > 0
@@ -462,6 +478,9 @@ class Sampler(threading.Thread):
             starting,
             used / slots if slots else 0.0,
             busy / len(infos) if infos else 0.0,
+            draining,
+            unhealthy,
+            idle,
         )
 
     def run(self) -> None:
@@ -732,6 +751,7 @@ def _report(
         "output_tokens_mean": {c: sum(v) / len(v) for c, v in output.items() if v},
         "slot_utilisation_mean": sum(util) / len(util) if util else None,
         "gpus_busy_mean": sum(gpus) / len(gpus) if gpus else None,
+        "idle_worker_s": idle_worker_s(samples, clock),
         "scale_events": len(scale_events),
         "scale_events_detail": scale_events,
         "scale_events_before_replay": before,
@@ -775,6 +795,7 @@ def _print_report(report: dict[str, Any], console: Console) -> None:
         f"GPUs busy {gpus:.0%} (>= 1 request running), slots busy {util:.0%}"
         if util is not None and gpus is not None
         else "no utilisation samples",
+        f"| idle ready workers {report['idle_worker_s']:.0f} worker-s "
         f"| scale events {report['scale_events']} | retries {report['retries']} "
         f"| expired {report['expired']} | failed {report['failed']} "
         f"| unfinished {report['unfinished']} | lost {report['lost']}",
@@ -815,6 +836,14 @@ def _write(
     console.print(f"report: {json_path}  plot: {png}")
 
 
+def idle_worker_s(samples: Sequence[LiveSample], clock: TraceClock) -> float:
+    """Worker-seconds (trace) ready workers spent with nothing in flight: each sample's
+    idle count held until the next sample (the step the chart draws). The figure a
+    scale-up that came too late costs (issue 24: workers launched for a burst that was
+    gone when they came up)."""
+    return sum(a.idle * clock.trace_s(b.t - a.t) for a, b in itertools.pairwise(samples))
+
+
 def plot(samples: list[LiveSample], clock: TraceClock, path: Path) -> None:
     """Queue depth per class, workers per model and slot utilisation over trace time.
 
@@ -831,13 +860,18 @@ def plot(samples: list[LiveSample], clock: TraceClock, path: Path) -> None:
         axes[0].plot(t, [s.queued.get(cls, 0) for s in samples], label=cls)
     axes[0].set_ylabel("queued requests")
     axes[0].legend(loc="upper right")
-    models = sorted({m for s in samples for m in (*s.workers, *s.starting)})
+    models = sorted(
+        {m for s in samples for m in (*s.workers, *s.starting, *s.draining, *s.unhealthy)}
+    )
     for model in models:
         axes[1].step(
             t, [s.workers.get(model, 0) for s in samples], where="post", label=f"{model} ready"
         )
-        axes[1].step(t, [s.starting.get(model, 0) for s in samples], where="post",
-                     linestyle=":", label=f"{model} starting/draining")  # fmt: skip
+        for state, style in (("starting", ":"), ("draining", "--"), ("unhealthy", "-.")):
+            counts = [getattr(s, state).get(model, 0) for s in samples]
+            if any(counts):  # a state no worker of the model was in draws no line
+                axes[1].step(t, counts, where="post", linestyle=style,
+                             label=f"{model} {state}")  # fmt: skip
     axes[1].set_ylabel("workers")
     axes[1].legend(loc="upper right", fontsize="small")
     axes[2].plot(t, [100 * s.gpus_busy for s in samples], label="GPUs busy (>= 1 request)")

@@ -29,11 +29,11 @@ from inferq.dispatcher.daemon import Dispatcher
 from inferq.embedded import free_port
 from inferq.ids import new_id
 from inferq.intake import build_request
-from inferq.models import InferenceRequest, StreamChunk
+from inferq.models import InferenceRequest, RequestState, StreamChunk
 from inferq.store import Store
 
 from ..conftest import REDIS_URL
-from ..helpers import wait_for
+from ..helpers import queue_key, ready_worker, wait_for
 from .fleet import Fleet
 
 MODEL = "llama-3.1-8b"
@@ -301,6 +301,51 @@ def test_a_lapsed_gateways_queued_request_says_why_it_was_cancelled(
     result = store.record(submitted.id).result
     assert result is not None and result.status == "cancelled"
     assert result.error is not None and defaults.CALLER_LAPSED in result.error, result
+
+
+@pytest.mark.parametrize("held", ["queued", "running"])
+@pytest.mark.parametrize("taken_by", ["retry", "renewal"])
+def test_a_retry_between_the_reapers_listing_and_its_cancel_keeps_the_request(
+    store: Store, fast_settings: Settings, monkeypatch: pytest.MonkeyPatch, held: str, taken_by: str
+) -> None:
+    """The race issue 14's note left (issue 24, item 4): the reaper lists a lapsed
+    gateway's requests (``reap_callers.lua``), then cancels them one call later. A same-key
+    retry through a live gateway landing in between (or the stalled gateway renewing its
+    lease) took the request over, yet the cancel (or the running request's abort) still
+    ended it, under the retry's reader. Interleaved by hand: list, retry, cancel. The
+    guarded cancel changes nothing: the request stays where it was, counted once, in the
+    live caller's set, with no abort on its worker's channel."""
+    dead, live = new_id(), new_id()
+    store.redis.zadd(store.keys.callers, {dead: 1, live: 2**50})
+    req = _gateway_request(fast_settings, dead, "race-1")
+    first = store.submit(req)
+    state = RequestState.QUEUED
+    if held == "running":
+        ready_worker(store, "w1")
+        [(rid, attempt)] = store.assign("w1", "b1", [(first.id, queue_key(store, req), 5.0)])
+        store.start("w1", [(rid, attempt)])
+        state = RequestState.RUNNING
+    listed = store.lapsed_callers()  # the reaper's read: the dead gateway still holds it
+    assert listed == [(dead, [first.id])]
+    if taken_by == "retry":
+        again = store.submit(_gateway_request(fast_settings, live, "race-1"))
+        assert again.duplicate and again.id == first.id
+    else:
+        store.redis.zadd(store.keys.callers, {dead: 2**50})  # the stalled gateway renewed
+    monkeypatch.setattr(store, "lapsed_callers", lambda limit=100: listed)
+    assert Dispatcher(store)._cancel_orphans() == 0
+    assert store.record(first.id).state is state
+    assert store.redis.llen(store.keys.ctl("w1")) == 0  # no abort sent to its worker
+    assert int(store.stats().get("cancelled", 0)) == 0
+    if held == "queued":  # counted once, still in its queue
+        assert store.redis.hget(store.keys.counts, f"c:{req.priority}") == "1"
+        assert store.redis.zrange(queue_key(store, req), 0, -1) == [first.id]
+    owner = live if taken_by == "retry" else dead
+    assert store.redis.smembers(store.keys.caller(owner)) == {first.id}
+    # The reaper's cancel still wins when nothing took the request over: the guard passes.
+    if taken_by == "renewal":
+        store.redis.zadd(store.keys.callers, {dead: 1})
+        assert Dispatcher(store)._cancel_orphans() == 1
 
 
 def _post_quietly(url: str, body: dict[str, object], headers: dict[str, str]) -> None:

@@ -9,9 +9,11 @@ from hypothesis import strategies as st
 from inferq.config import Settings
 from inferq.demo import (
     DemoOptions,
+    LiveSample,
     TraceClock,
     build_workload,
     compressed,
+    idle_worker_s,
     keep_up,
     parse_fleet_cards,
 )
@@ -125,3 +127,17 @@ def test_a_lag_that_cost_no_sla_is_a_figure_not_a_warning() -> None:
         clock, sla, late, [0.002] * 100, (None, None), {"realtime": 0.45, "batch": None}
     )
     assert missed["machine_bound"] and "machine, not the scheduler" in missed["verdict"]
+
+
+def test_idle_worker_seconds_hold_each_samples_idle_count_until_the_next_in_trace_seconds() -> None:
+    """Issue 24: the figure a late scale-up costs. Two idle ready workers for 1 wall
+    second, then one for 2, at 10x: 2 x 10 + 1 x 20 = 40 trace worker-seconds (the last
+    sample holds nothing: nothing follows it)."""
+    m = "llama-3.1-70b-awq"
+    samples = [
+        LiveSample(0.0, {}, {m: 2}, {}, 0.0, 0.0, idle=2),
+        LiveSample(1.0, {}, {m: 2}, {}, 0.0, 0.0, idle=1),
+        LiveSample(3.0, {}, {m: 1}, {}, 0.0, 0.0, draining={m: 1}, idle=1),
+    ]
+    assert idle_worker_s(samples, TraceClock(10.0)) == 40.0
+    assert idle_worker_s(samples[:1], TraceClock(10.0)) == 0.0

@@ -19,6 +19,7 @@ from inferq.policy.scaling import (
     ScaleDecision,
     ScalerState,
     ScalingConfig,
+    burst_rate,
     decide_scale,
     ready_drain_s,
 )
@@ -631,3 +632,110 @@ def test_ready_drain_s_is_none_when_the_fleet_does_not_outrun_the_arrivals() -> 
     assert ready_drain_s(busy, 1.0, 2.0, 35.0) is None
     assert ready_drain_s(load(ready=2, queued={}), 1.0, 0.0, 35.0) is None
     assert ready_drain_s(load(ready=2, queued={"batch": 10}), 1.0, 0.0, 35.0) == 5.0
+
+
+def test_a_burst_counted_in_the_arrival_rate_counts_once_as_backlog() -> None:
+    """Issue 24: a burst is in the queue and, for the window it arrived in, in the
+    arrival rate too. 3 ready workers of 1 req/s, 0.5 req/s behind a burst of 40 that
+    arrived 2 s ago, within the 10 s the rate is measured over (4.5 req/s): read as
+    sustained arrivals it asked for 4.5 workers; counted once, as backlog, the 2.5 req/s
+    spare clear it in 16 s, before a worker launched now is ready (35 s)."""
+    burst = load(
+        ready=3,
+        arrival_rate=0.5 + 40 / 10,
+        queued={"batch": 40},
+        oldest_wait_s={"batch": 2.0},
+    )
+    assert one(burst).action == "up"  # the window not known: the burst is a rate
+    d = one(replace(burst, rate_window_s=10.0))
+    assert (d.action, d.desired) == ("hold", 3), d.reasons
+    assert has(d, "backlog of 40 drains in 16 s with the 3 ready")
+    assert has(d, "it arrived within the 10 s the rate is measured over")
+    assert burst_rate(replace(burst, rate_window_s=10.0), 4.5) == pytest.approx(0.5)
+    # A queue older than the window may be a sustained overload: left in the rate.
+    old = replace(burst, rate_window_s=10.0, oldest_wait_s={"batch": 10.0})
+    assert burst_rate(old, 4.5) == 4.5
+
+
+_BURST_CONFIG = ScalingConfig(limits={"m": ModelLimits(1, 1000)})
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ready=st.integers(1, 8),
+    service_s=st.floats(1.0, 8.0),
+    busy=st.floats(0.0, 0.8),
+    cold_start_s=st.floats(5.0, 45.0),
+    window_s=st.floats(5.0, 60.0),
+    drained=st.floats(0.05, 0.95),
+    waited=st.floats(0.0, 0.99),
+)
+def test_a_backlog_the_ready_fleet_drains_before_a_cold_start_ends_starts_no_worker(
+    ready: int,
+    service_s: float,
+    busy: float,
+    cold_start_s: float,
+    window_s: float,
+    drained: float,
+    waited: float,
+) -> None:
+    """Issue 24: a burst the ready workers clear (beyond the arrivals behind it) sooner
+    than a worker launched now is ready launches nothing, however the burst also shows
+    in the arrival rate of the window it arrived in. Background ``busy`` x the fleet's
+    rate; the burst, ``drained`` of what the spare rate clears in ``cold start +
+    interval``, all within the window (its oldest waited ``waited`` of the window, under
+    10 s, so batch's 60 s SLA holds)."""
+    mu = 4 / service_s  # the builder's 4 slots
+    horizon = cold_start_s + _BURST_CONFIG.interval_s
+    background = busy * ready * mu
+    queued = max(1, math.floor(drained * horizon * (ready * mu - background)))
+    burst = load(
+        ready=ready,
+        mean_service_s=service_s,
+        cold_start_s=cold_start_s,
+        arrival_rate=background + queued / window_s,
+        queued={"batch": queued},
+        oldest_wait_s={"batch": waited * min(window_s, 10.0)},
+        rate_window_s=window_s,
+    )
+    [d], _ = decide_scale([burst], ScalerState(), _BURST_CONFIG, CLASSES, NOW)
+    assert d.launch == 0, d.reasons
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ready=st.integers(1, 8),
+    service_s=st.floats(1.0, 8.0),
+    busy=st.floats(0.0, 0.4),
+    cold_start_s=st.floats(5.0, 90.0),
+    window_s=st.floats(5.0, 60.0),
+    outlasts=st.floats(1.5, 5.0),
+    waited=st.floats(0.0, 0.99),
+)
+def test_a_backlog_that_outlasts_the_cold_start_still_scales_up(
+    ready: int,
+    service_s: float,
+    busy: float,
+    cold_start_s: float,
+    window_s: float,
+    outlasts: float,
+    waited: float,
+) -> None:
+    """The other side: a burst (of standard work, weight 1) that keeps the ready workers
+    busy ``outlasts`` x longer than a worker launched now takes to be ready launches at
+    least one, recent or not (taking the burst out of the rate must not hide it)."""
+    mu = 4 / service_s
+    horizon = cold_start_s + _BURST_CONFIG.interval_s
+    background = busy * ready * mu
+    queued = math.ceil(outlasts * horizon * (ready * mu - background))
+    burst = load(
+        ready=ready,
+        mean_service_s=service_s,
+        cold_start_s=cold_start_s,
+        arrival_rate=background + queued / window_s,
+        queued={"standard": queued},
+        oldest_wait_s={"standard": waited * window_s},
+        rate_window_s=window_s,
+    )
+    [d], _ = decide_scale([burst], ScalerState(), _BURST_CONFIG, CLASSES, NOW)
+    assert d.launch >= 1, d.reasons

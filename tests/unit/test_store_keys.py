@@ -67,6 +67,7 @@ def test_lua_templates_match_keys_py() -> None:
     assert k.done("ID") == k.prefix + templates["k_done"] + "ID"
     assert k.payload("ID") == k.prefix + templates["k_payload"] + "ID"
     assert k.stream("ID") == k.prefix + templates["k_stream"] + "ID"
+    assert k.worker("W") == k.prefix + templates["k_worker"] + "W"
     assert k.load("W") == k.prefix + templates["k_load"] + "W"
     assert k.inflight("W") == k.prefix + templates["k_inflight"] + "W"
     assert k.ctl("W") == k.prefix + templates["k_ctl"] + "W"

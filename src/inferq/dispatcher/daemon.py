@@ -360,16 +360,19 @@ class Dispatcher:
         """Cancel the requests of gateways whose liveness lease lapsed (their caller died:
         SIGKILL, OOM, a lost host), a running one on its worker; returns how many were
         cancelled or aborted. A request whose abort is pending is listed again until its
-        worker has ended it (the abort is idempotent: ``pending``)."""
+        worker has ended it (the abort is idempotent: ``pending``). Each cancel is
+        guarded by the gateway (``orphan_of``): a same-key retry that took a request over
+        after the listing, or a stalled gateway that renewed its lease, keeps it
+        (``kept``, includes/orphan.lua)."""
         total = 0
         for caller, ids in self.store.lapsed_callers():
             reason = f"its gateway {caller} is gone ({defaults.CALLER_LAPSED})"
             cancelled = 0
             for rid in ids:
                 try:
-                    state = self.store.cancel(rid, reason)
+                    state = self.store.cancel(rid, reason, orphan_of=caller)
                     if state == "running":
-                        state = self.store.cancel_running(rid, reason)
+                        state = self.store.cancel_running(rid, reason, orphan_of=caller)
                 except RequestNotFound:  # its record went meanwhile
                     continue
                 cancelled += state in ("cancelled", "sent", "done")

@@ -222,7 +222,9 @@ class Gateway:
         self._classes = [c.name for c in settings.classes]
         #: This process's id as the caller of the requests it submits (its lease's name).
         self.caller_id = new_id()
-        self._leased: set[int] = set()  # id() of the cell stores this replica's lease is in
+        #: id() of each cell store this replica's lease is in -> time.monotonic() of its
+        #: last successful renewal there
+        self._leased: dict[int, float] = {}
         self._lease_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -471,11 +473,18 @@ class Gateway:
     async def _hold_caller_lease(self, cell: str | None) -> None:
         """Put this replica's liveness lease in ``cell``'s Redis before its first request
         there (a request marked with a caller that has no lease would never be reaped);
-        :meth:`_renew_caller_lease` keeps it."""
+        :meth:`_renew_caller_lease` keeps it.
+
+        The lease is renewed here too, before the submit, when its last renewal is half a
+        lease old (the loop renews every third, so only a replica that stalled, e.g.
+        SIGSTOPped or its event loop blocked, gets there): a resumed gateway's first
+        submit went in under a lapsed lease and could be cancelled as a dead gateway's
+        before the loop's next renewal (issue 14's note, issue 24 item 4)."""
         store = self.aclient.cells.get(cell)
-        if id(store) not in self._leased:
+        renewed = self._leased.get(id(store))
+        if renewed is None or time.monotonic() - renewed >= self.settings.gateway_lease_s / 2:
             await store.renew_caller(self.caller_id, self.settings.gateway_lease_s)
-            self._leased.add(id(store))
+            self._leased[id(store)] = time.monotonic()
 
     async def _renew_caller_lease(self) -> None:
         """Renew the liveness lease every third of ``gateway_lease_s`` in every cell this
@@ -489,6 +498,7 @@ class Gateway:
             for store in [self.aclient.store, *self.aclient.cells.others()]:
                 try:
                     await store.renew_caller(self.caller_id, self.settings.gateway_lease_s)
+                    self._leased[id(store)] = time.monotonic()
                 except Exception as exc:  # Redis away: retried soon; the loop must live
                     log.warning("could not renew the gateway's liveness lease: %s", exc)
                     wait = min(every, CALLER_LEASE_RETRY_S)

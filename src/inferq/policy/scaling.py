@@ -27,7 +27,10 @@ rising wave is met by workers launched one cold start ahead of it. ``current``
 is ``ready + starting``: capacity on its way counts, so a burst never cascades
 launches. A backlog the ready workers clear (beyond the arrivals) within ``h``
 adds nothing, and rule 2 below does not apply to it (:func:`ready_drain_s`): a worker
-launched for it would come up after the work is gone. Then, in order:
+launched for it would come up after the work is gone. A burst that arrived within the
+rate's window is in ``arrival_rate`` too; for that test, and for ``lam`` when it passes,
+the queued part of the rate is taken out (:func:`burst_rate`), so a burst counts once,
+as backlog. Then, in order:
 
 1. tolerance band: hold while ``|need / current - 1| <= tolerance`` (the HPA rule),
    except upwards while the trend will leave the band within ``h + trend_slope_s``;
@@ -263,6 +266,9 @@ class ModelLoad:
         capacity_rate: requests/s one worker carries at its target occupancy with the
             class targets met (:func:`inferq.policy.capacity.worker_capacity`); None:
             size on ``worker_rate``.
+        rate_window_s: seconds of submits ``arrival_rate`` is measured over (None: not
+            known; a burst still queued is then taken for a sustained rate, see
+            :func:`burst_rate`).
 
     Raises:
         ValueError: a count or time is negative, or ``slots_per_worker`` /
@@ -283,6 +289,7 @@ class ModelLoad:
     busy: Mapping[str, int] = field(default_factory=dict)
     saturation: float = 1.0
     capacity_rate: float | None = None
+    rate_window_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.slots_per_worker < 1:
@@ -293,6 +300,8 @@ class ModelLoad:
             raise ValueError(f"{self.model}: mean_service_s must be > 0 seconds")
         if self.capacity_rate is not None and not self.capacity_rate > 0:
             raise ValueError(f"{self.model}: capacity_rate must be > 0, got {self.capacity_rate}")
+        if self.rate_window_s is not None and not self.rate_window_s > 0:
+            raise ValueError(f"{self.model}: rate_window_s must be > 0, got {self.rate_window_s}")
         for name in ("arrival_rate", "cold_start_s", "ready", "starting", "draining"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{self.model}: {name} must be >= 0, got {getattr(self, name)}")
@@ -525,7 +534,7 @@ def _plan(
     )
     mu = load.capacity_rate or load.worker_rate
     horizon = load.cold_start_s + config.interval_s
-    rate = max(load.arrival_rate, ms.forecast(horizon))
+    rate = burst_rate(load, max(load.arrival_rate, ms.forecast(horizon)))
     if ready_drain_s(load, mu, rate, horizon, sla) is None:  # else a launch comes too late
         want = max(want, _sla_floor(load, config, sla, reasons))
     target = bounded(want, limits, reasons)
@@ -561,14 +570,20 @@ def _need(
     rate = max(load.arrival_rate, predicted)
     backlog = _weighted_backlog(load, config, sla)
     drain_s = max(config.backlog_drain_s, horizon)
-    gone_in = ready_drain_s(load, mu, rate, horizon, sla)
+    after = burst_rate(load, rate)
+    gone_in = ready_drain_s(load, mu, after, horizon, sla)
     if gone_in is not None:
         reasons_gone = (
             f"backlog of {load.total_queued} drains in {gone_in:.0f} s with the "
             f"{load.ready} ready, before a worker launched now is ready "
             f"({horizon:.0f} s): none launched for it"
         )
-        backlog = 0.0
+        if after < rate - _EPS:
+            reasons_gone += (
+                f"; it arrived within the {load.rate_window_s:.0f} s the rate is measured "
+                f"over, so {rate:.2f} req/s counts it once, as backlog: {after:.2f} req/s"
+            )
+        backlog, rate = 0.0, after
     need = (rate + backlog / drain_s) / mu
     if load.capacity_rate:
         reasons = [
@@ -596,6 +611,32 @@ def _need(
     if load.starting:
         reasons.append(f"{load.starting} starting counted as capacity")
     return need, reasons
+
+
+def burst_rate(load: ModelLoad, rate: float) -> float:
+    """The arrival rate ``rate`` (requests/s) less the part of it still queued: the
+    arrivals after a burst, when the burst is in the queue.
+
+    ``arrival_rate`` counts the submits of the last ``rate_window_s`` seconds. A class whose
+    oldest queued request has waited less than that window holds only requests that
+    arrived within it, so they are in the rate *and* in the backlog: a burst of 400 batch
+    requests read as 8.7 req/s of sustained arrivals (issue 24: ``inferq demo``'s burst at
+    t~150 s launched a 70B worker that came up after the burst was gone and idled ~300 s).
+    Those requests are taken out of the rate (``queued_c / rate_window_s`` each); a class
+    queued for longer than the window is left in (its queue predates the window: it may
+    be a sustained overload, and what of it arrived within the window is not known).
+
+    Returns:
+        requests/s, ``0 <= result <= rate``; ``rate`` itself when ``rate_window_s`` is
+        None or nothing recent is queued.
+    """
+    window = load.rate_window_s
+    if window is None:
+        return rate
+    recent = sum(
+        n for cls, n in load.queued.items() if n > 0 and load.oldest_wait_s.get(cls, 0.0) < window
+    )
+    return max(0.0, rate - recent / window)
 
 
 def ready_drain_s(

@@ -283,6 +283,8 @@ class LoadInputs:
         default_slots: slots of a worker when none of the model is live.
         tpot_s: the strictest class TPOT target (:func:`~inferq.policy.capacity.strictest_tpot`).
         occupancy: share of the KV cache the capacity model fills.
+        rate_window_s: seconds of submits ``arrivals`` counts (None: not known; see
+            :func:`inferq.policy.scaling.burst_rate`).
     """
 
     depths: Sequence[QueueDepth]
@@ -294,6 +296,7 @@ class LoadInputs:
     default_slots: int
     tpot_s: float | None = None
     occupancy: float = defaults.SCALE_TARGET_OCCUPANCY
+    rate_window_s: float | None = None
 
 
 def estimated_service_s(
@@ -363,6 +366,7 @@ def build_loads(
                 },
                 busy={w.id: w.busy for w in ready if w.busy},
                 capacity_rate=capacity_rate(spec, kv_mib, slots, stats, inputs),
+                rate_window_s=inputs.rate_window_s,
             )
         )
     return loads

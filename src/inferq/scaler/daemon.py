@@ -430,6 +430,7 @@ class Scaler:
             fallback_service_s=self._fallback_service(),
             default_slots=self.default_slots,
             tpot_s=strictest_tpot(self.settings.classes),
+            rate_window_s=span,
         )
 
     def _fallback_service(self) -> dict[str, float]:

@@ -190,4 +190,5 @@ class LoadTracker:
             idle_workers={w.id: max(0.0, now - w.idle_since) for w in ready if not w.running},
             busy={w.id: len(w.running) for w in ready if w.running},
             capacity_rate=capacity_rate,
+            rate_window_s=self.window_s,
         )

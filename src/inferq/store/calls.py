@@ -610,6 +610,10 @@ class Abort:
             gives back what the attempt did not use.
         tenant_weight: the tenant's fair-share weight: the counter lives in Redis as
             virtual time (tokens / weight), so the refund is divided by it too.
+        orphan_of: the gateway whose lapsed lease this cancel is for (the dispatcher's
+            reaper), or "" (none). With one, the abort acts only while that gateway
+            still holds the request and its lease is still lapsed, else the verdict is
+            ``kept`` (``includes/orphan.lua``: a same-key retry took it over meanwhile).
     """
 
     request_id: str
@@ -619,6 +623,7 @@ class Abort:
     reason: str
     charged: float = 0.0
     tenant_weight: float = 1.0
+    orphan_of: str = ""
 
 
 #: Control-channel commands outlive a worker's silence by this factor of the lease, then
@@ -645,21 +650,25 @@ def abort_call(
             a.reason,
             repr(a.charged),
             repr(a.tenant_weight),
+            a.orphan_of,
         ]
     return Call("abort", [], argv)
 
 
-def running_abort(request_id: str, row: Sequence[Any], reason: str) -> Abort | None:
+def running_abort(
+    request_id: str, row: Sequence[Any], reason: str, orphan_of: str = ""
+) -> Abort | None:
     """The cancel :class:`Abort` of a request from an HMGET of its ``state``, ``attempts``
-    and ``worker``: None unless it is assigned or running on a worker."""
+    and ``worker``: None unless it is assigned or running on a worker. ``orphan_of``: see
+    :class:`Abort`."""
     state, attempts, worker = row
     if state not in ("assigned", "running") or not worker or not attempts:
         return None
-    return Abort(request_id, int(attempts), str(worker), "cancel", reason)
+    return Abort(request_id, int(attempts), str(worker), "cancel", reason, orphan_of=orphan_of)
 
 
 def parse_abort(reply: Sequence[Any]) -> list[str]:
-    """One verdict per abort: ``done``, ``sent``, ``pending`` or ``stale``."""
+    """One verdict per abort: ``done``, ``sent``, ``pending``, ``stale`` or ``kept``."""
     return [str(v) for v in reply]
 
 
@@ -714,11 +723,21 @@ def parse_promote(reply: Sequence[Any]) -> tuple[int, float | None]:
 # --- client and admin -------------------------------------------------------------------
 
 
-def cancel_call(keys: Keys, settings: Settings, request_id: str, reason: str | None = None) -> Call:
+def cancel_call(
+    keys: Keys,
+    settings: Settings,
+    request_id: str,
+    reason: str | None = None,
+    orphan_of: str | None = None,
+) -> Call:
     """``cancel.lua``: cancel a request that has not started; ``reason`` is its result's
-    error (None: ``cancelled by the caller``)."""
+    error (None: ``cancelled by the caller``). ``orphan_of``: the lapsed gateway the
+    reaper cancels for; the cancel then acts only while that gateway still holds the
+    request (``kept`` otherwise, see :class:`Abort`)."""
     s = settings
     args: list[Any] = [keys.prefix, request_id, s.result_ttl_s, s.events_maxlen]
+    if orphan_of is not None:
+        return Call("cancel", [], [*args, reason or "cancelled by the caller", orphan_of])
     return Call("cancel", [], args if reason is None else [*args, reason])
 
 

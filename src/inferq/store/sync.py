@@ -135,13 +135,14 @@ class Store(AdminCalls):
         token = self.redis.blmove(key, key, timeout=wait, src="RIGHT", dest="LEFT")
         return token is not None
 
-    def cancel_running(self, request_id: str, reason: str) -> str:
+    def cancel_running(self, request_id: str, reason: str, *, orphan_of: str = "") -> str:
         """Cancel a running request on its worker (``abort.lua``: a command on the worker's
         control channel; the worker stops the model-server call, frees the slot and writes
-        ``cancelled``). Returns the verdict (``sent``, ``done``, ``pending``, ``stale``),
-        or ``not_running``."""
+        ``cancelled``). Returns the verdict (``sent``, ``done``, ``pending``, ``stale``,
+        ``kept``: ``orphan_of`` names a lapsed gateway that no longer holds it), or
+        ``not_running``."""
         row = self.redis.hmget(self.keys.req(request_id), "state", "attempts", "worker")
-        abort = calls.running_abort(request_id, row, reason)
+        abort = calls.running_abort(request_id, row, reason, orphan_of)
         if abort is None:
             return "not_running"
         [verdict] = self.abort([abort])
@@ -159,14 +160,20 @@ class Store(AdminCalls):
         reply = self.redis.xread({self.keys.stream(request_id): after}, block=block_ms)
         return calls.parse_xread(reply)
 
-    def cancel(self, request_id: str, reason: str | None = None) -> str:
+    def cancel(
+        self, request_id: str, reason: str | None = None, *, orphan_of: str | None = None
+    ) -> str:
         """Cancel a queued or assigned request; returns its state after the call.
         ``reason`` is its result's error (None: ``cancelled by the caller``).
+        ``orphan_of``: the lapsed gateway the reaper cancels for; the cancel acts only
+        while that gateway still holds the request and its lease is still lapsed, else
+        it returns ``kept`` and changes nothing (``includes/orphan.lua``).
 
         Raises:
             RequestNotFound: no such request.
         """
-        reply = self._call(calls.cancel_call(self.keys, self.settings, request_id, reason))
+        call = calls.cancel_call(self.keys, self.settings, request_id, reason, orphan_of)
+        reply = self._call(call)
         return calls.parse_cancel(reply, request_id)
 
     # --- dispatcher side ------------------------------------------------------

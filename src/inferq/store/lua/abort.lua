@@ -1,31 +1,37 @@
 -- abort: stop a request a worker holds (assigned or running), for a preemption or a cancel.
 -- ARGV: 1 prefix, 2 result ttl s, 3 events maxlen, 4 control channel ttl ms,
 --       5 the counter's weight of an output token (VTC's w_q, for the refund),
---       then 7-tuples: id, attempt, worker, action ('requeue'|'cancel'|'expire'), reason,
+--       then 8-tuples: id, attempt, worker, action ('requeue'|'cancel'|'expire'), reason,
 --       charged (VTC tokens its dispatch charged the tenant; refunded on a requeue
 --       beyond what it used, see requeue_preempted.lua), the tenant's weight (the
---       counter is virtual time, tokens / weight: a refund is divided by it too)
+--       counter is virtual time, tokens / weight: a refund is divided by it too),
+--       orphan_of ('' = none; else the lapsed gateway the reaper cancels for: the abort
+--       acts only while that gateway still holds the request, includes/orphan.lua)
 -- Returns one verdict per tuple: 'done' (it had not started: requeued or made final here),
 -- 'sent' (running: an abort command is on ctl:<worker> for the worker to carry out),
 -- 'pending' (an abort of this attempt was already sent; a cancel or expiry still takes
--- over a pending preemption, answered 'sent') or 'stale' (not this attempt's).
+-- over a pending preemption, answered 'sent'), 'stale' (not this attempt's) or 'kept'
+-- (orphan_of names a gateway that no longer holds it: a retry took it over).
 -- Invariant: an abort acts on exactly the (request, attempt, worker) it names; a request not
 -- yet started is handled here at once (start.lua then finds its attempt stale); a running one
 -- is aborted only by the worker that runs it, which writes the outcome through
 -- requeue_preempted.lua or complete.lua, so a request is still final exactly once; a
 -- requeue spends no attempt (attempt_base + 1) and keeps the submit-time score and deadline.
--- include: clock, keys, counts, wake, events, release, finalize, requeue
+-- include: clock, keys, counts, wake, events, release, finalize, requeue, orphan
 local p, ttl, maxlen, ctl_ttl, weight = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local now = now_ms()
 local out = {}
-for i = 6, #ARGV, 7 do
-  local id, attempt, w, action, reason, charged, tw =
-    ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6]
+for i = 6, #ARGV, 8 do
+  local id, attempt, w, action, reason, charged, tw, orphan =
+    ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6],
+    ARGV[i + 7]
   local key = k_req(p, id)
   local r = redis.call('HMGET', key, 'state', 'attempts', 'worker', 'need_mib', 'priority',
     'model', 'tenant', 'submitted_ms', 'abort_attempt', 'abort_action')
   if (r[1] ~= 'assigned' and r[1] ~= 'running') or r[2] ~= attempt or r[3] ~= w then
     out[#out + 1] = 'stale'
+  elseif orphan ~= '' and not orphan_of(p, id, orphan, now) then
+    out[#out + 1] = 'kept'
   elseif r[9] == attempt and (action == 'requeue' or r[10] ~= 'requeue') then
     out[#out + 1] = 'pending'
   elseif r[1] == 'assigned' then

@@ -27,7 +27,7 @@ local function waited_reason(route, models)
   for _, m in ipairs(models) do serving[m] = true end
   local states, ready, names = {}, 0, {}
   for _, w in ipairs(redis.call('ZRANGE', p .. 'workers', 0, -1)) do
-    local f = redis.call('HMGET', p .. 'worker:' .. w, 'model', 'state')
+    local f = redis.call('HMGET', k_worker(p, w), 'model', 'state')
     if f[1] and serving[f[1]] and f[2] then
       if f[2] == 'ready' then ready = ready + 1 end
       if not states[f[2]] then names[#names + 1] = f[2] end

@@ -8,7 +8,9 @@
 -- <id> (submit.lua adds, includes/finalize.lua removes; an id whose record is final or gone,
 -- e.g. quarantined, is dropped here); a lapsed caller stays in callers until its set is
 -- empty, so a request whose cancel did not happen yet (a running one waits for its
--- worker to carry out the abort) is listed again on the next call, never lost.
+-- worker to carry out the abort) is listed again on the next call, never lost. The
+-- dispatcher's cancels come in later calls and name the caller (includes/orphan.lua): a
+-- request a same-key retry took over after this listing is kept, not cancelled.
 -- include: clock, keys
 local p, limit = ARGV[1], tonumber(ARGV[2])
 local lapsed = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms(), 'LIMIT', 0, limit)

@@ -5,6 +5,7 @@ local function k_req(p, id) return p .. 'req:' .. id end
 local function k_payload(p, id) return p .. 'payload:' .. id end
 local function k_done(p, id) return p .. 'done:' .. id end
 local function k_stream(p, id) return p .. 'stream:' .. id end
+local function k_worker(p, w) return p .. 'worker:' .. w end
 local function k_load(p, w) return p .. 'load:' .. w end
 local function k_inflight(p, w) return p .. 'inflight:' .. w end
 local function k_ctl(p, w) return p .. 'ctl:' .. w end
