@@ -485,12 +485,12 @@ PREFIX_BALANCE_REL = 2.0
 #: slack left: a request close to its time-to-first-token SLA takes the surer, less
 #: loaded worker over a forecast hit (the index is an approximation).
 PREFIX_URGENT_LOAD_FACTOR = 4.0
-#: Workers holding a prefix of a request that the affinity rule weighs beside the
-#: least-loaded pick: the ones holding the longest prefixes. A prefix every worker
-#: holds (a system prompt) would otherwise make the whole fleet a candidate of every
-#: decision (500 workers: the dispatcher's decide 20-60x slower, bench_dispatch.py
-#: --prefix); a worker holding no more than the least-loaded pick's prefix can only
-#: win on load, where the pick is already the best (issue 22).
+#: The most workers the affinity rule weighs beside the least-loaded pick: a block
+#: held by more workers than this (a system prompt every worker has seen) names no
+#: candidate (PrefixIndex.deepest). Without the bound a shared prefix made the whole
+#: fleet a candidate of every decision (500 workers: the dispatcher's decide 22-57x
+#: slower per step, bench_dispatch.py --prefix); workers tied on a widely held block
+#: win only on load, where the least-loaded pick is already the best (issue 22).
 PREFIX_CANDIDATES = 16
 #: Entries of the prefix index's change stream kept (a dispatcher replica that falls
 #: further behind, or starts, rebuilds from the stream's retained entries).

@@ -134,8 +134,8 @@ class PrefixLookup(Protocol):
     """What a decision reads of the prefix index (:class:`.prefix_index.PrefixIndex`)."""
 
     def deepest(self, hashes: Sequence[int], limit: int) -> Mapping[str, int]:
-        """The ``limit`` workers holding the longest prefixes of ``hashes``: worker id ->
-        leading blocks held (workers holding none absent)."""
+        """At most ``limit`` workers holding the longest prefixes of ``hashes`` (none for
+        a block more than ``limit`` workers hold): worker id -> leading blocks held."""
         ...
 
     def held(self, worker: str, hashes: Sequence[int]) -> int:

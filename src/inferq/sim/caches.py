@@ -42,7 +42,7 @@ def cached_prefix(index: PrefixIndex, worker: str, request: SimRequest) -> int:
     """Leading prompt tokens of ``request`` that ``worker``'s entry of ``index`` holds."""
     if not request.prefix:
         return 0
-    blocks = index.match(request.prefix).get(worker, 0)
+    blocks = index.held(worker, request.prefix)
     return min(blocks * request.block_tokens, request.prompt_tokens)
 
 

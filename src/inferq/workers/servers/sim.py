@@ -191,7 +191,7 @@ class SimServer(ModelServer):
         holds its whole chain as the most recent."""
         if not request.prefix:
             return 0
-        held = self.cache.match(request.prefix).get("self", 0)
+        held = self.cache.held("self", request.prefix)
         self.cache.touch("self", request.block_tokens, request.prefix)
         return min(held * request.block_tokens, request.prompt_tokens)
 
