@@ -80,6 +80,7 @@ class RestartFigures:
     lost_acked_within_s: float = 0.0
     rerun: int = 0
     workers_lost: int = 0
+    reap_pauses: int = 0
     retries: Counter[str] = field(default_factory=Counter)
     wall_s: float = 0.0
 
@@ -93,6 +94,7 @@ class RestartFigures:
             "lost_acknowledged_in_last_s": round(self.lost_acked_within_s, 2),
             "requests_run_again": self.rerun,
             "workers_reaped": self.workers_lost,
+            "reap_pauses": self.reap_pauses,
             "retries_by_reason": dict(self.retries),
             "wall_s": round(self.wall_s, 1),
         }
@@ -164,6 +166,7 @@ def run_restart(
     audit.check_exactly_once(present)
     figures.rerun = sum(n for a, n in audit.attempts.items() if a > 1)
     figures.workers_lost = len(audit.of_type("worker_lost"))
+    figures.reap_pauses = len(audit.of_type("reap_paused"))
     figures.retries = Counter(e.fields["error"][:40] for e in audit.of_type("retry"))
     figures.wall_s = time.monotonic() - started
     return figures
@@ -176,6 +179,8 @@ def test_graceful_redis_restart_loses_no_acknowledged_submission(
     print(figures.summary())
     assert not figures.lost, f"acknowledged and lost: {figures.lost[:5]}"
     assert figures.acked >= 500
+    # The dispatcher paused reaping while live workers reconnected, and said so.
+    assert figures.reap_pauses >= 1
 
 
 @pytest.mark.slow

@@ -118,9 +118,11 @@ def test_burst_scales_up_drains_backlog_and_shrinks_back_without_killing(
     try:
         wait_for_30(lambda: len(fast_store.workers()[0]) == 1, what="the minimum pool")
         client = Client(settings=fast_settings, connection=redis_client)
-        # 40 requests of 64 tokens, ~0.4 s each at time_scale 0.5: ~10 s on one 2-slot worker.
+        # 40 requests of 128 tokens, ~0.8 s each at time_scale 0.5: ~16 s on one 2-slot
+        # worker, long enough for the new ones to start on a host loaded by -n 4 (a
+        # worker process's start took most of the 8 s the old 64-token burst lasted).
         handles = client.submit_many(
-            {"prompt": f"p{i}", "priority": "standard", "max_tokens": 64} for i in range(40)
+            {"prompt": f"p{i}", "priority": "standard", "max_tokens": 128} for i in range(40)
         )
         wait_for_30(lambda: len(local.exited) + len(local.list()) >= 3, what="scale-up")
         results = [client.result(h.id, timeout=60) for h in handles]

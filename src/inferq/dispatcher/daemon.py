@@ -121,7 +121,9 @@ class Dispatcher:
         self._pools: frozenset[str] = frozenset()
         self._pools_checked_at = -1e9
         self._housekept_at = -1e9
-        self._outage = False  # a connection error since the last step that could reap
+        #: since the last step that could reap: how long the loop stalled, seconds (0.0
+        #: for a connection error); None while Redis answered in time
+        self._outage: float | None = None
         self._reap_from = 0.0  # monotonic: no reaping before (grace after an outage)
         self._next_due: float | None = None  # monotonic: the next delayed retry is due
         #: the prefix-cache index (None: affinity off), kept in step with the prefix log
@@ -144,7 +146,7 @@ class Dispatcher:
         while not self._stop.is_set():
             now = time.monotonic()
             if previous is not None and now - previous > self.heartbeat_ttl_s + self.tick_s:
-                self._outage = True  # the last step or wait stalled: Redis was unreachable
+                self._outage = max(self._outage or 0.0, now - previous)  # it stalled
             previous = now
             try:
                 report = self.step(woken=woken)
@@ -154,7 +156,7 @@ class Dispatcher:
                     woken = self._wait()
             except CONNECTION_ERRORS as exc:
                 log.warning("redis unavailable (%s); retrying in %.1f s", exc, backoff)
-                self._outage = True
+                self._outage = self._outage or 0.0
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
             except Exception:  # bad data must not kill the daemon: repair, back off, go on
@@ -317,19 +319,28 @@ class Dispatcher:
         outage), or this step's first call did.
         Workers could not beat meanwhile either: reaping them, and lapsed leases, at
         once would requeue live work. The grace lets live workers beat again first; a
-        dead one is reaped that much later.
+        dead one is reaped that much later; the pause goes on the events stream
+        (``reap_paused``), so an operator, and the kill tests, can tell it from a slow
+        reaper.
         """
         now = time.monotonic()
-        if self._outage or stalled_s > self.heartbeat_ttl_s:
-            self._outage = False
-            grace = max(self.heartbeat_ttl_s, OUTAGE_GRACE_MIN_S)
-            self._reap_from = now + grace
-            log.warning(
-                "redis was unavailable; reaping resumes in %.1f s, once live workers "
-                "have beaten again",
-                grace,
-            )
-        return now >= self._reap_from
+        if stalled_s > self.heartbeat_ttl_s:
+            self._outage = max(self._outage or 0.0, stalled_s)
+        if self._outage is None:
+            return now >= self._reap_from
+        stalled, self._outage = self._outage, None
+        grace = max(self.heartbeat_ttl_s, OUTAGE_GRACE_MIN_S)
+        self._reap_from = now + grace
+        log.warning(
+            "redis was unavailable; reaping resumes in %.1f s, once live workers "
+            "have beaten again",
+            grace,
+        )
+        try:
+            self.store.reap_paused(grace, stalled)
+        except REDIS_ERRORS as exc:  # the pause holds whether or not it is recorded
+            log.warning("reap pause not recorded: %s", exc)
+        return False
 
     def _recover(self, report: StepReport) -> None:
         now = self.store.now()

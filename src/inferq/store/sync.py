@@ -228,6 +228,18 @@ class Store(AdminCalls):
         """Say a dispatcher runs, for ``ttl_s`` seconds (``dispatcher:beat``)."""
         self.redis.set(self.keys.dispatcher_beat, "1", px=max(1, round(ttl_s * 1000)))
 
+    def reap_paused(self, grace_s: float, stalled_s: float) -> None:
+        """Record on the events stream that a dispatcher pauses reaping for ``grace_s``
+        seconds after Redis was unavailable or its own loop stalled ``stalled_s`` seconds
+        (0: a connection error): a dead worker is requeued that much later, by design."""
+        self.redis.xadd(
+            self.keys.events,
+            {"type": "reap_paused", "grace_ms": round(grace_s * 1000),
+             "stalled_ms": round(stalled_s * 1000)},
+            maxlen=self.settings.events_maxlen,
+            approximate=True,
+        )  # fmt: skip
+
     def set_usage_retention(self) -> None:
         """Tell the metering (``lua/includes/meter.lua``) how long to keep a usage roll-up
         after its day: ``usage_retention_days`` (read when a roll-up field is created)."""
