@@ -349,6 +349,9 @@ class Result(BaseModel):
         status: ``succeeded``, ``failed``, ``expired`` or ``cancelled``.
         output: generated text when succeeded.
         prompt_tokens / completion_tokens: as counted by the model server.
+        cached_tokens: of the prompt tokens, those the model server reported reusing from
+            its prefix cache (0 when it does not say; OpenAI's
+            ``usage.prompt_tokens_details.cached_tokens``).
         worker: the worker that produced it (None if it never ran).
         attempt: the attempt (fencing number) that produced it.
         error: the reason for any status but ``succeeded``.
@@ -368,6 +371,7 @@ class Result(BaseModel):
     output: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_tokens: int = 0
     worker: str | None = None
     attempt: int = 0
     timings: Timings
@@ -423,6 +427,7 @@ class RequestRecord(BaseModel):
                     output=fields.get("output"),
                     prompt_tokens=_opt_int(fields.get("prompt_tokens_used")),
                     completion_tokens=_opt_int(fields.get("completion_tokens")),
+                    cached_tokens=_opt_int(fields.get("cached_tokens")) or 0,
                     worker=fields.get("worker") or None,
                     attempt=attempt,
                     timings=timings,

@@ -13,17 +13,26 @@ events, heartbeats, queue depths), the simulator keeps its own (``LoadTracker``)
 the same facts, both size the fleet with the same capacity model
 (:mod:`inferq.policy.capacity`) and take the same decision, a scale-up under a backlog
 and a scale-down of idle workers.
+
+Cached prefills (issue 22): multi-turn chats behind a shared system prompt, turn by turn,
+go through the real stack (the sim backend keeps a prefix cache as a model server does
+and reports the prompt tokens it reused) and through the simulator (its per-worker
+caches); both put each chat's turns on the same worker, the index forecasts the same
+cached tokens, and the servers report the same reuse.
 """
 
 from __future__ import annotations
 
 import builtins
 import collections
+import contextlib
+import dataclasses
 import os
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -31,13 +40,15 @@ from inferq.client import Client
 from inferq.config import PriorityClass, Settings
 from inferq.dispatcher.daemon import Dispatcher
 from inferq.policy.scaling import ModelLimits, ModelLoad, ScalerState, ScalingConfig, decide_scale
+from inferq.prefix import chain_ids
 from inferq.scaler.daemon import Scaler
 from inferq.scaler.platforms.base import Platform, WorkerHandle
-from inferq.sim import SimConfig, fixed_latency, replay
+from inferq.sim import SimConfig, SimRequest, fixed_latency, replay, simulate
 from inferq.sim.fleet import SimWorker
 from inferq.sim.loads import LoadTracker
+from inferq.sim.policies import ALL_POLICIES
 from inferq.store import Completion, Store, connect
-from inferq.traces import TraceRequest
+from inferq.traces import MOONCAKE_BLOCK_TOKENS, TraceRequest
 
 from ..builders import inference_request
 from ..conftest import REDIS_URL
@@ -75,6 +86,53 @@ def settings(namespace: str) -> Settings:
     )
 
 
+@contextlib.contextmanager
+def sim_workers(store: Store, fleet: dict[str, int]) -> Iterator[None]:
+    """Worker subprocesses on the sim backend (``{model}-{n}``), ready on entry."""
+    settings = store.settings
+    env = {
+        **os.environ,
+        "INFERQ_REDIS_URL": REDIS_URL,
+        "INFERQ_NAMESPACE": settings.namespace,
+        "INFERQ_CLASSES": "[" + ",".join(c.model_dump_json() for c in settings.classes) + "]",
+    }
+    procs = []
+    for model, count in fleet.items():
+        for n in range(count):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "inferq", "worker", "--model", model, "--id", f"{model}-{n}",
+                 "--vram-mib", "81920", "--slots", "2", "--heartbeat-interval", "0.2",
+                 "-o", "time_scale=0.1"],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            ))  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while sum(w.state.value == "ready" for w in store.workers()[0]) < len(procs):
+            assert time.monotonic() < deadline, "workers did not become ready"
+            time.sleep(0.05)
+        yield
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=20)
+
+
+def dispatch_all(store: Store, ids: list[str]) -> None:
+    """Run a dispatcher until every request of ``ids`` (all queued, every worker ready:
+    nothing is decided before the last arrives) has succeeded."""
+    client = Client(settings=store.settings, connection=store.redis)
+    dispatcher = Dispatcher(store, tick_s=0.02)
+    thread = threading.Thread(target=dispatcher.run, daemon=True)
+    thread.start()
+    try:
+        for rid in ids:
+            assert client.result(rid, timeout=60).ok
+    finally:
+        dispatcher.stop()
+        thread.join()
+
+
 def run_real(
     settings: Settings, rows: list[TraceRequest], fleet: dict[str, int]
 ) -> list[tuple[int, str]]:
@@ -93,38 +151,8 @@ def run_real(
         for r in rows
     )
     index = {h.id: i for i, h in enumerate(handles)}
-    env = {
-        **os.environ,
-        "INFERQ_REDIS_URL": REDIS_URL,
-        "INFERQ_NAMESPACE": settings.namespace,
-        "INFERQ_CLASSES": "[" + ",".join(c.model_dump_json() for c in CLASSES) + "]",
-    }
-    procs = []
-    for model, count in fleet.items():
-        for n in range(count):
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "inferq", "worker", "--model", model, "--id", f"{model}-{n}",
-                 "--vram-mib", "81920", "--slots", "2", "--heartbeat-interval", "0.2",
-                 "-o", "time_scale=0.1"],
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            ))  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while sum(w.state.value == "ready" for w in store.workers()[0]) < len(procs):
-            assert time.monotonic() < deadline, "workers did not become ready"
-            time.sleep(0.05)
-        dispatcher = Dispatcher(store, tick_s=0.02)
-        thread = threading.Thread(target=dispatcher.run, daemon=True)
-        thread.start()  # only now: every request is queued and every worker ready
-        for h in handles:
-            assert client.result(h.id, timeout=60).ok
-        dispatcher.stop()
-        thread.join()
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=20)
+    with sim_workers(store, fleet):
+        dispatch_all(store, [h.id for h in handles])
     model_of = {
         w: w.rsplit("-", 1)[0] for w in (f"{m}-{n}" for m, c in fleet.items() for n in range(c))
     }
@@ -283,3 +311,111 @@ def test_scaler_daemon_and_simulator_scale_alike(
         assert len(report.launched) == real.desired - real.current
     else:
         assert sorted(report.drained) == sorted(real.drain)
+
+
+# --- cached prefills: the same chats on the same workers, the same reuse ----------------
+
+BLOCK = MOONCAKE_BLOCK_TOKENS
+CHATS, TURNS, BLOCKS_PER_TURN = 4, 3, 2
+#: the block of a system prompt every chat starts with (outside the chats' own ids)
+SYSTEM_BLOCK = 1
+
+
+def chat_turns() -> list[list[SimRequest]]:
+    """Per turn, one request per chat: the system block, then the chat's blocks so far
+    (turn ``t`` resends turns ``0..t-1`` and adds ``BLOCKS_PER_TURN`` blocks)."""
+    turns = []
+    for t in range(TURNS):
+        phase = []
+        for c in range(CHATS):
+            blocks = [SYSTEM_BLOCK] + [1000 * (c + 1) + j for j in range(BLOCKS_PER_TURN * (t + 1))]
+            phase.append(
+                SimRequest(
+                    id=f"r{t * CHATS + c:07d}",
+                    arrival_s=100.0 * t,  # each turn after the last one finished
+                    priority="standard",
+                    # one tenant, one FIFO: a tie of tenants' fair shares breaks on
+                    # real millisecond stamps, which the simulator has not (see above)
+                    tenant="chats",
+                    route=MODEL,
+                    prompt_tokens=len(blocks) * BLOCK,
+                    output_tokens=OUTPUT_TOKENS,
+                    max_tokens=OUTPUT_TOKENS,
+                    prefix=chain_ids(blocks, BLOCK),
+                    block_tokens=BLOCK,
+                )
+            )
+        turns.append(phase)
+    return turns
+
+
+#: (chat, turn) -> (worker, cached tokens the server reported, cached tokens forecast)
+Reuse = dict[tuple[int, int], tuple[str, int, int]]
+
+
+def reuse_real(settings: Settings, turns: list[list[SimRequest]], workers: int) -> Reuse:
+    store = Store(connect(settings.redis_url), settings)
+    client = Client(settings=settings, connection=store.redis)
+    seen: Reuse = {}
+    with sim_workers(store, {MODEL: workers}):
+        for t, phase in enumerate(turns):
+            handles = client.submit_many(
+                {
+                    "prompt": "tok " * r.prompt_tokens,
+                    "model": MODEL,
+                    "priority": r.priority,
+                    "tenant": r.tenant,
+                    "max_tokens": OUTPUT_TOKENS,
+                    "prefix_hashes": list(r.prefix),
+                    "params": {"sim_output_tokens": OUTPUT_TOKENS},
+                }
+                for r in phase
+            )
+            dispatch_all(store, [h.id for h in handles])  # the turn ends before the next
+            for c, record in enumerate(store.records([h.id for h in handles])):
+                assert record is not None and record.result is not None
+                seen[c, t] = (record.worker, record.result.cached_tokens, record.cached_forecast)
+    return seen
+
+
+def reuse_sim(settings: Settings, turns: list[list[SimRequest]], workers: int) -> Reuse:
+    config = SimConfig(
+        settings=settings, fleet={MODEL: workers}, vram_mib=81920, slots=2,
+        latency=fixed_latency(0.5),
+    )  # fmt: skip
+    policy = dataclasses.replace(ALL_POLICIES["inferq"], scaler=None, peak_fleet=False)
+    result = simulate([r for phase in turns for r in phase], policy, config)
+    return {
+        (int(o.request.id[1:]) % CHATS, int(o.request.id[1:]) // CHATS): (
+            o.worker,
+            o.cached_tokens,
+            o.forecast_tokens,
+        )
+        for o in result.outcomes
+    }
+
+
+def partition(seen: Reuse) -> set[frozenset[tuple[int, int]]]:
+    """The (chat, turn) pairs each worker served, whatever the workers are named."""
+    by_worker: dict[str, set[tuple[int, int]]] = collections.defaultdict(set)
+    for key, (worker, _, _) in seen.items():
+        by_worker[worker].add(key)
+    return {frozenset(v) for v in by_worker.values()}
+
+
+def test_cached_prefills_same_workers_same_reuse(namespace: str) -> None:
+    settings = Settings.load(
+        redis_url=REDIS_URL, namespace=namespace, classes=CLASSES, heartbeat_interval_s=0.2,
+        prefix={"block_tokens": BLOCK},
+    )  # fmt: skip
+    turns = chat_turns()
+    real, sim = reuse_real(settings, turns, 2), reuse_sim(settings, turns, 2)
+    assert partition(real) == partition(sim)
+    # Every chat stays on its worker, and the fleet is not piled onto one.
+    assert all(len({real[c, t][0] for t in range(TURNS)}) == 1 for c in range(CHATS))
+    assert len({w for w, _, _ in real.values()}) == 2
+    # Reuse, as the servers report it and as the index forecast it, request by request.
+    assert {k: v[1:] for k, v in real.items()} == {k: v[1:] for k, v in sim.items()}
+    for c in range(CHATS):  # turn t reuses the system block and turns 0..t-1
+        for t in range(1, TURNS):
+            assert real[c, t][1:] == ((1 + BLOCKS_PER_TURN * t) * BLOCK,) * 2, (c, t, real[c, t])

@@ -332,8 +332,7 @@ class Dispatcher:
         grace = max(self.heartbeat_ttl_s, OUTAGE_GRACE_MIN_S)
         self._reap_from = now + grace
         log.warning(
-            "redis was unavailable; reaping resumes in %.1f s, once live workers "
-            "have beaten again",
+            "redis was unavailable; reaping resumes in %.1f s, once live workers have beaten again",
             grace,
         )
         try:
