@@ -4,7 +4,22 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+#: Characters of a caller's value an error message shows (:func:`shown`).
+SHOW_CHARS = 80
+
+
+def shown(value: Any) -> str:
+    """A short, one-line repr of a caller's value for an error message: at most about
+    ``SHOW_CHARS`` characters, however long the value (a huge integer by its bits)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**18:
+        return f"an integer of {value.bit_length()} bits"
+    if isinstance(value, str | bytes) and len(value) > SHOW_CHARS:
+        return f"{value[:SHOW_CHARS]!r}... ({len(value)} characters)"
+    text = repr(value) if isinstance(value, str | bytes | int | float) else type(value).__name__
+    return text if len(text) <= SHOW_CHARS else f"{text[:SHOW_CHARS]}..."
 
 
 class InferqError(Exception):

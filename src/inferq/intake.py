@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from inferq import prefix
 from inferq.config import PriorityClass, Settings
-from inferq.errors import InvalidRequest, UnknownPriorityClass
+from inferq.errors import SHOW_CHARS, InvalidRequest, UnknownPriorityClass, shown
 from inferq.ids import new_id
 from inferq.models import ChatMessage, InferenceRequest, Payload
 from inferq.policy.estimate import estimate_messages_tokens, estimate_prompt_tokens
@@ -36,7 +36,6 @@ MAX_TIMEOUT_S = 7 * 24 * 3600
 #: Shortest timeout, seconds: deadlines are kept in integer milliseconds.
 MIN_TIMEOUT_S = 0.001
 #: Longest route, class name, tenant or key echoed back in a refusal, characters.
-_SHOW_CHARS = 80
 #: The arguments a submission may carry (``Client.submit`` passes them through).
 #: A session hint: printable ASCII without spaces, 1-128 characters.
 SESSION_RE = re.compile(r"[\x21-\x7e]{1,128}")
@@ -136,11 +135,11 @@ def build_request(
     if max_tokens is None:
         max_tokens = default_max_tokens(settings.default_max_tokens, prompt_tokens, specs)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
-        raise InvalidRequest("max_tokens", f"must be an integer, got {_show(max_tokens)}")
+        raise InvalidRequest("max_tokens", f"must be an integer, got {shown(max_tokens)}")
     check_context(max_tokens, prompt_tokens, specs, route.text)
     timeout_s, deadline_at = _deadline(cls, timeout, deadline, now)
     if not isinstance(stream, bool):
-        raise InvalidRequest("stream", f"must be true or false, got {_show(stream)}")
+        raise InvalidRequest("stream", f"must be true or false, got {shown(stream)}")
     block_tokens = settings.prefix_block_tokens(route.text)
     chain = _prefix_chain(settings, payload, block_tokens, prefix_hashes, session)
     try:
@@ -169,7 +168,7 @@ def _now(now: Any) -> float:
     if now is None:
         return time.time()
     if isinstance(now, bool) or not isinstance(now, int | float) or not _finite(now) or now <= 0:
-        raise InvalidRequest("now", f"must be positive epoch seconds, got {_show(now)}")
+        raise InvalidRequest("now", f"must be positive epoch seconds, got {shown(now)}")
     return float(now)
 
 
@@ -181,21 +180,21 @@ def _priority(settings: Settings, value: Any) -> PriorityClass:
         )
     if isinstance(value, int) and not 0 <= value < len(settings.classes):
         raise UnknownPriorityClass(
-            "priority", f"level {_show(value)} is outside 0..{len(settings.classes) - 1}"
+            "priority", f"level {shown(value)} is outside 0..{len(settings.classes) - 1}"
         )
     level_text = isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 9
     if isinstance(value, str) and value not in settings.class_by_name and not level_text:
         known = ", ".join(settings.class_by_name)
-        raise UnknownPriorityClass("priority", f"unknown class {_show(value)} (known: {known})")
+        raise UnknownPriorityClass("priority", f"unknown class {shown(value)} (known: {known})")
     return settings.priority_class(value)
 
 
 def _model(model: Any) -> Any:
     """Refuse route text no model name or size could be, before it is echoed or parsed."""
-    if isinstance(model, str) and (len(model) > 2 * _SHOW_CHARS or not model.isascii()):
+    if isinstance(model, str) and (len(model) > 2 * SHOW_CHARS or not model.isascii()):
         raise InvalidRequest(
             "model",
-            f"{_show(model)} is neither a model name (ASCII letters, digits, '.', '_', '-', "
+            f"{shown(model)} is neither a model name (ASCII letters, digits, '.', '_', '-', "
             "at most 64) nor a size requirement like '>=13b'",
         )
     return model
@@ -305,7 +304,7 @@ def _check_one_answer(params: Mapping[str, Any]) -> None:
         raise InvalidRequest(
             f"params.{name}",
             f"must be 1 (one answer per request; submit several requests instead), "
-            f"got {_show(value)}",
+            f"got {shown(value)}",
         )
 
 
@@ -344,7 +343,7 @@ def _prefix_chain(
         _check_str("session", session)
         if not SESSION_RE.fullmatch(session):
             raise InvalidRequest(
-                "session", f"must be 1-128 printable characters, got {_show(session)}"
+                "session", f"must be 1-128 printable characters, got {shown(session)}"
             )
     if given is not None:
         if session is not None:
@@ -369,32 +368,32 @@ def _deadline(cls: PriorityClass, timeout: Any, deadline: Any, now: float) -> tu
         raise InvalidRequest("timeout", "give timeout or deadline, not both")
     if deadline is not None:
         if isinstance(deadline, bool) or not isinstance(deadline, int | float):
-            raise InvalidRequest("deadline", f"must be epoch seconds, got {_show(deadline)}")
+            raise InvalidRequest("deadline", f"must be epoch seconds, got {shown(deadline)}")
         if not _finite(deadline) or deadline <= now:
             raise InvalidRequest(
-                "deadline", f"{_show(deadline)} is not in the future (now {now:.3f})"
+                "deadline", f"{shown(deadline)} is not in the future (now {now:.3f})"
             )
         if deadline > now + MAX_TIMEOUT_S:  # (no subtraction: an int may not fit a float)
             raise InvalidRequest(
                 "deadline",
-                f"{_show(deadline)} is more than {MAX_TIMEOUT_S} s (7 days) after now ({now:.3f})",
+                f"{shown(deadline)} is more than {MAX_TIMEOUT_S} s (7 days) after now ({now:.3f})",
             )
         return deadline - now, float(deadline)
     if timeout is None:
         timeout = cls.timeout_s
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        raise InvalidRequest("timeout", f"must be a number of seconds, got {_show(timeout)}")
+        raise InvalidRequest("timeout", f"must be a number of seconds, got {shown(timeout)}")
     if not _finite(timeout) or timeout <= 0:
         raise InvalidRequest(
-            "timeout", f"must be a positive number of seconds, got {_show(timeout)}"
+            "timeout", f"must be a positive number of seconds, got {shown(timeout)}"
         )
     if timeout < MIN_TIMEOUT_S:
         raise InvalidRequest(
-            "timeout", f"{_show(timeout)} s is below {MIN_TIMEOUT_S} s (deadlines are in ms)"
+            "timeout", f"{shown(timeout)} s is below {MIN_TIMEOUT_S} s (deadlines are in ms)"
         )
     if timeout > MAX_TIMEOUT_S:
         raise InvalidRequest(
-            "timeout", f"{_show(timeout)} s exceeds the limit of {MAX_TIMEOUT_S} s (7 days)"
+            "timeout", f"{shown(timeout)} s exceeds the limit of {MAX_TIMEOUT_S} s (7 days)"
         )
     return float(timeout), now + float(timeout)
 
@@ -404,20 +403,10 @@ def _finite(value: int | float) -> bool:
     return isinstance(value, int) or math.isfinite(value)
 
 
-def _show(value: Any) -> str:
-    """A short, one-line repr of a caller's value for an error message."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**18:
-        return f"an integer of {value.bit_length()} bits"
-    if isinstance(value, str | bytes) and len(value) > _SHOW_CHARS:
-        return f"{value[:_SHOW_CHARS]!r}... ({len(value)} characters)"
-    text = repr(value) if isinstance(value, str | bytes | int | float) else type(value).__name__
-    return text if len(text) <= _SHOW_CHARS else f"{text[:_SHOW_CHARS]}..."
-
-
 def _show_name(name: str) -> str:
     """A field name as given, made safe to print on one line."""
-    shown = _show(name)
-    return shown[1:-1] if shown.startswith("'") and shown.endswith("'") else shown
+    text = shown(name)
+    return text[1:-1] if text.startswith("'") and text.endswith("'") else text
 
 
 def _invalid(exc: ValidationError, prefix: str | None = None) -> InvalidRequest:
@@ -429,5 +418,5 @@ def _invalid(exc: ValidationError, prefix: str | None = None) -> InvalidRequest:
     msg = err["msg"]
     if err["type"] == "string_pattern_mismatch":
         pattern = err.get("ctx", {}).get("pattern", "")
-        msg = f"{_show(err.get('input'))} does not match the pattern {pattern}"
+        msg = f"{shown(err.get('input'))} does not match the pattern {pattern}"
     return InvalidRequest(field, msg)

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from inferq import defaults
-from inferq.errors import InvalidRequest
+from inferq.errors import InvalidRequest, shown
 
 #: Block hashes are integers in ``[0, 2**63)`` (they fit a signed 64-bit integer).
 HASH_LIMIT = 1 << 63
@@ -129,7 +129,7 @@ def check_chain(
         raise InvalidRequest(field, f"has {len(value)} blocks, at most {max_blocks}")
     for i, h in enumerate(value):
         if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < HASH_LIMIT:
-            raise InvalidRequest(field, f"[{i}] must be an integer in [0, 2**63), got {h!r}")
+            raise InvalidRequest(field, f"[{i}] must be an integer in [0, 2**63), got {shown(h)}")
     return tuple(value)
 
 

@@ -64,6 +64,7 @@ def test_a_bad_stored_chain_is_refused(text: str) -> None:
         ([-1], "[0] must be an integer"),
         ([1 << 63], "[0] must be an integer"),
         (list(range(513)), "has 513 blocks, at most 512"),
+        (["y" * 10_000], "got 'yyyyy"),  # shown cut short, not echoed whole
     ],
 )
 def test_a_caller_s_chain_is_checked(value: object, words: str) -> None:
@@ -71,6 +72,7 @@ def test_a_caller_s_chain_is_checked(value: object, words: str) -> None:
         prefix.check_chain(value)
     assert err.value.field == "prefix_hashes"
     assert words in err.value.reason
+    assert len(err.value.reason) < 200
 
 
 def test_trace_block_ids_are_chained() -> None:
