@@ -111,7 +111,13 @@ def test_a_killed_gateways_streams_are_cancelled_when_its_lease_lapses(
         "POST", f"{root}/v1/chat/completions", json=body, headers=headers, timeout=30
     ) as response:
         assert response.status_code == 200
-        line = next(line for line in response.iter_lines() if line.startswith("data: "))
+        # Hold the line iterator until the kill: a generator expression dropped after its
+        # first item is closed, which closed the stream, so the live gateway saw its client
+        # leave and cancelled the request itself ("by the caller"), racing the kill.
+        lines = response.iter_lines()
+        line = next(lines)
+        while not line.startswith("data: "):
+            line = next(lines)
         rid = json.loads(line.removeprefix("data: "))["id"].removeprefix("chatcmpl-")
         record = store.record(rid)
         assert record.state.value == "running"
