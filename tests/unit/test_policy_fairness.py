@@ -12,6 +12,7 @@ from inferq.config import Settings
 from inferq.policy.fairness import (
     VirtualTokenCounter,
     lift_new_tenants,
+    lift_tenants,
     name_hash,
     overdue_s,
     swrr_charge,
@@ -101,6 +102,59 @@ def test_lift_uses_weighted_counters() -> None:
     weights = {"a": 2.0, "new": 4.0}
     lifted = lift_new_tenants({"a": 600.0}, {"a"}, {"a", "new"}, lambda t: weights[t])
     assert lifted == {"new": 1200.0}  # 600/2 = 300 per weight unit, x4
+
+
+# --- newcomers as one group (issue 24) -------------------------------------------------
+
+tenant_names = st.text("abcdefgh", min_size=1, max_size=3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    old=st.dictionaries(tenant_names, st.floats(0, 1e6), max_size=5),
+    fresh=st.dictionaries(
+        tenant_names.map(lambda t: "new-" + t),
+        st.tuples(st.floats(0, 100), st.floats(0, 1e4)),
+        max_size=6,
+    ),
+    waiting=st.dictionaries(tenant_names.map(lambda t: "wait-" + t), st.floats(0, 1e6), max_size=3),
+    weights=st.dictionaries(tenant_names, st.floats(0.5, 4), max_size=5),
+)
+def test_newcomers_are_stacked_by_finish_tags_and_others_lifted_as_before(
+    old: dict[str, float],
+    fresh: dict[str, tuple[float, float]],
+    waiting: dict[str, float],
+    weights: dict[str, float],
+) -> None:
+    def weight(t: str) -> float:
+        return weights.get(t.split("-")[-1], 1.0)
+
+    active = set(old)  # established tenants, backlogged before and still
+    backlogged = active | set(fresh) | set(waiting)
+    counters = {**old, **{t: 0.0 for t in waiting}}  # a waiting newcomer has a counter
+    lifted, tags = lift_tenants(counters, active, backlogged, weight, waiting, fresh)
+    plain = lift_new_tenants(counters, active, backlogged, weight)
+    # a tenant with a counter is lifted exactly as VTC's lift has it
+    mine = {t: v for t, v in lifted.items() if t in counters}
+    assert mine == {t: v for t, v in plain.items() if t in counters}
+    # newcomers, in arrival order, each start at or after the previous finish tag
+    order = sorted(fresh, key=lambda t: (fresh[t][0], name_hash(t)))
+    assert list(tags) == order
+    floor = min((old[t] / weight(t) for t in active), default=0.0)
+    previous = max(waiting.values(), default=0.0)
+    for t in order:
+        start = lifted.get(t, 0.0) / weight(t)
+        assert start == pytest.approx(max(floor, previous))
+        assert tags[t] == pytest.approx(start + fresh[t][1] / weight(t))
+        previous = tags[t]
+
+
+def test_one_newcomer_with_nobody_waiting_is_lifted_as_before() -> None:
+    counters = {"a": 700.0}
+    first = {"new": (1.0, 500.0)}
+    lifted, tags = lift_tenants(counters, {"a"}, {"a", "new"}, one, {}, first)
+    assert lifted == lift_new_tenants(counters, {"a"}, {"a", "new"}, one) == {"new": 700.0}
+    assert tags == {"new": 1200.0}
 
 
 def test_vtc_serves_lowest_then_follows_charges() -> None:

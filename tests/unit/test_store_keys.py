@@ -38,6 +38,7 @@ def test_every_key_is_under_the_prefix() -> None:
         k.fair_vtc("batch"),
         k.fair_live("batch"),
         k.fair_seen("batch"),
+        k.fair_new("batch"),
         k.tenant_queue("batch", "m", "t"),
         k.tenant_index("batch", "m"),
         k.estimates_seen,

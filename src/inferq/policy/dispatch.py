@@ -52,7 +52,7 @@ from inferq.policy.batching import OpenBatch, held_back
 from inferq.policy.estimate import estimate_output_tokens
 from inferq.policy.fairness import (
     VirtualTokenCounter,
-    lift_new_tenants,
+    lift_tenants,
     swrr_charge,
     swrr_winner,
     vtc_cost,
@@ -142,6 +142,7 @@ class _Run:
         self.delta: dict[str, dict[str, float]] = {}
         self.floor: dict[str, dict[str, float]] = {}
         self.active: dict[str, frozenset[str]] = {}
+        self.newcomer_tags: dict[str, dict[str, float]] = {}
         self.order: list[OpenBatch] = []
         #: prefix chains placed in this decision, by worker (unbounded: one decision)
         self.placed = PrefixIndex()
@@ -179,14 +180,28 @@ class _Run:
             r.tenant for r in queue
         }
         counters = fairness.tenant_counter.get(cls.name, {})
-        lifted = lift_new_tenants(
+        lifted, tags = lift_tenants(
             counters,
             fairness.active_tenants.get(cls.name, frozenset()),
             backlogged,
             self.policy.tenant_weight,
+            fairness.newcomers.get(cls.name, {}),
+            {
+                t: (
+                    its[0].req.submitted_at,
+                    vtc_cost(
+                        its[0].req.prompt_tokens,
+                        its[0].req.max_tokens,
+                        self.policy.vtc_output_weight,
+                    ),
+                )
+                for t, its in tenants.items()
+            },
         )
         if lifted:
             self.floor[cls.name] = lifted
+        if tags:
+            self.newcomer_tags[cls.name] = tags
         self.active[cls.name] = frozenset(backlogged)
         self.vtc[cls.name] = VirtualTokenCounter(
             {**counters, **lifted},
@@ -264,6 +279,7 @@ class _Run:
             tenant_counter_delta={c: d for c, d in self.delta.items() if d},
             tenant_counter_floor=self.floor,
             active_tenants=self.active,
+            newcomer_tags=self.newcomer_tags,
             reservations=self.urgency.unplaced(),
         )
 

@@ -48,15 +48,31 @@ Language Models", OSDI 2024)
     equals, every time (issue 24). A tenant that becomes active (backlogged now, not at
     the previous decision) is lifted to ``max(own, weight * min(counter / weight))``
     over the tenants that were active before and are still backlogged, so idle
-    time earns no credit. Counters of tenants that stay backlogged with
-    dispatchable work and start within one request's cost of each other stay
-    within it (the paper proves twice the largest cost for its server; the
-    property tests check that bound).
+    time earns no credit.
+
+    Counters of tenants that stay backlogged with dispatchable work and start within
+    one request's cost of each other stay within it (the paper proves twice the largest
+    cost for its server; the property tests check that bound).
+
+    Newcomers as one group (issue 24): a *newcomer* is a tenant with no counter in the
+    class (never seen, or folded after ``TENANT_IDLE_S`` idle). Lifted to the minimum,
+    every one of a crowd of newcomers (200 one-request tenants) tied at the floor and
+    went ahead of every established tenant: a returning tenant waited 59 s behind them
+    in the simulator's ``tenant-crowd`` scenario (its SLA: 10 s). So a newcomer starts
+    no lower than the *finish tag* of the newcomers still waiting for their first
+    dispatch (weighted fair queueing's start = max(virtual time, previous finish)):
+    each waiting newcomer's lifted virtual time plus its first request's charge at
+    max_tokens (``prompt + output_weight x max_tokens``, at least what it will be
+    charged) over its weight. A crowd then advances like one tenant sending requests of
+    that size, at most that tenant's share, and an established tenant waits behind
+    about one newcomer per turn; a newcomer arriving with no newcomer waiting is lifted
+    exactly as before. The price: honest newcomers arriving together share one share.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import zlib
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 
@@ -155,6 +171,46 @@ def lift_new_tenants(
         if value > counters.get(tenant, 0.0):
             lifted[tenant] = value
     return lifted
+
+
+def lift_tenants(
+    counters: Mapping[str, float],
+    previously_active: Iterable[str],
+    backlogged: Iterable[str],
+    weight: Callable[[str], float],
+    waiting: Mapping[str, float],
+    first: Mapping[str, tuple[float, float]],
+) -> tuple[dict[str, float], dict[str, float]]:
+    """VTC's lift (:func:`lift_new_tenants`) with newcomers as one group (module docstring).
+
+    Args:
+        counters / previously_active / backlogged / weight: as for
+            :func:`lift_new_tenants`.
+        waiting: newcomer -> finish tag (virtual time) of the newcomers still waiting for
+            their first dispatch, from earlier decisions.
+        first: tenant -> (submit time, epoch seconds; size, tokens: its VTC charge at
+            max_tokens, :func:`vtc_cost`) of its oldest queued request; newcomers are
+            stacked in that order (missing: last, size 0).
+
+    Returns:
+        ``(lifted, tags)``: tenant -> new counter (as :func:`lift_new_tenants`, only
+        rises), and newcomer -> finish tag for the newcomers lifted now (the caller
+        keeps them with ``waiting`` until each is charged or leaves the backlog).
+    """
+    lifted = lift_new_tenants(counters, previously_active, backlogged, weight)
+    before = set(previously_active)
+    fresh = [t for t in backlogged if t not in before and t not in counters and t not in waiting]
+    if not fresh:
+        return lifted, {}
+    tail = max(waiting.values(), default=0.0)
+    tags: dict[str, float] = {}
+    for tenant in sorted(fresh, key=lambda t: (first.get(t, (math.inf, 0.0))[0], name_hash(t))):
+        w = weight(tenant)
+        start = max(lifted.get(tenant, 0.0) / w, tail)
+        if start * w > counters.get(tenant, 0.0):
+            lifted[tenant] = start * w
+        tail = tags[tenant] = start + first.get(tenant, (0.0, 0.0))[1] / w
+    return lifted, tags
 
 
 def name_hash(tenant: str) -> int:

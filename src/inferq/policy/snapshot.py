@@ -93,11 +93,16 @@ class FairnessState:
         class_credit: class -> smooth weighted round-robin credit.
         tenant_counter: class -> tenant -> virtual token counter (VTC).
         active_tenants: class -> tenants that were backlogged at the last decision.
+        newcomers: class -> newcomer -> finish tag (virtual time) of the newcomers still
+            waiting for their first dispatch (:func:`~inferq.policy.fairness.lift_tenants`;
+            kept by the simulator; in Redis the queueing scripts keep their own,
+            ``fair:new:<class>``, as they do the lift).
     """
 
     class_credit: Mapping[str, float] = field(default_factory=dict)
     tenant_counter: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     active_tenants: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    newcomers: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +258,9 @@ class Decision:
         tenant_counter_floor: class -> tenant -> counter a newly active tenant is
             lifted to (set, before adding the delta).
         active_tenants: class -> tenants backlogged now (replace the stored sets).
+        newcomer_tags: class -> newcomer -> finish tag of the newcomers lifted now (add
+            to ``FairnessState.newcomers``; drop a newcomer once charged or no longer
+            backlogged).
         reservations: workers held for overdue requests still waiting after this
             decision (:mod:`~inferq.policy.preemption`): the caller reads what runs
             there and calls :func:`~inferq.policy.preemption.choose_victims`.
@@ -265,6 +273,7 @@ class Decision:
     tenant_counter_delta: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     tenant_counter_floor: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     active_tenants: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    newcomer_tags: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     reservations: tuple[Reservation, ...] = ()
 
 

@@ -261,6 +261,9 @@ class _Sim:
         self.credit: dict[str, float] = {}
         self.counters: dict[str, dict[str, float]] = {}
         self.active: dict[str, frozenset[str]] = {}
+        #: class -> newcomer -> finish tag, while it waits for its first dispatch
+        #: (``fair:new:<class>`` in Redis, :func:`~inferq.policy.fairness.lift_tenants`)
+        self.newcomers: dict[str, dict[str, float]] = {}
         self.estimates: dict[tuple[str, str], float] = {}
         # scaler inputs and state
         self.scaler_state = ScalerState()
@@ -484,6 +487,7 @@ class _Sim:
         if not counts[r.tenant]:
             del counts[r.tenant]
             self.backlog_dirty.add(r.priority)
+            self.newcomers.get(r.priority, {}).pop(r.tenant, None)  # left the backlog
 
     def _drop_stale_deadlines(self) -> None:
         heap = self.deadlines
@@ -550,7 +554,7 @@ class _Sim:
             now=self.now,
             queued=queued,
             workers=[w.view() for w in self.fleet],
-            fairness=FairnessState(self.credit, self.counters, self.active),
+            fairness=FairnessState(self.credit, self.counters, self.active, self.newcomers),
             backlogged_tenants=self.backlogged,
             output_estimates=self.estimates,
             scaler_pools=self.pools,
@@ -811,10 +815,14 @@ class _Sim:
         for cls, floors in d.tenant_counter_floor.items():
             if floors:
                 self.counters.setdefault(cls, {}).update(floors)
+        for cls, tags in d.newcomer_tags.items():
+            self.newcomers.setdefault(cls, {}).update(tags)
         for cls, deltas in d.tenant_counter_delta.items():
             counters = self.counters.setdefault(cls, {})
+            waiting = self.newcomers.get(cls, {})
             for tenant, delta in deltas.items():
                 counters[tenant] = counters.get(tenant, 0.0) + delta
+                waiting.pop(tenant, None)  # dispatched: no longer waiting for its first
         for cls, tenants in d.active_tenants.items():
             self.active[cls] = frozenset(tenants)
 

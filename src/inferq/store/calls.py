@@ -25,6 +25,7 @@ from inferq.models import (
     from_ms,
     to_ms,
 )
+from inferq.policy.fairness import vtc_cost
 from inferq.store.keys import Keys
 
 
@@ -235,6 +236,11 @@ def submit_call(
     held = budget_entries(settings, request)
     if held:
         argv += ["budgets", held]
+    # a newcomer's finish tag (includes/counts.lua): its VTC charge at max_tokens
+    argv += [
+        "fair_size",
+        vtc_cost(request.prompt_tokens, request.max_tokens, defaults.VTC_OUTPUT_WEIGHT),
+    ]
     keys_ = [
         keys.req(request.id),
         keys.tenant_queue(request.priority, request.route, request.tenant),

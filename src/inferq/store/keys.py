@@ -45,6 +45,7 @@ P fair:classes                  hash    class -> smooth-WRR credit
 P fair:vtc:<class>              zset    tenant -> virtual time (VTC counter / weight)
 P fair:live:<class>             zset    backlogged tenants -> virtual time (min = VTC lift)
 P fair:seen:<class>             zset    tenant -> last backlogged/served ms (idle ones folded)
+P fair:new:<class>              zset    newcomers not yet dispatched -> finish tag (VTC lift)
 P dead                          zset    dead-lettered ids, score = time ms
 P quarantine                    hash    corrupt key -> reason
 P quarantined:<key>             any     a corrupt record, renamed aside
@@ -209,6 +210,9 @@ class Keys:
 
     def fair_seen(self, priority: str) -> str:
         return f"{self.prefix}fair:seen:{priority}"
+
+    def fair_new(self, priority: str) -> str:
+        return f"{self.prefix}fair:new:{priority}"
 
     @property
     def dead(self) -> str:

@@ -8,7 +8,8 @@
 -- ever existed); fair:live:<class> mirrors the backlogged tenants' virtual time (see
 -- includes/counts.lua). A folded tenant that returns starts at 0 and is lifted to the
 -- lowest backlogged virtual time, as VTC lifts any returning tenant: only debt older than
--- idle_ms is forgotten.
+-- idle_ms is forgotten. fair:new:<class> (includes/counts.lua) loses a newcomer once it is
+-- charged, i.e. dispatched.
 -- include: clock
 local p, idle_ms, limit, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
@@ -23,6 +24,7 @@ for i = 5 + 2 * n, #ARGV, 3 do
   if redis.call('ZSCORE', p .. 'fair:live:' .. class, tenant) then
     redis.call('ZADD', p .. 'fair:live:' .. class, 'XX', v, tenant)
   end
+  redis.call('ZREM', p .. 'fair:new:' .. class, tenant)  -- dispatched: no newcomer now
   redis.call('ZADD', p .. 'fair:seen:' .. class, now, tenant)
 end
 local folded = 0

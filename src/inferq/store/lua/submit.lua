@@ -8,7 +8,9 @@
 --       (a ``budgets`` field is not written as given: its entries
 --       'name,day|month,tokens|usd,limit,soft limit ('' none),estimate,prompt rate,
 --       completion rate,gpu ms rate' are checked and held, see includes/budget.lua, and the hash keeps
---       'budget key,estimate,rates...' for finalize to settle)
+--       'budget key,estimate,rates...' for finalize to settle; a ``fair_size`` field, the
+--       request's VTC charge at max_tokens, is not written either: it sizes a newcomer's
+--       finish tag, see includes/counts.lua)
 -- Returns {'ok', id, submitted_ms, deadline_ms} | {'dup', existing_id}
 --       | {'conflict', existing_id} | {'full', 'class'|'tenant', limit}
 --       | {'budget', name, limit, resets_ms, used, period, unit}
@@ -27,9 +29,11 @@ local p, id, class, route, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local idem, fp = KEYS[3], ARGV[12]
 local caller = false
 local budgets = false
+local fair_size = 0
 for i = 13, #ARGV, 2 do
   if ARGV[i] == 'caller' then caller = ARGV[i + 1] end
   if ARGV[i] == 'budgets' then budgets = ARGV[i + 1] end
+  if ARGV[i] == 'fair_size' then fair_size = tonumber(ARGV[i + 1]) end
 end
 
 -- The duplicate's caller becomes `caller` (none: tied to no process) unless it is final.
@@ -102,6 +106,7 @@ local fields = {}
 for i = 13, #ARGV, 2 do
   if ARGV[i] == 'payload' then
     redis.call('SET', k_payload(p, id), ARGV[i + 1])
+  elseif ARGV[i] == 'fair_size' then  -- a newcomer's VTC finish tag (includes/counts.lua)
   elseif ARGV[i] == 'budgets' then
     if #kept > 0 then
       fields[#fields + 1] = 'budgets'
@@ -119,7 +124,7 @@ queue_add(p, class, route, tenant, id, now)
 if caller then redis.call('SADD', k_caller(p, caller), id) end
 redis.call('SADD', p .. 'queues', class .. '|' .. route)
 redis.call('ZADD', p .. 'deadlines', deadline, id)
-count_queued(p, class, tenant, 1)
+count_queued(p, class, tenant, 1, false, fair_size)
 if idem then
   redis.call('DEL', idem)
   redis.call('HSET', idem, 'id', id, 'fp', fp)

@@ -4,16 +4,30 @@
 -- Invariant: c:<class> and t:<class>:<tenant> equal the queued requests they name;
 -- fair:live:<class> holds exactly the tenants with a queued request in the class, each
 -- scored by its virtual time (= fair:vtc:<class>); every fair:vtc entry has a
--- fair:seen entry (last time the tenant was backlogged or served).
+-- fair:seen entry (last time the tenant was backlogged or served); fair:new:<class> holds
+-- only backlogged newcomers not yet dispatched, each scored by its finish tag.
 
 -- A tenant becomes backlogged in a class: VTC's counter lift (Sheng et al., OSDI'24):
 -- its virtual time rises to the lowest of the tenants already backlogged, so idle time
 -- banks no credit; a tenant served more than them keeps its own (higher) counter.
 -- Virtual time = counter / tenant weight, so the lift needs no weights.
-local function vtc_activate(p, class, tenant)
-  local own = tonumber(redis.call('ZSCORE', p .. 'fair:vtc:' .. class, tenant) or '0')
+-- A newcomer (no virtual time in the class: never seen, or folded) also starts no lower
+-- than the last finish tag of the newcomers still waiting for their first dispatch, and
+-- leaves its own, start + `size` (its request's VTC charge at max_tokens; 0 unknown), in
+-- fair:new:<class>: a crowd of one-off tenants advances as one tenant would, instead of
+-- all of them tying at the floor ahead of every established tenant (issue 24; the same
+-- rule as inferq.policy.fairness.lift_tenants, at weight 1: the scripts know no weights).
+local function vtc_activate(p, class, tenant, size)
+  local seen = redis.call('ZSCORE', p .. 'fair:vtc:' .. class, tenant)
+  local own = tonumber(seen or '0')
   local low = redis.call('ZRANGE', p .. 'fair:live:' .. class, 0, 0, 'WITHSCORES')
   if low[2] and tonumber(low[2]) > own then own = tonumber(low[2]) end
+  if not seen then
+    local new = p .. 'fair:new:' .. class
+    local last = redis.call('ZRANGE', new, -1, -1, 'WITHSCORES')
+    if last[2] and tonumber(last[2]) > own then own = tonumber(last[2]) end
+    redis.call('ZADD', new, own + (tonumber(size) or 0), tenant)
+  end
   redis.call('ZADD', p .. 'fair:vtc:' .. class, own, tenant)
   redis.call('ZADD', p .. 'fair:live:' .. class, own, tenant)
   redis.call('ZADD', p .. 'fair:seen:' .. class, now_ms(), tenant)
@@ -47,12 +61,14 @@ end
 -- requeued: the request was queued before (a preemption, a retry): its tenant is no new
 -- arrival (its request was running, not idle), so it keeps its own counter, unlifted,
 -- unless that counter was folded meanwhile (then it is lifted as any returning tenant).
-local function count_queued(p, class, tenant, delta, requeued)
+-- size: the queued request's prompt + max_tokens (a newcomer's finish tag; nil: 0).
+local function count_queued(p, class, tenant, delta, requeued, size)
   redis.call('HINCRBY', p .. 'counts', 'c:' .. class, delta)
   local left = redis.call('HINCRBY', p .. 'counts', 't:' .. class .. ':' .. tenant, delta)
   if left <= 0 then
     redis.call('HDEL', p .. 'counts', 't:' .. class .. ':' .. tenant)
     redis.call('ZREM', p .. 'fair:live:' .. class, tenant)
+    redis.call('ZREM', p .. 'fair:new:' .. class, tenant)
     redis.call('ZADD', p .. 'fair:seen:' .. class, now_ms(), tenant)
   elseif left == delta then
     local own = requeued and redis.call('ZSCORE', p .. 'fair:vtc:' .. class, tenant)
@@ -60,7 +76,7 @@ local function count_queued(p, class, tenant, delta, requeued)
       redis.call('ZADD', p .. 'fair:live:' .. class, own, tenant)
       redis.call('ZADD', p .. 'fair:seen:' .. class, now_ms(), tenant)
     else
-      vtc_activate(p, class, tenant)
+      vtc_activate(p, class, tenant, size)
     end
   end
 end
