@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from inferq import prefix
+from inferq import prefix, tools
 from inferq.config import PriorityClass, Settings
 from inferq.errors import InvalidRequest, UnknownPriorityClass
 from inferq.ids import new_id
@@ -25,12 +25,15 @@ from inferq.models import ChatMessage, InferenceRequest, Payload
 from inferq.policy.estimate import estimate_messages_tokens, estimate_prompt_tokens
 from inferq.routes import check_context, check_known, default_max_tokens, parse_route
 
-#: Largest JSON encoding of generation parameters, bytes.
+#: Largest JSON encoding of generation parameters, bytes, ``tools`` left out (they have
+#: their own limit, :data:`inferq.tools.MAX_TOOLS_BYTES`).
 MAX_PARAMS_BYTES = 16 * 1024
 #: Deepest nesting of generation parameters (OpenAI-style params nest 2-3 levels:
 #: ``{"response_format": {"json_schema": {...}}}``); deeper input is refused before
 #: encoding, so no recursion limit is ever hit.
 MAX_PARAMS_DEPTH = 32
+#: Most values (JSON nodes) in ``params``: each costs at least one byte of JSON.
+MAX_VALUES = MAX_PARAMS_BYTES + tools.MAX_TOOLS_BYTES
 #: Longest timeout, and farthest deadline, seconds (7 days).
 MAX_TIMEOUT_S = 7 * 24 * 3600
 #: Shortest timeout, seconds: deadlines are kept in integer milliseconds.
@@ -106,7 +109,11 @@ def build_request(
         idempotency_key: resubmitting the same request under this key (same
             tenant) returns the first id while its record lives; another request
             under it is refused (IdempotencyConflict, at submit).
-        params: sampling parameters passed to the model server (JSON, <= 16 KiB).
+        params: sampling parameters passed to the model server (JSON, <= 16 KiB
+            besides ``tools``, <= 64 KiB); OpenAI's ``tools``, ``tool_choice``,
+            ``parallel_tool_calls`` and ``response_format`` among them are checked for
+            OpenAI's shapes (:mod:`inferq.tools`), and the tools' JSON counts in the
+            prompt's tokens (the server renders it into the prompt).
         stream: publish the output chunk by chunk while it is generated (read it with
             ``handle.stream()``); a bool.
         prefix_hashes: the chain of the prompt's block hashes, when the caller computed
@@ -276,9 +283,12 @@ def _params_json(params: Mapping[str, Any] | None) -> str:
         raise InvalidRequest("params", f"must be a mapping, got {type(params).__name__}")
     _check_shape(params)
     _check_one_answer(params)
+    tools.check_tools(params)
     try:
         text = json.dumps(dict(params), allow_nan=False, ensure_ascii=False)
         size = len(text.encode("utf-8"))
+        if params.get("tools") is not None:
+            size -= tools.tools_bytes(params["tools"])
     except UnicodeEncodeError as exc:
         raise InvalidRequest("params", f"is not valid Unicode: {exc.reason}") from None
     except (TypeError, ValueError) as exc:
@@ -320,9 +330,9 @@ def _check_shape(params: Mapping[str, Any]) -> None:
             raise InvalidRequest(
                 "params", f"nested deeper than the limit of {MAX_PARAMS_DEPTH} levels"
             )
-        if nodes > MAX_PARAMS_BYTES:  # every value costs at least one byte of JSON
+        if nodes > MAX_VALUES:  # every value costs at least one byte of JSON
             raise InvalidRequest(
-                "params", f"more than {MAX_PARAMS_BYTES} values exceeds the JSON size limit"
+                "params", f"more than {MAX_VALUES} values exceeds the JSON size limit"
             )
         if isinstance(value, Mapping):
             stack.extend((v, depth + 1) for v in value.values())
@@ -358,10 +368,19 @@ def _prefix_chain(
 
 
 def _prompt_tokens(settings: Settings, payload: Payload) -> int:
+    """The prompt's estimated tokens: its text, and for a chat the tools' JSON and the
+    tool calls of its assistant messages, which the server renders into the prompt."""
+    cpt = settings.chars_per_token
     if payload.messages is not None:
-        return estimate_messages_tokens(payload.messages, settings.chars_per_token)
+        calls = "".join(
+            c.function.name + c.function.arguments
+            for m in payload.messages
+            for c in m.tool_calls or ()
+        )
+        extra = tools.tools_text(payload.params) + calls
+        return estimate_messages_tokens(payload.messages, cpt) + estimate_prompt_tokens(extra, cpt)
     assert payload.prompt is not None
-    return estimate_prompt_tokens(payload.prompt, settings.chars_per_token)
+    return estimate_prompt_tokens(payload.prompt, cpt)
 
 
 def _deadline(cls: PriorityClass, timeout: Any, deadline: Any, now: float) -> tuple[float, float]:
