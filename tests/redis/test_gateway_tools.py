@@ -263,9 +263,7 @@ def test_bad_tools_and_n_are_refused_naming_the_field(
     client: openai.OpenAI, fields: dict[str, Any], param: str, says: str
 ) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.create(
-            model=MODEL, messages=ASK, max_tokens=5, extra_body=fields
-        )
+        client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=5, extra_body=fields)
     error = refused.value.body
     assert isinstance(error, dict)
     assert refused.value.status_code == 400 and error["param"] == param, error
