@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from inferq import prefix, tools
+from inferq import defaults, prefix, tokens, tools
 from inferq.config import PriorityClass, Settings
 from inferq.errors import InvalidRequest, UnknownPriorityClass
 from inferq.ids import new_id
@@ -139,12 +139,14 @@ def build_request(
     _check_str("tenant", tenant)
     _check_str("idempotency_key", idempotency_key, optional=True)
     payload = _payload(settings, prompt, messages, params)
-    prompt_tokens = _prompt_tokens(settings, payload)
+    tokenizer = tokens.tokenizer_for(specs)
+    prompt_tokens = _prompt_tokens(settings, payload, tokenizer)
     if max_tokens is None:
         max_tokens = default_max_tokens(settings.default_max_tokens, prompt_tokens, specs)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
         raise InvalidRequest("max_tokens", f"must be an integer, got {_show(max_tokens)}")
-    check_context(max_tokens, prompt_tokens, specs, route.text)
+    counted_by = tokenizer.model if tokenizer is not None else None
+    check_context(max_tokens, prompt_tokens, specs, route.text, counted_by=counted_by)
     timeout_s, deadline_at = _deadline(cls, timeout, deadline, now)
     if not isinstance(stream, bool):
         raise InvalidRequest("stream", f"must be true or false, got {_show(stream)}")
@@ -367,10 +369,26 @@ def _prefix_chain(
     return prefix.text_chain(text, block_tokens, settings.chars_per_token, session=session)
 
 
-def _prompt_tokens(settings: Settings, payload: Payload) -> int:
-    """The prompt's estimated tokens: its text, and for a chat the tools' JSON and the
-    tool calls of its assistant messages, which the server renders into the prompt."""
+def _prompt_tokens(
+    settings: Settings, payload: Payload, tokenizer: tokens.ModelTokenizer | None = None
+) -> int:
+    """The prompt's tokens: its text, and for a chat the tools' JSON and the tool calls
+    of its assistant messages, which the server renders into the prompt. Counted by the
+    model's ``tokenizer`` when given (a chat's template markers estimated at
+    ``TOKENS_PER_MESSAGE`` a message), else estimated."""
     cpt = settings.chars_per_token
+    if tokenizer is not None:
+        if payload.messages is None:
+            assert payload.prompt is not None
+            return max(1, tokenizer.count(payload.prompt))
+        texts = [m.content for m in payload.messages] + [tools.tools_text(payload.params)]
+        texts += [
+            c.function.name + c.function.arguments
+            for m in payload.messages
+            for c in m.tool_calls or ()
+        ]
+        overhead = defaults.TOKENS_PER_MESSAGE * len(payload.messages)
+        return sum(tokenizer.count(t) for t in texts if t) + overhead
     if payload.messages is not None:
         calls = "".join(
             c.function.name + c.function.arguments

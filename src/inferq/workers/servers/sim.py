@@ -229,9 +229,7 @@ class SimServer(ModelServer):
         function = tool.get("function") or {}
         name = str(function.get("name", ""))
         properties = (function.get("parameters") or {}).get("properties") or {}
-        arguments = json.dumps(
-            {key: _sample_value(spec) for key, spec in properties.items()}
-        )
+        arguments = json.dumps({key: _sample_value(spec) for key, spec in properties.items()})
         call_id = f"call_{request.id}"
         tokens = max(1, min(request.max_tokens, math.ceil(len(arguments) / 4)))
         await self._pause(decode_s * self.time_scale)
