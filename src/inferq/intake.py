@@ -238,6 +238,12 @@ def _payload(
     if messages is not None and (isinstance(messages, str | bytes) or not messages):
         raise InvalidRequest("messages", "must be a non-empty list of {role, content}")
     params_json = _params_json(params)
+    if prompt is not None and params is not None:
+        for name in ("tools", "tool_choice", "parallel_tool_calls"):
+            if params.get(name) is not None:
+                raise InvalidRequest(
+                    f"params.{name}", "only chat messages take tools, not a prompt"
+                )
     try:
         payload = Payload(prompt=prompt, messages=messages, params=json.loads(params_json))
     except ValidationError as exc:

@@ -21,6 +21,7 @@ from inferq.intake import MAX_PARAMS_BYTES
 from inferq.store import Store
 from inferq.tools import MAX_TOOLS, MAX_TOOLS_BYTES
 
+from ..helpers import wait_for
 from .fleet import Fleet
 from .gateway_server import GatewayServer
 
@@ -286,3 +287,57 @@ def test_the_tools_limit_is_apart_from_the_other_parameters(client: openai.OpenA
     plain = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=1)
     assert chat.usage is not None and plain.usage is not None
     assert chat.usage.prompt_tokens > plain.usage.prompt_tokens + 32_000 // 8
+
+
+def test_a_failed_choice_fails_the_body(client: openai.OpenAI) -> None:
+    """The model server refuses every choice (the sim's 400 for a bad parameter): one
+    400 with the server's message, not a partial answer."""
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(
+                model=MODEL,
+                messages=ASK,
+                n=3,
+                max_tokens=4,
+                stream=stream,
+                extra_body={"sim_output_tokens": -1},
+            )
+        assert refused.value.code == "rejected_by_model_server"
+        assert "sim_output_tokens must be an integer >= 0" in refused.value.message
+
+
+def test_tools_with_a_prompt_are_refused(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(
+            model=MODEL, prompt="Once", max_tokens=3, extra_body={"tools": [WEATHER]}
+        )
+    assert refused.value.param == "tools"
+    assert "only chat messages take tools" in refused.value.message
+
+
+def test_closing_an_n_stream_cancels_every_choice(
+    fast_settings: Settings, fleet: Fleet, redis_client: Any
+) -> None:
+    fleet.worker("slow", time_scale=20.0)  # 200 tokens: seconds of decoding
+    store = Store(redis_client, fast_settings)
+    with GatewayServer(fast_settings, None) as gateway:
+        client = openai.OpenAI(base_url=gateway.url, api_key="x", max_retries=0, timeout=30)
+        stream = client.chat.completions.create(
+            model=MODEL,
+            messages=ASK,
+            n=3,
+            max_tokens=200,
+            stream=True,
+            extra_body={"sim_output_tokens": 200},
+        )
+        chunks = iter(stream)
+        next(chunks)
+        next(chunks)
+        stream.close()
+        keys = list(redis_client.scan_iter(store.keys.req("*")))
+        assert len(keys) == 3
+
+        def states() -> list[str]:
+            return sorted(redis_client.hget(k, "state") for k in keys)
+
+        wait_for(lambda: states() == ["cancelled"] * 3, what="every choice cancelled", timeout=10)

@@ -426,9 +426,7 @@ class Gateway:
             )
         ids = [h.id for h in handles]
         try:
-            results = await self._unless_disconnected(
-                request, asyncio.gather(*(self.aclient.result(i) for i in ids)), ids
-            )
+            results = await self._unless_disconnected(request, self._results(ids), ids)
         except Disconnected:
             return Response(status_code=499)
         for result in results:
@@ -441,6 +439,25 @@ class Gateway:
             200,
             api.completion_body(sub, ids[0], results, inferq_request.max_tokens, created),
         )
+
+    async def _results(self, ids: list[str]) -> list[Result]:
+        """The results of a body's choices, in order; or, as soon as one did not succeed,
+        that one alone, the others cancelled (nobody will read them)."""
+        reads = [asyncio.ensure_future(self.aclient.result(i)) for i in ids]
+        try:
+            for read in asyncio.as_completed(reads):
+                result = await read
+                if not result.ok:
+                    with anyio.CancelScope(shield=True):
+                        for request_id, other in zip(ids, reads, strict=True):
+                            if not other.done():
+                                await self._cancel_on_disconnect(request_id, disconnect=False)
+                    return [result]
+            return [read.result() for read in reads]
+        finally:
+            for read in reads:
+                read.cancel()
+            await asyncio.gather(*reads, return_exceptions=True)
 
     async def _submit_all(self, requests: list[InferenceRequest]) -> list[AsyncRequestHandle]:
         """Submit the requests of one body's choices, in order.
