@@ -13,6 +13,9 @@ events (streamed), ending ``data: [DONE]``. The first item is awaited before the
 response starts, so a request that expires in the queue gets a 504 and one that fails
 before its first token a 5xx, not an empty stream. When the HTTP client goes away the
 request is cancelled, a running one included (its worker aborts the model-server call).
+A body's ``n`` choices are ``n`` requests (see :class:`~inferq.gateway.openai_api.Submission`):
+answered together, streamed interleaved by choice index; one that fails fails the
+body and cancels the others.
 
 When the gateway process itself dies mid-answer (SIGKILL, OOM, a lost host) nobody is
 left to cancel: every replica holds a liveness lease in Redis (``P callers``, renewed
