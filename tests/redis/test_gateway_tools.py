@@ -106,14 +106,18 @@ def test_a_streamed_tool_call_arrives_in_openais_chunk_shape(client: openai.Open
         stream_options={"include_usage": True},
     )
     pieces: list[Any] = []
+    texts: list[str | None] = []
     finish = None
     usage = None
     for chunk in stream:
         usage = chunk.usage or usage
         for choice in chunk.choices:
             pieces += choice.delta.tool_calls or []
+            if choice.delta.tool_calls:
+                texts.append(choice.delta.content)
             finish = choice.finish_reason or finish
     assert finish == "tool_calls"
+    assert texts and all(t is None for t in texts)  # no text beside the calls, as OpenAI's
     assert usage is not None and usage.completion_tokens >= 1
     assert pieces[0].index == 0 and pieces[0].id and pieces[0].type == "function"
     assert pieces[0].function.name == "get_weather"
@@ -126,6 +130,7 @@ def test_a_streamed_tool_call_arrives_in_openais_chunk_shape(client: openai.Open
     ) as helper:
         final = helper.get_final_completion()
     [call] = final.choices[0].message.tool_calls or []
+    assert not final.choices[0].message.content
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "value", "days": 1}
 

@@ -586,8 +586,8 @@ def chunk_body(
         content: dict[str, Any] = {}
         if first:
             content["role"] = "assistant"
-        if delta is not None:
-            content["content"] = delta
+        if delta is not None:  # null beside tool calls when there is no text, as OpenAI's
+            content["content"] = delta if delta or not tool_calls else None
         if tool_calls:
             content["tool_calls"] = [piece.openai() for piece in tool_calls]
         choice: dict[str, Any] = {
