@@ -346,3 +346,23 @@ def test_closing_an_n_stream_cancels_every_choice(
             return sorted(redis_client.hget(k, "state") for k in keys)
 
         wait_for(lambda: states() == ["cancelled"] * 3, what="every choice cancelled", timeout=10)
+
+
+def test_a_rate_limit_counts_the_tokens_of_every_choice(
+    fast_settings: Settings, fleet: Fleet, tmp_path: Path
+) -> None:
+    fleet.worker("w1", time_scale=0.0)
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[keys."sk-t"]\ntenant = "t"\ntokens_per_minute = 200\n')
+    with GatewayServer(fast_settings, keys) as gateway:
+        client = openai.OpenAI(base_url=gateway.url, api_key="sk-t", max_retries=0, timeout=30)
+        one = client.chat.completions.create(
+            model=MODEL, messages=ASK, max_tokens=60, extra_body={"sim_output_tokens": 1}
+        )
+        assert one.usage is not None
+        cost = one.usage.prompt_tokens + 60
+        assert 2 * cost <= 200 < 4 * cost  # one more choice fits the minute, three do not
+        with pytest.raises(openai.RateLimitError) as limited:
+            client.chat.completions.create(model=MODEL, messages=ASK, n=3, max_tokens=60)
+        assert limited.value.code == "rate_limit_exceeded"
+        assert "200 tokens per minute" in limited.value.message
