@@ -253,11 +253,17 @@ class Payload(BaseModel):
         return self
 
     def text(self) -> str:
-        """All input text, concatenated (for size limits and token estimates)."""
+        """All input text, concatenated (for size limits): the prompt, or the messages'
+        contents and the names and arguments of their tool calls."""
         if self.prompt is not None:
             return self.prompt
         assert self.messages is not None
-        return "\n".join(m.content for m in self.messages)
+        calls = [
+            c.function.name + c.function.arguments
+            for m in self.messages
+            for c in m.tool_calls or ()
+        ]
+        return "\n".join([*(m.content for m in self.messages), *calls])
 
 
 class InferenceRequest(BaseModel):
