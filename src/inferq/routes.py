@@ -130,6 +130,8 @@ def check_context(
     prompt_tokens: int,
     specs: Sequence[ModelSpec],
     route: str,
+    *,
+    counted_by: str | None = None,
 ) -> None:
     """Refuse a submission no model of its route could ever hold: the intake rule.
 
@@ -145,14 +147,18 @@ def check_context(
         prompt_tokens: the prompt's (estimated) tokens.
         specs: the models serving the route (:func:`check_known`), non-empty.
         route: the route's text, for the message.
+        counted_by: the model whose tokenizer counted ``prompt_tokens`` (the message
+            says so); None: an estimate (the message says that).
 
     Raises:
         InvalidRequest: field ``max_tokens`` out of 1..the max context, naming the limit.
         ContextLengthExceeded: field ``prompt`` when the prompt alone fills the context,
-            ``max_tokens`` when the two together overflow it; the message says the
-            prompt's count is an estimate.
+            ``max_tokens`` when the two together overflow it; the message says whether
+            the prompt's count is an estimate or the model's tokenizer's.
     """
     max_context = max(s.max_context for s in specs)
+    how = ESTIMATED if counted_by is None else f"counted with {counted_by}'s tokenizer"
+    about = "~" if counted_by is None else ""
     if not 1 <= max_tokens <= max_context:
         shown = (
             repr(max_tokens)
@@ -165,12 +171,12 @@ def check_context(
     if prompt_tokens >= max_context:  # no max_tokens could fit: the prompt is to blame
         raise ContextLengthExceeded(
             "prompt",
-            f"~{prompt_tokens} tokens ({ESTIMATED}) leave no room for output in the max "
+            f"{about}{prompt_tokens} tokens ({how}) leave no room for output in the max "
             f"context of {route} ({max_context} tokens)",
         )
     if prompt_tokens + max_tokens > max_context:
         raise ContextLengthExceeded(
             "max_tokens",
-            f"prompt (~{prompt_tokens} tokens, {ESTIMATED}) + max_tokens {max_tokens} "
+            f"prompt ({about}{prompt_tokens} tokens, {how}) + max_tokens {max_tokens} "
             f"exceeds the max context of {route} ({max_context} tokens)",
         )

@@ -26,6 +26,11 @@ before ``mode`` and ``fail_posts`` are looked at.
 
 ``GET /v1/models`` answers 503 for the first ``models_unavailable`` calls, then
 ``models_status`` with the list ``models``.
+
+``tool_calls``: when set, a chat POST with ``tools`` is answered with these calls
+(``(name, arguments)`` pairs) in llama.cpp's shapes: ``message.tool_calls`` with
+``content: null``, or streamed as one chunk of each call's id and name, then its
+arguments in two pieces; ``finish_reason`` ``tool_calls``.
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ class StandIn:
     retry_after: str | None = None
     truncate_after: int = 2
     not_found_paths: set[str] = field(default_factory=set)
+    tool_calls: list[tuple[str, str]] | None = None
     #: other GET routes: path -> (content type, body) (a model server's telemetry)
     pages: dict[str, tuple[str, str]] = field(default_factory=dict)
     requests: list[Recorded] = field(default_factory=list)
@@ -220,7 +226,40 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if mode == "slow" and s._stop.wait(s.delay_s):
             return
+        if s.tool_calls is not None and body.get("tools"):
+            self._call_tools(body, s.tool_calls)
+            return
         self._answer(body)
+
+    def _call_tools(self, body: dict[str, Any], calls: list[tuple[str, str]]) -> None:
+        usage = {"prompt_tokens": 7, "completion_tokens": 9, "total_tokens": 16}
+        if not body.get("stream"):
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"type": "function", "function": {"name": n, "arguments": a}, "id": f"id{i}"}
+                    for i, (n, a) in enumerate(calls)
+                ],
+            }
+            choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
+            self._json(200, {"id": "x", "choices": [choice], "usage": usage})
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self._data({"choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]})
+        for i, (name, arguments) in enumerate(calls):
+            head = {"index": i, "id": f"id{i}", "type": "function"}
+            head["function"] = {"name": name, "arguments": ""}
+            self._data({"choices": [{"index": 0, "delta": {"tool_calls": [head]}}]})
+            half = len(arguments) // 2
+            for piece in (arguments[:half], arguments[half:]):
+                tail = {"index": i, "function": {"arguments": piece}}
+                self._data({"choices": [{"index": 0, "delta": {"tool_calls": [tail]}}]})
+        self._data({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+        self._data({"choices": [], "usage": usage})
+        self._event("data: [DONE]")
 
     def _truncate(self, body: dict[str, Any]) -> None:
         self.close_connection = True

@@ -4,6 +4,7 @@ closes its stream mid-answer stopping the generation on the server."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -146,3 +147,111 @@ def test_the_servers_own_400_reaches_the_sdk_as_a_400(
     stats = store.redis.hgetall(store.keys.stats)
     assert stats.get("failed") == "2" and "retried" not in stats, stats
     assert store.dead_letters() == []
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def test_response_format_reaches_llamacpps_grammar(stack: Stack, gateway: GatewayServer) -> None:
+    """``response_format`` travels to the server, whose grammar holds the model to the
+    schema (SmolLM2-135M alone writes prose), streamed and not."""
+    stack.worker("w1")
+    client = sdk(gateway)
+    schema = {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "answer",
+            "schema": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    plain = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=60, response_format=schema
+    )
+    assert isinstance(json.loads(plain.choices[0].message.content or "")["city"], str)
+    stream = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=60, response_format=schema, stream=True
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert isinstance(json.loads(text)["city"], str)
+
+
+def test_a_tool_conversation_is_taken_by_llamacpp(stack: Stack, gateway: GatewayServer) -> None:
+    """The tools and a conversation with an assistant's tool call and the tool's answer
+    reach the server in OpenAI's shape (``content: null`` beside ``tool_calls``, the
+    ``tool_call_id``): it answers them (SmolLM2's own chat template renders no tools, so
+    the model answers in text, and the tool's answer is in its prompt)."""
+    stack.worker("w1")
+    client = sdk(gateway)
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
+    messages: list[Any] = [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"sky": "sunny"}'},
+    ]
+    asked = client.chat.completions.create(
+        model=MODEL, messages=messages[:1], max_tokens=4, extra_body={"ignore_eos": True}
+    )
+    tooled = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        tools=[WEATHER],
+        tool_choice="auto",
+        max_tokens=4,
+        extra_body={"ignore_eos": True},
+    )
+    assert asked.usage is not None and tooled.usage is not None
+    assert tooled.usage.completion_tokens == 4
+    assert tooled.choices[0].message.content or tooled.choices[0].message.tool_calls
+    assert tooled.usage.prompt_tokens > asked.usage.prompt_tokens + 5  # the tool's turn
+
+
+def test_n_choices_on_llamacpp(stack: Stack, gateway: GatewayServer) -> None:
+    stack.worker("w1")
+    client = sdk(gateway)
+    messages = [{"role": "user", "content": "Name a colour."}]
+    plain = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        n=2,
+        max_tokens=6,
+        temperature=1.0,
+        extra_body={"ignore_eos": True},
+    )
+    assert [c.index for c in plain.choices] == [0, 1]
+    assert plain.usage is not None and plain.usage.completion_tokens == 12
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        n=2,
+        max_tokens=6,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    finishes, usage = {}, None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            if choice.finish_reason:
+                finishes[choice.index] = choice.finish_reason
+    assert finishes == {0: "length", 1: "length"}
+    assert usage is not None and usage.completion_tokens == 12

@@ -34,6 +34,7 @@ OPTIONAL = (
     "uvicorn",
     "sse-starlette",
     "limits",
+    "tokenizers",
 )
 
 
@@ -57,7 +58,8 @@ def test_the_core_install_pulls_no_optional_dependency() -> None:
     extras = PROJECT["optional-dependencies"]
     assert {_name(r) for r in extras["demo"]} == {"matplotlib", "fakeredis"}
     assert {_name(r) for r in extras["gpu"]} == {"nvidia-ml-py"}
-    assert "inferq[demo,docker,kubernetes,dashboard,gateway]" in extras["test"]  # the demo
+    assert "inferq[demo,docker,kubernetes,dashboard,gateway,tokenizer]" in extras["test"]
+    assert {_name(r) for r in extras["tokenizer"]} == {"tokenizers"}
     assert {_name(r) for r in extras["dashboard"]} == {"starlette", "uvicorn"}
     assert {_name(r) for r in extras["gateway"]} == {
         "starlette",

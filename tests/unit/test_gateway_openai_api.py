@@ -31,16 +31,91 @@ def test_a_text_part_whose_text_is_not_a_string_is_refused() -> None:
     assert refused.value.field == "messages[0].content[0].text"
 
 
-@pytest.mark.parametrize("n", [True, 1.0, "1", 2, 0])
-def test_n_must_be_the_integer_1(n: Any) -> None:
+@pytest.mark.parametrize("n", [True, 1.0, "1", 0, -1, api.MAX_CHOICES + 1])
+def test_n_must_be_an_integer_in_range(n: Any) -> None:
     with pytest.raises(InvalidRequest) as refused:
         api.read_body("chat", chat(n=n))
     assert refused.value.field == "n"
+    assert ("outside 1..16" in str(refused.value)) == (type(n) is int)
 
 
-def test_n_of_1_or_none_is_served() -> None:
-    assert api.read_body("chat", chat(n=1)).model == "llama-3.1-8b"
-    assert api.read_body("chat", chat(n=None)).model == "llama-3.1-8b"
+def test_n_is_read_and_never_forwarded() -> None:
+    assert api.read_body("chat", chat(n=1)).n == 1
+    assert api.read_body("chat", chat(n=None)).n == 1
+    sub = api.read_body("chat", chat(n=api.MAX_CHOICES))
+    assert sub.n == api.MAX_CHOICES
+    assert "n" not in sub.fields.get("params", {})
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+
+
+def test_tools_travel_as_parameters() -> None:
+    sub = api.read_body(
+        "chat",
+        chat(
+            tools=[TOOL],
+            tool_choice="required",
+            parallel_tool_calls=False,
+            response_format={"type": "json_object"},
+        ),
+    )
+    assert sub.fields["params"] == {
+        "tools": [TOOL],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "response_format": {"type": "json_object"},
+    }
+
+
+@pytest.mark.parametrize("name", ["functions", "function_call"])
+def test_the_legacy_function_fields_are_refused_pointing_at_tools(name: str) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        api.read_body("chat", chat(**{name: [TOOL["function"]]}))
+    assert refused.value.field == name
+    assert "use tools" in str(refused.value)
+
+
+def test_a_conversation_with_tool_calls_is_read() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    sub = api.read_body(
+        "chat",
+        chat(
+            messages=[
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+            ]
+        ),
+    )
+    assert sub.fields["messages"][1] == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "{}"}}],
+    }
+    assert sub.fields["messages"][2]["tool_call_id"] == "c1"
+
+
+@pytest.mark.parametrize(
+    ("message", "field"),
+    [
+        ({"role": "tool", "content": "x"}, "messages[0].tool_call_id"),
+        ({"role": "user", "content": "x", "tool_call_id": "c"}, "messages[0].tool_call_id"),
+        ({"role": "user", "content": "x", "tool_calls": []}, "messages[0].tool_calls"),
+        ({"role": "assistant", "tool_calls": {"id": "c"}}, "messages[0].tool_calls"),
+        ({"role": "assistant", "tool_calls": [{"id": 1}]}, "messages[0].tool_calls[0].id"),
+        (
+            {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f"}}]},
+            "messages[0].tool_calls[0].function.arguments",
+        ),
+    ],
+)
+def test_a_malformed_tool_message_is_refused_naming_its_field(
+    message: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        api.read_body("chat", chat(messages=[message]))
+    assert refused.value.field == field
 
 
 @pytest.mark.parametrize(

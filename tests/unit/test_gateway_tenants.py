@@ -65,8 +65,11 @@ def test_openai_bodies_map_onto_submissions() -> None:
         ({"messages": [{"role": "user", "content": "x"}]}, "model"),
         ({"model": "m", "messages": []}, "messages"),
         ({"model": "m", "messages": [{"role": "x", "content": "y"}]}, "messages[0].role"),
-        ({"model": "m", "messages": [{"role": "user", "content": "y"}], "n": 2}, "n"),
-        ({"model": "m", "messages": [{"role": "user", "content": "y"}], "tools": [{}]}, "tools"),
+        ({"model": "m", "messages": [{"role": "user", "content": "y"}], "n": 99}, "n"),
+        (
+            {"model": "m", "messages": [{"role": "user", "content": "y"}], "functions": [{}]},
+            "functions",
+        ),
         ({"model": "m", "messages": [{"role": "user", "content": "y"}], "timeout": -1}, "timeout"),
     ):
         with pytest.raises(InvalidRequest) as caught:

@@ -179,3 +179,13 @@ def test_the_fingerprint_is_the_work_not_the_deadline() -> None:
         args: dict[str, object] = {"prompt": "hi", "max_tokens": 8, "params": {"a": 1, "b": 2}}
         other = build_request(SETTINGS, **{**args, **changed})  # type: ignore[arg-type]
         assert other.fingerprint() != base.fingerprint(), changed
+
+
+def test_tool_call_arguments_count_in_the_prompt_size_limit() -> None:
+    call = {"id": "c", "function": {"name": "f", "arguments": "x" * 2000}}
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+    ]
+    error = refuse(prompt=None, messages=messages)
+    assert error.field == "messages" and "exceeds the limit of 1000 bytes" in str(error)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import email.utils
 import json
 import logging
@@ -20,7 +21,14 @@ import pytest
 from inferq.config import ModelSpec
 from inferq.embedded import free_port
 from inferq.errors import ConfigError
-from inferq.models import ChatMessage, Payload
+from inferq.models import (
+    ChatMessage,
+    FunctionCall,
+    Payload,
+    ToolCall,
+    ToolCallDelta,
+    tool_calls_of,
+)
 from inferq.workers.failures import classify, plan
 from inferq.workers.servers import FailureKind, ServerError, ServerRequest, make_server
 from inferq.workers.servers.openai import (
@@ -121,6 +129,71 @@ def test_messages_go_to_chat_completions(standin: StandIn) -> None:
         {"role": "user", "content": "hi"},
     ]
     assert post.body["max_tokens"] == 16
+
+
+CALLS = [("get_weather", '{"city": "Paris"}'), ("get_time", "{}")]
+TOOLS = [{"type": "function", "function": {"name": n}} for n, _ in CALLS]
+
+
+def test_tool_calls_are_read_from_a_plain_answer(standin: StandIn) -> None:
+    standin.tool_calls = CALLS
+    result = generate(backend(standin), chat_request(tools=TOOLS, tool_choice="required"))
+    assert result.output == "" and result.finish_reason == "tool_calls"
+    assert [(c.id, c.function.name, c.function.arguments) for c in result.tool_calls] == [
+        ("id0", "get_weather", '{"city": "Paris"}'),
+        ("id1", "get_time", "{}"),
+    ]
+    [post] = standin.posts()
+    assert post.body["tools"] == TOOLS and post.body["tool_choice"] == "required"
+
+
+def test_streamed_tool_calls_reach_the_sink_piece_by_piece(standin: StandIn) -> None:
+    standin.tool_calls = CALLS
+    seen: list[tuple[str, str | None, tuple[ToolCallDelta, ...]]] = []
+
+    def sink(
+        delta: str, tokens: int, finish: str | None, /, tool_calls: tuple[ToolCallDelta, ...] = ()
+    ) -> None:
+        seen.append((delta, finish, tool_calls))
+
+    request = dataclasses.replace(chat_request(tools=TOOLS), on_chunk=sink)
+    result = generate(backend(standin, stream=True), request)
+    assert result.finish_reason == "tool_calls" and result.ttft_s is not None
+    assert [(c.id, c.function.name, c.function.arguments) for c in result.tool_calls] == [
+        ("id0", "get_weather", '{"city": "Paris"}'),
+        ("id1", "get_time", "{}"),
+    ]
+    pieces = tuple(p for _, _, calls in seen for p in calls)
+    assert tool_calls_of(pieces) == result.tool_calls
+    assert pieces[0] == ToolCallDelta(index=0, id="id0", name="get_weather")
+    assert seen[-1][1] == "tool_calls"
+
+
+def test_a_conversation_with_tool_calls_is_sent_in_openais_shape(standin: StandIn) -> None:
+    call = ToolCall(id="id0", function=FunctionCall(name="get_weather", arguments="{}"))
+    messages = (
+        ChatMessage(role="user", content="weather?"),
+        ChatMessage(role="assistant", content="", tool_calls=(call,)),
+        ChatMessage(role="tool", content="sunny", tool_call_id="id0"),
+    )
+    request = dataclasses.replace(chat_request(), payload=Payload(messages=messages))
+    generate(backend(standin), request)
+    [post] = standin.posts()
+    assert post.body["messages"] == [
+        {"role": "user", "content": "weather?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "id0",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{}"},
+                }
+            ],
+        },
+        {"role": "tool", "content": "sunny", "tool_call_id": "id0"},
+    ]
 
 
 def test_params_are_forwarded_but_cannot_override_the_backend(standin: StandIn) -> None:

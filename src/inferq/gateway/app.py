@@ -13,6 +13,9 @@ events (streamed), ending ``data: [DONE]``. The first item is awaited before the
 response starts, so a request that expires in the queue gets a 504 and one that fails
 before its first token a 5xx, not an empty stream. When the HTTP client goes away the
 request is cancelled, a running one included (its worker aborts the model-server call).
+A body's ``n`` choices are ``n`` requests (see :class:`~inferq.gateway.openai_api.Submission`):
+answered together, streamed interleaved by choice index; one that fails fails the
+body and cancels the others.
 
 When the gateway process itself dies mid-answer (SIGKILL, OOM, a lost host) nobody is
 left to cancel: every replica holds a liveness lease in Redis (``P callers``, renewed
@@ -378,9 +381,9 @@ class Gateway:
                 param="model",
                 code="model_unavailable",
             )
-        if self.limits is not None:
+        if self.limits is not None:  # one request of n choices: n x its tokens
             refusal = await self.limits.admit(
-                key, inferq_request.prompt_tokens + inferq_request.max_tokens
+                key, sub.n * (inferq_request.prompt_tokens + inferq_request.max_tokens)
             )
             if refusal is not None:
                 await self._record_refusal(key.tenant, refusal.what, refusal.limit)
@@ -392,9 +395,13 @@ class Gateway:
                     code="rate_limit_exceeded",
                     retry_after=refusal.retry_after_s,
                 )
+        # n choices: n requests, the first as built, the others under ids of their own
+        choices = [inferq_request] + [
+            inferq_request.model_copy(update={"id": new_id()}) for _ in range(sub.n - 1)
+        ]
         try:
             await self._hold_caller_lease(cell)
-            handle = await self.aclient.submit_request(inferq_request)
+            handles = await self._submit_all(choices)
         except BudgetExceeded as exc:  # OpenAI's answer to a spent quota
             return self._error(
                 endpoint,
@@ -418,22 +425,60 @@ class Gateway:
         created = int(time.time())
         if sub.stream:
             return await self._stream(
-                request, sub, handle, inferq_request.max_tokens, created, received
+                request, sub, handles, inferq_request.max_tokens, created, received
             )
+        ids = [h.id for h in handles]
         try:
-            result = await self._unless_disconnected(
-                request, self.aclient.result(handle.id), handle.id
-            )
+            results = await self._unless_disconnected(request, self._results(ids), ids)
         except Disconnected:
             return Response(status_code=499)
-        if not result.ok:
-            return self._failure(endpoint, result)
-        self._count_tokens(result)
+        for result in results:
+            if not result.ok:
+                return self._failure(endpoint, result)
+        for result in results:
+            self._count_tokens(result)
         return self._json(
             endpoint,
             200,
-            api.completion_body(sub, handle.id, result, inferq_request.max_tokens, created),
+            api.completion_body(sub, ids[0], results, inferq_request.max_tokens, created),
         )
+
+    async def _results(self, ids: list[str]) -> list[Result]:
+        """The results of a body's choices, in order; or, as soon as one did not succeed,
+        that one alone, the others cancelled (nobody will read them)."""
+        reads = [asyncio.ensure_future(self.aclient.result(i)) for i in ids]
+        try:
+            for read in asyncio.as_completed(reads):
+                result = await read
+                if not result.ok:
+                    with anyio.CancelScope(shield=True):
+                        for request_id, other in zip(ids, reads, strict=True):
+                            if not other.done():
+                                await self._cancel_on_disconnect(request_id, disconnect=False)
+                    return [result]
+            return [read.result() for read in reads]
+        finally:
+            for read in reads:
+                read.cancel()
+            await asyncio.gather(*reads, return_exceptions=True)
+
+    async def _submit_all(self, requests: list[InferenceRequest]) -> list[AsyncRequestHandle]:
+        """Submit the requests of one body's choices, in order.
+
+        Raises:
+            InferqError: as ``submit_request`` (a spent budget, a full queue, ...): the
+                choices already in are cancelled first, since nobody will read them.
+        """
+        handles: list[AsyncRequestHandle] = []
+        try:
+            for one in requests:
+                handles.append(await self.aclient.submit_request(one))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                for handle in handles:
+                    await self._cancel_on_disconnect(handle.id, disconnect=False)
+            raise
+        return handles
 
     def _request(self, request: Request, key: ApiKey, sub: api.Submission) -> InferenceRequest:
         """The request of the submission's fields with the tenant, class and timeout, built
@@ -507,26 +552,36 @@ class Gateway:
         self,
         request: Request,
         sub: api.Submission,
-        handle: AsyncRequestHandle,
+        handles: list[AsyncRequestHandle],
         max_tokens: int,
         created: int,
         received: float,
     ) -> Response:
-        # The handle's stream: its first XREAD goes right after the submit, no read of
+        """The SSE response of the choices' streams; the first item of each is awaited
+        first, so a choice that fails before its first token is an HTTP error."""
+        # Each handle's stream: its first XREAD goes right after the submit, no read of
         # the record first (issue 14).
-        request_id = handle.id
-        items = handle.stream()
+        ids = [h.id for h in handles]
+        streams = [h.stream() for h in handles]
         try:
-            first = await self._unless_disconnected(request, anext(items), request_id)
+            firsts = await self._unless_disconnected(
+                request, asyncio.gather(*(anext(items) for items in streams)), ids
+            )
         except Disconnected:
-            await _aclose(items)
+            for items in streams:
+                await _aclose(items)
             return Response(status_code=499)
-        if isinstance(first, Result) and not first.ok:
-            await _aclose(items)
-            return self._failure(sub.endpoint, first)
+        failed = [f for f in firsts if isinstance(f, Result) and not f.ok]
+        if failed:  # the other choices will not be read
+            with anyio.CancelScope(shield=True):
+                for request_id, first, items in zip(ids, firsts, streams, strict=True):
+                    if not isinstance(first, Result):
+                        await self._cancel_on_disconnect(request_id, disconnect=False)
+                    await _aclose(items)
+            return self._failure(sub.endpoint, failed[0])
         self.metrics.requests.labels(sub.endpoint, "200").inc()
         return EventSourceResponse(
-            self._events(sub, request_id, max_tokens, created, received, first, items),
+            self._events(sub, ids, max_tokens, created, received, firsts, streams),
             ping=15,
             sep="\n",
         )
@@ -534,28 +589,51 @@ class Gateway:
     async def _events(
         self,
         sub: api.Submission,
-        request_id: str,
+        ids: list[str],
         max_tokens: int,
         created: int,
         received: float,
-        first: StreamChunk | Result,
-        items: AsyncIterator[StreamChunk | Result],
+        firsts: list[StreamChunk | Result],
+        streams: list[AsyncIterator[StreamChunk | Result]],
     ) -> AsyncIterator[dict[str, str]]:
-        """The SSE events of a streamed request; cancels it when the client goes away."""
-        final = False
-        sent = False
-        finish: str | None = None
+        """The SSE events of the choices' streams, interleaved as their items come, each
+        chunk with its choice's ``index``; then the usage chunk (when asked) and
+        ``[DONE]`` once every choice ended. Cancels the choices not final when the
+        client goes away or one choice fails."""
+        n = len(ids)
+        sent = [False] * n  # a chunk of the choice went out
+        finish: list[str | None] = [None] * n
+        results: dict[int, Result] = {}
+        merged = _merged([_prepend(f, items) for f, items in zip(firsts, streams, strict=True)])
         try:
-            item: StreamChunk | Result | None = first
-            while item is not None:
+            async for index, item in merged:
                 if isinstance(item, Result):
-                    final = True
-                    async for event in self._closing(
-                        sub, request_id, max_tokens, created, item, finish, sent
-                    ):
-                        yield event
-                    return
-                if item.reset and sent:  # OpenAI streams cannot take text back
+                    results[index] = item
+                    if not item.ok:
+                        _, kind, code = _failure_kind(item)
+                        yield _data(api.error_body(_failure_message(item), kind, code=code))
+                        return
+                    self._count_tokens(item)
+                    yield _data(
+                        api.chunk_body(
+                            sub,
+                            ids[0],
+                            created,
+                            delta="" if sub.endpoint == "completions" else None,
+                            first=not sent[index],
+                            finish=api.finish_reason(item, max_tokens, finish[index]),
+                            index=index,
+                        )
+                    )
+                    sent[index] = True
+                    if len(results) == n:
+                        if sub.include_usage:
+                            ordered = [results[i] for i in range(n)]
+                            yield _data(api.chunk_body(sub, ids[0], created, result=ordered))
+                        yield {"data": "[DONE]"}
+                        return
+                    continue
+                if item.reset and sent[index]:  # OpenAI streams cannot take text back
                     yield _data(
                         api.error_body(
                             "the request was retried after its worker failed; the text sent "
@@ -565,59 +643,39 @@ class Gateway:
                         )
                     )
                     return
-                finish = item.finish_reason or finish
-                if item.delta or not sent:
-                    if not sent:
+                finish[index] = item.finish_reason or finish[index]
+                if item.delta or item.tool_calls or not sent[index]:
+                    if not any(sent):
                         self.metrics.ttft.observe(time.perf_counter() - received)
                     yield _data(
-                        api.chunk_body(sub, request_id, created, delta=item.delta, first=not sent)
+                        api.chunk_body(
+                            sub,
+                            ids[0],
+                            created,
+                            delta=item.delta,
+                            first=not sent[index],
+                            index=index,
+                            tool_calls=item.tool_calls,
+                        )
                     )
-                    sent = True
-                item = await anext(items, None)
+                    sent[index] = True
         finally:
-            if not final:
-                with anyio.CancelScope(shield=True):
-                    await self._cancel_on_disconnect(request_id)
             with anyio.CancelScope(shield=True):
-                await _aclose(items)
-
-    async def _closing(
-        self,
-        sub: api.Submission,
-        request_id: str,
-        max_tokens: int,
-        created: int,
-        result: Result,
-        finish: str | None,
-        sent: bool,
-    ) -> AsyncIterator[dict[str, str]]:
-        """The last events: the finish reason, the usage chunk when asked, ``[DONE]``; or
-        the error of a request that ended badly after its stream began."""
-        if not result.ok:
-            _, kind, code = _failure_kind(result)
-            yield _data(api.error_body(_failure_message(result), kind, code=code))
-            return
-        self._count_tokens(result)
-        reason = api.finish_reason(result, max_tokens, finish)
-        yield _data(
-            api.chunk_body(
-                sub,
-                request_id,
-                created,
-                delta="" if sub.endpoint == "completions" else None,
-                first=not sent,
-                finish=reason,
-            )
-        )
-        if sub.include_usage:
-            yield _data(api.chunk_body(sub, request_id, created, result=result))
-        yield {"data": "[DONE]"}
+                await _aclose(merged)
+                for index, request_id in enumerate(ids):
+                    if index not in results:
+                        await self._cancel_on_disconnect(
+                            request_id, disconnect=not any(not r.ok for r in results.values())
+                        )
+                for items in streams:
+                    await _aclose(items)
 
     async def _unless_disconnected(
-        self, request: Request, work: Awaitable[T], request_id: str
+        self, request: Request, work: Awaitable[T], request_ids: list[str]
     ) -> T:
-        """``work``'s value, unless the HTTP client disconnects first: then the request is
-        cancelled (a running one is aborted on its worker) and :class:`Disconnected` raised."""
+        """``work``'s value, unless the HTTP client disconnects first: then the requests
+        are cancelled (a running one is aborted on its worker) and :class:`Disconnected`
+        raised."""
         task = asyncio.ensure_future(work)
         watch = asyncio.ensure_future(_disconnected(request))
         try:
@@ -628,8 +686,9 @@ class Gateway:
             return task.result()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        await self._cancel_on_disconnect(request_id)
-        raise Disconnected(request_id)
+        for request_id in request_ids:
+            await self._cancel_on_disconnect(request_id)
+        raise Disconnected(request_ids[0])
 
     async def _record_refusal(self, tenant: str, what: str, limit: int) -> None:
         """A ``rate_limited`` event, so the lease holder's ``inferq_rate_limit_refusals_total``
@@ -639,10 +698,14 @@ class Gateway:
         except CONNECTION_ERRORS as exc:
             log.warning("could not record a rate-limit refusal: %s", exc)
 
-    async def _cancel_on_disconnect(self, request_id: str) -> None:
+    async def _cancel_on_disconnect(self, request_id: str, *, disconnect: bool = True) -> None:
+        """Cancel ``request_id``, a request nobody will read: its client went away
+        (``disconnect``: counted in ``inferq_gateway_disconnect_cancels``), or another
+        choice of its body failed or was refused. Logs, never raises, a failed cancel."""
         try:
             await self.aclient.cancel(request_id)
-            self.metrics.cancelled.inc()
+            if disconnect:
+                self.metrics.cancelled.inc()
         except InferqError as exc:
             log.warning("could not cancel %s after its client left: %s", request_id, exc)
         except CONNECTION_ERRORS as exc:
@@ -950,6 +1013,40 @@ async def _disconnected(request: Request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
+
+
+async def _prepend(first: T, items: AsyncIterator[T]) -> AsyncIterator[T]:
+    """``first``, then the items of ``items``."""
+    yield first
+    async for item in items:
+        yield item
+
+
+async def _merged(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """The items of ``streams`` as ``(index of the stream, item)``, in the order they
+    come (each stream's own order kept: one read of it at a time), until all end."""
+    if len(streams) == 1:
+        async for item in streams[0]:
+            yield 0, item
+        return
+    reads = {asyncio.ensure_future(anext(s)): i for i, s in enumerate(streams)}
+    try:
+        while reads:
+            done, _ = await asyncio.wait(reads, return_when=asyncio.FIRST_COMPLETED)
+            for read in sorted(done, key=lambda r: reads[r]):
+                index = reads.pop(read)
+                try:
+                    item = read.result()
+                except StopAsyncIteration:
+                    continue
+                reads[asyncio.ensure_future(anext(streams[index]))] = index
+                yield index, item
+    finally:
+        for read in reads:
+            read.cancel()
+        await asyncio.gather(*reads, return_exceptions=True)
+        for stream in streams:
+            await _aclose(stream)
 
 
 async def _aclose(items: AsyncIterator[Any]) -> None:

@@ -19,8 +19,17 @@ Mapping (also in the README, "Use it from any language"):
 - sampling fields (``temperature``, ``top_p``, ``stop``, ``seed``, penalties, ...):
   forwarded to the model server as parameters (OpenAI's numeric ones, ``seed``, ``stop``
   and ``logit_bias`` checked for type first, the numbers for OpenAI's ranges:
-  temperature 0..2, top_p 0..1, penalties -2..2). ``n`` other than 1, ``logprobs``,
-  ``tools`` and ``response_format`` are refused (400 naming the field).
+  temperature 0..2, top_p 0..1, penalties -2..2). ``logprobs``, the legacy
+  ``functions`` / ``function_call`` and the other fields in :data:`_REFUSED` are refused
+  (400 naming the field).
+- ``tools``, ``tool_choice``, ``parallel_tool_calls``, ``response_format``: forwarded to
+  the model server as parameters, checked first for OpenAI's shapes and a size bound
+  (:mod:`inferq.tools`, by intake). Chat messages may carry an assistant's
+  ``tool_calls`` and a ``tool`` message's ``tool_call_id``. An answer's tool calls come
+  back as ``message.tool_calls`` with ``finish_reason: "tool_calls"``, or streamed as
+  ``delta.tool_calls`` pieces (OpenAI's chunk shape).
+- ``n``: 1..:data:`MAX_CHOICES` choices, served by the gateway as ``n`` requests
+  (:class:`Submission`, ``n``); the response's ``usage`` sums them.
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from inferq.errors import InvalidRequest, MissingParameter, UnsupportedParameter
-from inferq.models import Result
+from inferq.models import Result, ToolCallDelta
 
 Endpoint = Literal["chat", "completions"]
 
@@ -67,16 +76,18 @@ _HANDLED = frozenset(
         "n",
     }
 )
+#: Most choices (``n``) one request may ask for. Each choice is a request of its own in
+#: the queue (its own slot, KV cache and fair share), so ``n`` multiplies the load: 16
+#: is what a sampling-heavy app (best-of-n reranking) asks for, and a bound keeps one
+#: body from flooding its tenant's queue share (OpenAI's own limit is 128).
+MAX_CHOICES = 16
 #: OpenAI fields inferq does not serve: refused rather than silently ignored.
 _REFUSED = frozenset(
     {
         "logprobs",
         "top_logprobs",
-        "tools",
-        "tool_choice",
         "functions",
         "function_call",
-        "response_format",
         "best_of",
         "echo",
         "suffix",
@@ -110,6 +121,14 @@ class Submission:
         names: inferq's name of a field -> the body field the caller sent it as, where
             they differ (``max_tokens`` given as ``max_completion_tokens``): a refusal
             names what the caller sent (:func:`as_sent`).
+        n: choices asked for, 1..:data:`MAX_CHOICES`. The gateway submits ``n``
+            requests of ``fields`` rather than passing ``n`` to the model server: each
+            choice then takes its own slot and KV reservation, is charged to the
+            tenant's fair share and metered as the sequence it is (a server's own ``n``
+            would run n sequences on a slot and a reservation booked for one, and
+            bill the tenant for one prompt while the server prefilled it once per
+            choice: vLLM and llama.cpp do not share it), and the n choices spread over
+            the fleet's workers instead of piling onto one.
     """
 
     endpoint: Endpoint
@@ -120,6 +139,7 @@ class Submission:
     priority: str | int | None = None
     timeout: float | None = None
     names: dict[str, str] = field(default_factory=dict)
+    n: int = 1
 
 
 def read_body(endpoint: Endpoint, body: Any) -> Submission:
@@ -132,13 +152,18 @@ def read_body(endpoint: Endpoint, body: Any) -> Submission:
         raise InvalidRequest("body", "must be a JSON object")
     for name in body:
         if name in _REFUSED and body[name] not in (None, False, [], {}):
-            raise UnsupportedParameter(name, "is not supported by inferq's gateway")
+            hint = "; use tools and tool_choice" if name.startswith("function") else ""
+            raise UnsupportedParameter(name, f"is not supported by inferq's gateway{hint}")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise MissingParameter("model", "is required: a model name or a size route such as >=13b")
-    n = body.get("n", 1)
-    if n is not None and not (type(n) is int and n == 1):  # not true, not 1.0
-        raise InvalidRequest("n", f"only 1 choice per request is served, got {n!r}")
+    n = body.get("n")
+    if n is None:
+        n = 1
+    if type(n) is not int:  # not true, not 1.0
+        raise InvalidRequest("n", f"must be an integer, got {_brief(n)}")
+    if not 1 <= n <= MAX_CHOICES:
+        raise InvalidRequest("n", f"{_brief(n)} is outside 1..{MAX_CHOICES} choices")
     stream = body.get("stream", False)
     if not isinstance(stream, bool) and stream is not None:
         raise InvalidRequest("stream", f"must be true or false, got {stream!r}")
@@ -181,6 +206,7 @@ def read_body(endpoint: Endpoint, body: Any) -> Submission:
         priority=_priority(body.get("priority")),
         timeout=_timeout("timeout", body.get("timeout")),
         names=names,
+        n=n,
     )
 
 
@@ -334,7 +360,14 @@ def _priority(value: Any) -> str | int | None:
     raise InvalidRequest("priority", f"must be a class name or level, got {value!r}")
 
 
-def _messages(raw: Any) -> list[dict[str, str]]:
+def _messages(raw: Any) -> list[dict[str, Any]]:
+    """Chat messages as intake takes them (:class:`~inferq.models.ChatMessage`'s fields):
+    role and text, and an assistant's ``tool_calls``, a tool's ``tool_call_id`` and a
+    ``name`` when given.
+
+    Raises:
+        InvalidRequest: names the message's field (``messages[1].tool_call_id``).
+    """
     if raw is None:
         raise MissingParameter("messages", "is required: a non-empty list of messages")
     if not isinstance(raw, list) or not raw:
@@ -347,7 +380,68 @@ def _messages(raw: Any) -> list[dict[str, str]]:
         role = _ROLES.get(str(message.get("role")))
         if role is None:
             raise InvalidRequest(f"{where}.role", f"must be one of {', '.join(_ROLES)}")
-        out.append({"role": role, "content": _content(f"{where}.content", message.get("content"))})
+        item: dict[str, Any] = {
+            "role": role,
+            "content": _content(f"{where}.content", message.get("content")),
+        }
+        calls = message.get("tool_calls")
+        if calls is not None:
+            if role != "assistant":
+                raise InvalidRequest(f"{where}.tool_calls", "only an assistant message has them")
+            item["tool_calls"] = _message_calls(f"{where}.tool_calls", calls)
+        call_id = message.get("tool_call_id")
+        if role == "tool" and not isinstance(call_id, str):
+            raise InvalidRequest(
+                f"{where}.tool_call_id",
+                f"a tool message needs the call's id, got {_brief(call_id)}",
+            )
+        if call_id is not None:
+            if role != "tool":
+                raise InvalidRequest(f"{where}.tool_call_id", "only a tool message has one")
+            item["tool_call_id"] = call_id
+        name = message.get("name")
+        if name is not None:
+            if not isinstance(name, str):
+                raise InvalidRequest(f"{where}.name", f"must be a string, got {_brief(name)}")
+            item["name"] = name
+        out.append(item)
+    return out
+
+
+def _message_calls(where: str, calls: Any) -> list[dict[str, Any]]:
+    """An assistant message's ``tool_calls`` as sent back: ``[{"id", "type": "function",
+    "function": {"name", "arguments"}}]``.
+
+    Raises:
+        InvalidRequest: names the call's field.
+    """
+    if not isinstance(calls, list):
+        raise InvalidRequest(where, f"must be a list of tool calls, got {_brief(calls)}")
+    out = []
+    for j, call in enumerate(calls):
+        at = f"{where}[{j}]"
+        if not isinstance(call, Mapping):
+            raise InvalidRequest(at, f"must be an object, got {_brief(call)}")
+        if not isinstance(call.get("id"), str):
+            raise InvalidRequest(f"{at}.id", f"must be a string, got {_brief(call.get('id'))}")
+        if call.get("type", "function") != "function":
+            raise InvalidRequest(
+                f"{at}.type", f"must be 'function', got {_brief(call.get('type'))}"
+            )
+        function = call.get("function")
+        if not isinstance(function, Mapping):
+            raise InvalidRequest(f"{at}.function", f"must be an object, got {_brief(function)}")
+        for part in ("name", "arguments"):
+            if not isinstance(function.get(part), str):
+                raise InvalidRequest(
+                    f"{at}.function.{part}", f"must be a string, got {_brief(function.get(part))}"
+                )
+        out.append(
+            {
+                "id": call["id"],
+                "function": {"name": function["name"], "arguments": function["arguments"]},
+            }
+        )
     return out
 
 
@@ -389,11 +483,22 @@ def response_id(endpoint: Endpoint, request_id: str) -> str:
 
 
 def finish_reason(result: Result, max_tokens: int, streamed: str | None = None) -> str:
-    """``length`` when the output reached ``max_tokens``, else ``stop`` (or what the stream
-    said)."""
+    """``tool_calls`` when the model called tools, else what the stream said, else
+    ``length`` when the output reached ``max_tokens``, else ``stop``."""
+    if result.tool_calls:
+        return "tool_calls"
     if streamed:
         return streamed
     return "length" if (result.completion_tokens or 0) >= max_tokens else "stop"
+
+
+def usage_sum(results: list[Result]) -> dict[str, int]:
+    """OpenAI's ``usage`` of the ``n`` requests of one body: their counts added, the
+    prompt's included (each choice was prefilled, and is metered, on its own)."""
+    totals = [usage(r) for r in results]
+    return {
+        k: sum(t[k] for t in totals) for k in ("prompt_tokens", "completion_tokens", "total_tokens")
+    }
 
 
 def usage(result: Result) -> dict[str, int]:
@@ -408,30 +513,43 @@ def usage(result: Result) -> dict[str, int]:
 
 
 def completion_body(
-    sub: Submission, request_id: str, result: Result, max_tokens: int, created: int
+    sub: Submission,
+    request_id: str,
+    results: Result | list[Result],
+    max_tokens: int,
+    created: int,
 ) -> dict[str, Any]:
-    """The non-streamed response of a succeeded request."""
-    text = result.output or ""
-    reason = finish_reason(result, max_tokens)
-    choice: dict[str, Any]
-    if sub.endpoint == "chat":
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": reason,
-            "logprobs": None,
-        }
-        kind = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
-        kind = "text_completion"
+    """The non-streamed response of succeeded requests: one choice per result (``n``),
+    indexed in order; ``request_id`` (the first's) names the response. A chat choice
+    whose model called tools carries ``message.tool_calls`` (``content`` null when it
+    wrote no text) and ``finish_reason: "tool_calls"``."""
+    results = results if isinstance(results, list) else [results]
+    choices = []
+    for index, result in enumerate(results):
+        text = result.output or ""
+        reason = finish_reason(result, max_tokens)
+        choice: dict[str, Any]
+        if sub.endpoint == "chat":
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if result.tool_calls:
+                message["tool_calls"] = [c.model_dump(mode="json") for c in result.tool_calls]
+                message["content"] = text or None
+            choice = {
+                "index": index,
+                "message": message,
+                "finish_reason": reason,
+                "logprobs": None,
+            }
+        else:
+            choice = {"index": index, "text": text, "finish_reason": reason, "logprobs": None}
+        choices.append(choice)
     return {
         "id": response_id(sub.endpoint, request_id),
-        "object": kind,
+        "object": "chat.completion" if sub.endpoint == "chat" else "text_completion",
         "created": created,
         "model": sub.model,
-        "choices": [choice],
-        "usage": usage(result),
+        "choices": choices,
+        "usage": usage_sum(results),
     }
 
 
@@ -443,10 +561,14 @@ def chunk_body(
     delta: str | None = None,
     first: bool = False,
     finish: str | None = None,
-    result: Result | None = None,
+    result: Result | list[Result] | None = None,
+    index: int = 0,
+    tool_calls: tuple[ToolCallDelta, ...] = (),
 ) -> dict[str, Any]:
-    """One streamed chunk: text (``delta``), the role on the first chat chunk, the finish
-    reason on the last, or (``result`` with no delta) the usage chunk with no choices."""
+    """One streamed chunk of choice ``index``: text (``delta``) and pieces of tool calls
+    (``delta.tool_calls``, OpenAI's shape), the role on the choice's first chat chunk,
+    the finish reason on its last, or (``result``, the results of every choice, with no
+    delta) the usage chunk with no choices."""
     base: dict[str, Any] = {
         "id": response_id(sub.endpoint, request_id),
         "created": created,
@@ -458,22 +580,24 @@ def chunk_body(
         base["object"] = "text_completion"
     if result is not None and delta is None and finish is None:
         base["choices"] = []
-        base["usage"] = usage(result)
+        base["usage"] = usage_sum(result if isinstance(result, list) else [result])
         return base
     if sub.endpoint == "chat":
         content: dict[str, Any] = {}
         if first:
             content["role"] = "assistant"
-        if delta is not None:
-            content["content"] = delta
+        if delta is not None:  # null beside tool calls when there is no text, as OpenAI's
+            content["content"] = delta if delta or not tool_calls else None
+        if tool_calls:
+            content["tool_calls"] = [piece.openai() for piece in tool_calls]
         choice: dict[str, Any] = {
-            "index": 0,
+            "index": index,
             "delta": content,
             "finish_reason": finish,
             "logprobs": None,
         }
     else:
-        choice = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": None}
+        choice = {"index": index, "text": delta or "", "finish_reason": finish, "logprobs": None}
     base["choices"] = [choice]
     if sub.include_usage:
         base["usage"] = None  # OpenAI: null on every chunk but the last

@@ -22,8 +22,12 @@ from inferq.models import (
     InferenceRequest,
     RequestRecord,
     StreamChunk,
+    ToolCall,
+    ToolCallDelta,
     from_ms,
+    parse_tool_deltas,
     to_ms,
+    tool_calls_json,
 )
 from inferq.policy.fairness import vtc_cost
 from inferq.store.keys import Keys
@@ -64,6 +68,7 @@ class Completion:
             invalid (``ServerError.rejection``), else empty.
         cached_tokens: of the prompt tokens, those the model server reported reusing
             from its prefix cache (0 when it does not say); metered as cached tokens.
+        tool_calls: the tool calls the model made; () when none.
     """
 
     request_id: str
@@ -77,6 +82,7 @@ class Completion:
     finish_reason: str | None = None
     rejection: str = ""
     cached_tokens: int = 0
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +99,7 @@ class Chunk:
         first_token_at: set on the attempt's first chunk (epoch seconds).
         ttl_s: the stream expires this many seconds from now unless the request's
             final write (``finalize``) sets its expiry first.
+        tool_calls: pieces of the tool calls the model makes (() when none).
     """
 
     request_id: str
@@ -103,11 +110,13 @@ class Chunk:
     finish_reason: str | None = None
     first_token_at: float | None = None
     ttl_s: int = 60
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
 def chunk_fields(chunk: Chunk) -> dict[str, str]:
     """The stream entry of ``chunk``: ``a`` attempt, ``s`` seq, ``d`` delta, ``n`` tokens,
-    ``f`` finish reason and ``t`` first-token time in ms (when set)."""
+    ``f`` finish reason, ``t`` first-token time in ms and ``c`` the tool-call pieces as
+    JSON (:func:`~inferq.models.tool_calls_json`), each when set."""
     fields = {
         "a": str(chunk.attempt),
         "s": str(chunk.seq),
@@ -118,6 +127,8 @@ def chunk_fields(chunk: Chunk) -> dict[str, str]:
         fields["f"] = chunk.finish_reason
     if chunk.first_token_at is not None:
         fields["t"] = str(to_ms(chunk.first_token_at))
+    if chunk.tool_calls:
+        fields["c"] = tool_calls_json(chunk.tool_calls)
     return fields
 
 
@@ -158,6 +169,7 @@ def parse_stream_entry(entry_id: str, fields: dict[str, str]) -> StreamChunk | s
             tokens=int(fields.get("n", "0")),
             finish_reason=fields.get("f") or None,
             first_token_at=from_ms(int(first)) if first else None,
+            tool_calls=parse_tool_deltas(fields.get("c")),
         )
     except (KeyError, ValueError):
         return None
@@ -555,6 +567,7 @@ def complete_call(
             c.finish_reason or "",
             c.rejection,
             c.cached_tokens,
+            tool_calls_json(c.tool_calls),
         ]
     return Call("complete", [], argv)
 

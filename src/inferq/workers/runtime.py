@@ -43,7 +43,7 @@ from inferq import defaults, delivery
 from inferq.config import ModelSpec
 from inferq.errors import CorruptRecord, RequestNotFound
 from inferq.latency import prefill_s, resident_kv_tokens, step_s
-from inferq.models import RequestRecord, WorkerInfo, WorkerState
+from inferq.models import RequestRecord, ToolCallDelta, WorkerInfo, WorkerState, merge_tool_deltas
 from inferq.store import (
     CONNECTION_ERRORS,
     REDIS_ERRORS,
@@ -830,6 +830,7 @@ class Engine:
             first_token_at=first,
             finish_reason=result.finish_reason,
             cached_tokens=result.cached_tokens or 0,
+            tool_calls=result.tool_calls,
         )
         self._queue(outcome, req.task_type)
 
@@ -848,7 +849,13 @@ class Engine:
         # seconds (a first chunk stamped 15 s late on a skewed host, issue 13 attack).
         ttl_s = max(1, math.ceil(deadline - self.clock.now())) + self.store.settings.result_ttl_s
 
-        def on_chunk(delta: str, tokens: int, finish: str | None) -> None:
+        def on_chunk(
+            delta: str,
+            tokens: int,
+            finish: str | None,
+            /,
+            tool_calls: tuple[ToolCallDelta, ...] = (),
+        ) -> None:
             nonlocal seq
             key = (rid, attempt)
             pending = self._chunks.get(key)
@@ -862,10 +869,13 @@ class Engine:
                     finish,
                     pending.first_token_at,
                     ttl_s,
+                    merge_tool_deltas(pending.tool_calls, tuple(tool_calls)),
                 )
             else:
                 first = self.clock.now() if seq == 0 else None
-                self._chunks[key] = Chunk(rid, attempt, seq, delta, tokens, finish, first, ttl_s)
+                self._chunks[key] = Chunk(
+                    rid, attempt, seq, delta, tokens, finish, first, ttl_s, tuple(tool_calls)
+                )
                 seq += 1
             assert self._chunk_wanted is not None
             self._chunk_wanted.set()

@@ -1,11 +1,13 @@
 -- complete: record final results from a worker, fenced by attempt number.
 -- ARGV: 1 prefix, 2 worker id, 3 result ttl s, 4 events maxlen,
---       then 11-tuples: id, attempt, status ('succeeded'|'failed'|'expired'|'cancelled'),
+--       then 12-tuples: id, attempt, status ('succeeded'|'failed'|'expired'|'cancelled'),
 --       output, prompt_tokens, completion_tokens, first_token_ms ('' if unknown), error,
 --       finish_reason ('stop'|'length'|... as the model server said; '' if unknown),
 --       rejection (the model server's message when it refused the request as invalid,
 --       the caller's error; '' otherwise, and then no field is written),
---       cached_tokens (prompt tokens the model server reused from its cache; 0 unknown)
+--       cached_tokens (prompt tokens the model server reused from its cache; 0 unknown),
+--       tool_calls (the model's tool calls as JSON text; '' when none, and then no field
+--       is written)
 -- Writes service_ms (Redis ms from this attempt's start to now: the GPU time metered,
 -- see includes/meter.lua) and cached_tokens beside the result.
 -- Events: finish/fail/expire with class, tenant, queue_ms, e2e_ms, ttft_ms (finish time
@@ -19,7 +21,7 @@
 local p, w, ttl, maxlen = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local now = now_ms()
 local out = {}
-for i = 5, #ARGV, 11 do
+for i = 5, #ARGV, 12 do
   local id, attempt, status = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local key = k_req(p, id)
   local r = redis.call('HMGET', key, 'state', 'attempts', 'worker', 'need_mib', 'priority',
@@ -37,6 +39,10 @@ for i = 5, #ARGV, 11 do
     if ARGV[i + 9] ~= '' then
       fields[#fields + 1] = 'rejection'
       fields[#fields + 1] = ARGV[i + 9]
+    end
+    if ARGV[i + 11] ~= '' then
+      fields[#fields + 1] = 'tool_calls'
+      fields[#fields + 1] = ARGV[i + 11]
     end
     finalize(p, id, status, now, ttl, maxlen, fields)
     local etype = 'finish'

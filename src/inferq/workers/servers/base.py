@@ -19,21 +19,33 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from types import TracebackType
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Protocol, Self
 
 from inferq.config import ModelSpec
 from inferq.errors import ConfigError, InferqError
-from inferq.models import FailureKind, Payload, ServerTelemetry
+from inferq.models import FailureKind, Payload, ServerTelemetry, ToolCall, ToolCallDelta
 
 #: Entry-point group scanned for third-party model servers.
 ENTRY_POINT_GROUP = "inferq.backends"
 
 ServerFactory = Callable[..., "ModelServer"]
-#: Called by a model server for each piece of output while it generates, as
-#: ``on_chunk(text delta, output tokens so far, finish reason or None)``; the last call
-#: of a request carries the finish reason (``stop``, ``length``). It must not block
-#: (the worker only buffers the chunk; a publisher task writes it to Redis).
-ChunkSink = Callable[[str, int, "str | None"], None]
+
+
+class ChunkSink(Protocol):
+    """Called by a model server for each piece of output while it generates, as
+    ``on_chunk(text delta, output tokens so far, finish reason or None, tool_calls=
+    pieces of tool calls)``; the last call of a request carries the finish reason
+    (``stop``, ``length``, ``tool_calls``). It must not block (the worker only buffers
+    the chunk; a publisher task writes it to Redis)."""
+
+    def __call__(
+        self,
+        delta: str,
+        tokens: int,
+        finish: str | None,
+        /,
+        tool_calls: tuple[ToolCallDelta, ...] = (),
+    ) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +93,8 @@ class ServerResult:
             prefilled again), as it reported them (llama.cpp's ``timings.cache_n``,
             OpenAI's and vLLM's ``usage.prompt_tokens_details.cached_tokens``); None
             when it reports none.
+        tool_calls: the tool calls the model made (``finish_reason`` ``tool_calls``);
+            () when none.
     """
 
     output: str
@@ -89,6 +103,7 @@ class ServerResult:
     ttft_s: float | None = None
     finish_reason: str | None = None
     cached_tokens: int | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 class ServerError(InferqError):

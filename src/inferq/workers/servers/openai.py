@@ -47,11 +47,21 @@ from collections.abc import AsyncIterator, Awaitable, Coroutine
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from inferq import defaults
 from inferq.config import ModelSpec
 from inferq.errors import ConfigError, redact_url
-from inferq.models import FailureKind, ServerTelemetry
+from inferq.models import (
+    ChatMessage,
+    FailureKind,
+    FunctionCall,
+    ServerTelemetry,
+    ToolCall,
+    ToolCallDelta,
+    merge_tool_deltas,
+    tool_calls_of,
+)
 from inferq.workers.servers import telemetry as parse
 from inferq.workers.servers.base import (
     ModelServer,
@@ -285,11 +295,17 @@ class OpenAIServer(ModelServer):
             )
         data = _json_object(request.id, content.decode("utf-8", errors="replace"))
         chat = path.endswith("chat/completions")
-        output, usage, finish = _read_completion(request.id, data, chat=chat)
-        if not output and finish is None:
+        output, usage, finish, calls = _read_completion(request.id, data, chat=chat)
+        if not output and not calls and finish is None:
             raise _nothing_generated(request)
         return _result(
-            request, output, usage, ttft_s=None, finish_reason=finish, timings=data.get("timings")
+            request,
+            output,
+            usage,
+            ttft_s=None,
+            finish_reason=finish,
+            timings=data.get("timings"),
+            tool_calls=calls,
         )
 
     async def _watched(
@@ -363,6 +379,7 @@ class OpenAIServer(ModelServer):
         client = self._client()
         chat = path.endswith("chat/completions")
         parts: list[str] = []
+        pieces: tuple[ToolCallDelta, ...] = ()  # of the tool calls, as they came
         usage: Any = None
         timings: Any = None
         ttft_s: float | None = None
@@ -387,16 +404,18 @@ class OpenAIServer(ModelServer):
                     raise stream_error(request.id, chunk)
                 usage = chunk.get("usage") or usage
                 timings = chunk.get("timings") or timings
-                piece, reason = _chunk_text(request.id, chunk, chat=chat)
+                piece, reason, calls = _chunk_text(request.id, chunk, chat=chat)
                 finish = reason or finish
-                if piece:
+                if piece or calls:
                     if ttft_s is None:
                         ttft_s = time.monotonic() - start
-                    parts.append(piece)
-                if sink is not None and (piece or (reason and not sent_finish)):
-                    sink(piece, len(parts), reason)
+                    if piece:
+                        parts.append(piece)
+                    pieces = merge_tool_deltas(pieces, calls)
+                if sink is not None and (piece or calls or (reason and not sent_finish)):
+                    sink(piece, len(parts), reason, tool_calls=calls)
                     sent_finish = sent_finish or reason is not None
-        if finish is None and done and not parts:
+        if finish is None and done and not parts and not pieces:
             raise _nothing_generated(request)
         if not done and finish is None:
             raise ServerError(
@@ -408,7 +427,13 @@ class OpenAIServer(ModelServer):
         if sink is not None and not sent_finish:  # a server that names no finish reason
             sink("", len(parts), finish or "stop")
         return _result(
-            request, "".join(parts), usage, ttft_s=ttft_s, finish_reason=finish, timings=timings
+            request,
+            "".join(parts),
+            usage,
+            ttft_s=ttft_s,
+            finish_reason=finish,
+            timings=timings,
+            tool_calls=tool_calls_of(pieces),
         )
 
     async def probe(self, *, strict: bool = False) -> ServerError | None:
@@ -604,10 +629,27 @@ def build_body(
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
     if payload.messages is not None:
-        body["messages"] = [{"role": m.role, "content": m.content} for m in payload.messages]
+        body["messages"] = [chat_message(m) for m in payload.messages]
         return "/v1/chat/completions", body
     body["prompt"] = payload.prompt
     return "/v1/completions", body
+
+
+def chat_message(message: ChatMessage) -> dict[str, Any]:
+    """A chat message in OpenAI's request shape: ``role`` and ``content``, and an
+    assistant's ``tool_calls``, a tool answer's ``tool_call_id`` and a ``name`` when set
+    (an assistant message that only calls tools sends ``content: null``, as OpenAI's
+    API and llama.cpp's chat templates expect)."""
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [c.model_dump(mode="json") for c in message.tool_calls]
+        if not message.content:
+            out["content"] = None
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        out["name"] = message.name
+    return out
 
 
 def status_error(request_id: str, response: httpx.Response) -> ServerError:
@@ -796,35 +838,67 @@ def _json_object(request_id: str, text: str) -> dict[str, Any]:
 
 def _read_completion(
     request_id: str, data: dict[str, Any], *, chat: bool
-) -> tuple[str, Any, str | None]:
+) -> tuple[str, Any, str | None, tuple[ToolCall, ...]]:
+    """(text of choice 0, usage, its finish reason or None, its tool calls) of an answer.
+
+    Raises:
+        ServerError: retryable, when the answer has no such choice or malformed calls.
+    """
     try:
         choice = data["choices"][0]
         text = choice["message"]["content"] if chat else choice["text"]
-    except (KeyError, IndexError, TypeError):
+        raw = choice["message"].get("tool_calls") if chat else None
+        calls = tuple(
+            ToolCall(
+                id=str(c.get("id") or f"call_{i}"),
+                function=FunctionCall(
+                    name=c["function"]["name"], arguments=c["function"].get("arguments") or ""
+                ),
+            )
+            for i, c in enumerate(raw or ())
+        )
+    except (KeyError, IndexError, TypeError, AttributeError, ValidationError):
         raise ServerError(
             f"openai: request {request_id}: malformed answer (no choices[0] text): "
             f"{json.dumps(data)[:200]}",
             retryable=True,
         ) from None
     finish = choice.get("finish_reason")
-    return str(text or ""), data.get("usage"), str(finish) if finish else None
+    return str(text or ""), data.get("usage"), str(finish) if finish else None, calls
 
 
-def _chunk_text(request_id: str, chunk: dict[str, Any], *, chat: bool) -> tuple[str, str | None]:
-    """(text of choice 0, its finish reason or None) of one stream chunk."""
+def _chunk_text(
+    request_id: str, chunk: dict[str, Any], *, chat: bool
+) -> tuple[str, str | None, tuple[ToolCallDelta, ...]]:
+    """(text of choice 0, its finish reason or None, its pieces of tool calls) of one
+    stream chunk.
+
+    Raises:
+        ServerError: retryable, when the chunk is malformed.
+    """
     choices = chunk.get("choices") or []
     if not choices:
-        return "", None  # the usage chunk at the end has no choices
+        return "", None, ()  # the usage chunk at the end has no choices
     try:
         choice = choices[0]
         piece = choice["delta"].get("content") if chat else choice["text"]
-    except (KeyError, TypeError, AttributeError):
+        raw = choice["delta"].get("tool_calls") if chat else None
+        calls = tuple(
+            ToolCallDelta(
+                index=c.get("index", 0),
+                id=c.get("id") or None,
+                name=(c.get("function") or {}).get("name") or None,
+                arguments=(c.get("function") or {}).get("arguments") or "",
+            )
+            for c in raw or ()
+        )
+    except (KeyError, TypeError, AttributeError, ValidationError):
         raise ServerError(
             f"openai: request {request_id}: malformed stream chunk: {json.dumps(chunk)[:200]}",
             retryable=True,
         ) from None
     finish = choice.get("finish_reason")
-    return str(piece or ""), str(finish) if finish else None
+    return str(piece or ""), str(finish) if finish else None, calls
 
 
 def _result(
@@ -835,6 +909,7 @@ def _result(
     ttft_s: float | None,
     finish_reason: str | None = None,
     timings: Any = None,
+    tool_calls: tuple[ToolCall, ...] = (),
 ) -> ServerResult:
     """Token counts from ``usage`` when present, else estimates (the scheduler's, and
     ``CHARS_PER_TOKEN`` characters per output token); completion tokens at most
@@ -854,6 +929,7 @@ def _result(
         ttft_s=ttft_s,
         finish_reason=finish_reason,
         cached_tokens=cached_prompt_tokens(usage, timings),
+        tool_calls=tool_calls,
     )
 
 

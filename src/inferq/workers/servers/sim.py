@@ -8,12 +8,16 @@ right token count. The demo, the tests and the benchmarks run on it.
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import random
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from inferq import defaults
 from inferq.config import ModelSpec
 from inferq.latency import prefill_s, service_time
+from inferq.models import FunctionCall, ToolCall, ToolCallDelta
 from inferq.policy.prefix_index import PrefixIndex
 from inferq.workers.servers.base import (
     ModelServer,
@@ -75,6 +79,16 @@ class SimServer(ModelServer):
     Output tokens are ``min(max_tokens, payload.params["sim_output_tokens"])``
     (``max_tokens`` when the parameter is absent); one word per token. The
     prompt token count reported is the scheduler's estimate.
+
+    Tools (``params["tools"]``, OpenAI's shape, checked by the gateway): with
+    ``tool_choice`` ``required`` or naming a function, the answer is one call of that
+    function (the first tool for ``required``) instead of text, ``finish_reason``
+    ``tool_calls``, its arguments a JSON object with one value per property of the
+    function's ``parameters`` (``"value"`` for a string, 1 for a number, true for a boolean,
+    null otherwise), streamed as three pieces (the id and name, then the arguments in
+    halves); with ``auto``, ``none`` or no ``tool_choice`` the tools are ignored, as by
+    a model that chose to answer in text. ``response_format`` of type ``json_object``
+    or ``json_schema`` makes the text a JSON object ``{"text": "<the words>"}``.
 
     It keeps a prefix cache as a real server does: an LRU of the prompts' blocks
     (:class:`~inferq.policy.prefix_index.PrefixIndex`, keyed on the request's chain)
@@ -150,6 +164,7 @@ class SimServer(ModelServer):
                 retryable when ``sim_output_tokens`` is not an integer >= 0.
         """
         n_out = _output_tokens(request)
+        call = _forced_call(request)
         # Draw everything random before the first await: results then depend only
         # on the order of calls, not on how their sleeps interleave.
         fails = self._rng.random() < self.failure_rate
@@ -168,6 +183,22 @@ class SimServer(ModelServer):
         await self._pause(ttft_s)
         if fails:
             raise ServerError(f"sim: simulated failure of request {request.id}", retryable=True)
+        if call is not None:
+            return await self._call_tool(request, call, ttft_s, st.decode_s, cached)
+        finish = "length" if n_out >= request.max_tokens else "stop"
+        if _json_format(request):
+            text = json.dumps({"text": " ".join(words)})
+            await self._pause(st.decode_s * self.time_scale)
+            if request.on_chunk is not None:
+                request.on_chunk(text, n_out, finish)
+            return ServerResult(
+                output=text,
+                prompt_tokens=request.prompt_tokens,
+                completion_tokens=n_out,
+                ttft_s=ttft_s,
+                finish_reason=finish,
+                cached_tokens=cached,
+            )
         if request.on_chunk is None or n_out == 0:
             await self._pause(st.decode_s * self.time_scale)
         else:  # one word per token, one chunk per token, the decode time spread evenly
@@ -186,6 +217,41 @@ class SimServer(ModelServer):
             cached_tokens=cached,
         )
 
+    async def _call_tool(
+        self,
+        request: ServerRequest,
+        tool: dict[str, Any],
+        ttft_s: float,
+        decode_s: float,
+        cached: int,
+    ) -> ServerResult:
+        """Answer with one call of ``tool`` (a ``tools`` entry); see the class docstring."""
+        function = tool.get("function") or {}
+        name = str(function.get("name", ""))
+        properties = (function.get("parameters") or {}).get("properties") or {}
+        arguments = json.dumps({key: _sample_value(spec) for key, spec in properties.items()})
+        call_id = f"call_{request.id}"
+        tokens = max(1, min(request.max_tokens, math.ceil(len(arguments) / 4)))
+        await self._pause(decode_s * self.time_scale)
+        sink = request.on_chunk
+        if sink is not None:
+            half = len(arguments) // 2
+            sink("", 0, None, tool_calls=(ToolCallDelta(index=0, id=call_id, name=name),))
+            sink("", tokens, None, tool_calls=(ToolCallDelta(index=0, arguments=arguments[:half]),))
+            last = (ToolCallDelta(index=0, arguments=arguments[half:]),)
+            sink("", tokens, "tool_calls", tool_calls=last)
+        return ServerResult(
+            output="",
+            prompt_tokens=request.prompt_tokens,
+            completion_tokens=tokens,
+            ttft_s=ttft_s,
+            finish_reason="tool_calls",
+            cached_tokens=cached,
+            tool_calls=(
+                ToolCall(id=call_id, function=FunctionCall(name=name, arguments=arguments)),
+            ),
+        )
+
     def _cached(self, request: ServerRequest) -> int:
         """Leading prompt tokens of ``request`` found in the prefix cache, which then
         holds its whole chain as the most recent."""
@@ -199,6 +265,41 @@ class SimServer(ModelServer):
         """Sleep ``seconds`` (already scaled); no call at all when that is 0."""
         if seconds > 0:
             await self._sleep(seconds)
+
+
+def _forced_call(request: ServerRequest) -> dict[str, Any] | None:
+    """The tool the request makes the model call: the one ``tool_choice`` names, the
+    first for ``required``; None when the model may answer in text."""
+    tools = request.payload.params.get("tools") or []
+    choice = request.payload.params.get("tool_choice")
+    if not tools or choice in (None, "auto", "none"):
+        return None
+    if choice == "required":
+        return dict(tools[0])
+    wanted = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
+    for tool in tools:
+        if (tool.get("function") or {}).get("name") == wanted:
+            return dict(tool)
+    return None
+
+
+def _json_format(request: ServerRequest) -> bool:
+    """True when ``response_format`` asks for JSON (``json_object``, ``json_schema``)."""
+    fmt = request.payload.params.get("response_format")
+    return isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema")
+
+
+def _sample_value(spec: Any) -> Any:
+    """A value of a JSON schema's ``type``: ``"value"``, 1, true, or null for another
+    (no draw from the generator: calls then leave the sequence of results as it was)."""
+    kind = spec.get("type") if isinstance(spec, dict) else None
+    if kind == "string":
+        return "value"
+    if kind in ("integer", "number"):
+        return 1
+    if kind == "boolean":
+        return True
+    return None
 
 
 def _output_tokens(request: ServerRequest) -> int:
