@@ -59,7 +59,7 @@ def test_submit_chat_sends_a_user_message_and_says_nothing_when_served(  # type:
     assert out.stderr == ""
     payload = store.record(json.loads(out.stdout)["id"]).request.payload
     assert payload.prompt is None
-    assert [m.model_dump() for m in payload.messages or []] == [
+    assert [m.model_dump(exclude_none=True) for m in payload.messages or []] == [
         {"role": "user", "content": "What is the capital of France?"}
     ]
 

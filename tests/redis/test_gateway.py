@@ -497,3 +497,24 @@ def test_a_model_servers_400_reaches_the_caller_as_a_400(
         assert fleet.state("w1") == "ready"
         stats = store.redis.hgetall(store.keys.stats)
         assert "retried" not in stats and stats.get("failed") == "2", stats
+
+
+def test_a_resent_chat_reports_the_prompt_tokens_its_server_reused(
+    fleet: Fleet, gateway: GatewayServer
+) -> None:
+    """OpenAI's ``usage.prompt_tokens_details.cached_tokens``: the sim backend keeps a
+    prefix cache as a real server does and says what it reused (issue 22)."""
+    fleet.worker("w1", time_scale=0.0)
+    client = sdk(gateway)
+    messages = [{"role": "system", "content": "You answer briefly. " * 200}]
+    messages.append({"role": "user", "content": "hi"})
+    usage = []
+    for _ in range(2):
+        chat = client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=2, extra_body={"sim_output_tokens": 2}
+        )
+        assert chat.usage is not None and chat.usage.prompt_tokens_details is not None
+        usage.append(chat.usage)
+    assert usage[0].prompt_tokens_details.cached_tokens == 0  # a cold cache
+    assert 0 < usage[1].prompt_tokens_details.cached_tokens <= usage[1].prompt_tokens
+    assert usage[1].prompt_tokens_details.cached_tokens >= usage[1].prompt_tokens // 2

@@ -231,6 +231,7 @@ def record_dict(record: RequestRecord) -> dict[str, Any]:
             "output": record.result.output,
             "prompt_tokens": record.result.prompt_tokens,
             "completion_tokens": record.result.completion_tokens,
+            "cached_tokens": record.result.cached_tokens,
             "error": record.result.error,
         }
     return out
@@ -251,7 +252,9 @@ def record_panel(data: dict[str, Any]) -> Panel:
     result = data.get("result")
     if result:
         tokens = (_n(result.get("prompt_tokens")), _n(result.get("completion_tokens")))
-        table.add_row("tokens", f"{tokens[0]} in, {tokens[1]} out")
+        cached = result.get("cached_tokens") or 0
+        reused = f" ({cached} from the server's prefix cache)" if cached else ""
+        table.add_row("tokens", f"{tokens[0]} in{reused}, {tokens[1]} out")
         if result.get("error"):
             table.add_row("error", result["error"])
         if result.get("output"):

@@ -492,23 +492,18 @@ def finish_reason(result: Result, max_tokens: int, streamed: str | None = None) 
     return "length" if (result.completion_tokens or 0) >= max_tokens else "stop"
 
 
-def usage_sum(results: list[Result]) -> dict[str, int]:
+def usage_sum(results: list[Result]) -> dict[str, Any]:
     """OpenAI's ``usage`` of the ``n`` requests of one body: their counts added, the
-    prompt's included (each choice was prefilled, and is metered, on its own)."""
-    totals = [usage(r) for r in results]
-    return {
-        k: sum(t[k] for t in totals) for k in ("prompt_tokens", "completion_tokens", "total_tokens")
-    }
-
-
-def usage(result: Result) -> dict[str, int]:
-    """OpenAI's ``usage`` object from a result's token counts."""
-    prompt = result.prompt_tokens or 0
-    completion = result.completion_tokens or 0
+    prompt's included (each choice was prefilled, and is metered, on its own), and
+    ``prompt_tokens_details.cached_tokens``: the prompt tokens the model servers reported
+    reusing from their prefix caches (0 when they do not say)."""
+    prompt = sum(r.prompt_tokens or 0 for r in results)
+    completion = sum(r.completion_tokens or 0 for r in results)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": sum(r.cached_tokens for r in results)},
     }
 
 
