@@ -109,6 +109,36 @@ def test_usage_is_kept_by_key_class_and_model(store: Store, settings: Settings) 
     assert {n: r.requests for n, r in _by(store, "model").items()} == {settings.default_model: 2}
 
 
+def test_usage_is_keyed_by_the_model_that_served_it_not_the_route(
+    store: Store, settings: Settings
+) -> None:
+    ready_worker(store, "w70", model="llama-3.1-70b-awq", params_b=70)
+    rid, attempt = _run(store, settings, worker="w70", model=">=30b")
+    done = Completion(rid, attempt, "succeeded", prompt_tokens=5, completion_tokens=2)
+    assert store.complete("w70", [done]) == ["ok"]  # no model given: the heartbeat's
+    rid2, attempt2 = _run(store, settings, worker="w70", model=">=30b")
+    done = Completion(rid2, attempt2, "succeeded", prompt_tokens=1)
+    assert store.complete("w70", [done], "llama-3.1-70b-awq") == ["ok"]  # as workers pass it
+    queued = inference_request(settings, model=">=30b")
+    store.submit(queued)
+    store.cancel(queued.id)  # never served: counted under its route, with no tokens
+    models = _by(store, "model")
+    assert set(models) == {"llama-3.1-70b-awq", ">=30b"}
+    assert models["llama-3.1-70b-awq"].requests == 2
+    assert models["llama-3.1-70b-awq"].counts["prompt_tokens"] == 6
+    assert models[">=30b"].counts["cancelled"] == 1
+    assert store.redis.hget(store.keys.req(rid), "served_model") == "llama-3.1-70b-awq"
+    # Every final event carries the request's usage, as meter.lua added it.
+    finals = {e.fields.get("id"): e for e in store.events(count=100) if "usage" in e.fields}
+    assert json.loads(finals[rid].fields["usage"]) == [
+        "succeeded", "default", "", "standard", "llama-3.1-70b-awq", 5, 0, 2,
+        int(store.redis.hget(store.keys.req(rid), "service_ms") or 0),
+    ]  # fmt: skip
+    assert json.loads(finals[queued.id].fields["usage"])[:5] == [
+        "cancelled", "default", "", "standard", ">=30b",
+    ]  # fmt: skip
+
+
 def test_a_roll_up_expires_after_its_day_and_the_retention(
     store: Store, settings: Settings
 ) -> None:

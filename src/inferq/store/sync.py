@@ -568,9 +568,16 @@ class Store(AdminCalls):
             records = self._parse_records(ids, rows)
         return verdicts, [r if v == "run" else None for r, v in zip(records, verdicts, strict=True)]
 
-    def complete(self, worker_id: str, completions: Sequence[Completion]) -> list[str]:
-        """Record final results, fenced by attempt; returns 'ok' or 'stale' per result."""
-        call = calls.complete_call(self.keys, self.settings, worker_id, completions)
+    def complete(
+        self, worker_id: str, completions: Sequence[Completion], model: str = ""
+    ) -> list[str]:
+        """Record final results, fenced by attempt; returns 'ok' or 'stale' per result.
+
+        Args:
+            model: the model the worker serves (its usage is metered under it); '' =
+                the worker's heartbeat says (one more Redis read in the script).
+        """
+        call = calls.complete_call(self.keys, self.settings, worker_id, completions, model)
         return calls.parse_complete(self._call(call))
 
     def requeue(

@@ -48,8 +48,8 @@ for i = 6, #ARGV, 8 do
     else
       local state = 'cancelled'
       if action == 'expire' then state = 'expired' end
-      finalize(p, id, state, now, ttl, maxlen, {'error', reason})
-      emit(p, maxlen, action, 'id', id, 'reason', reason)
+      local u = finalize(p, id, state, now, ttl, maxlen, {'error', reason})
+      emit(p, maxlen, action, 'id', id, 'reason', reason, 'usage', u)
     end
     out[#out + 1] = 'done'
   else

@@ -1,25 +1,27 @@
 -- complete: record final results from a worker, fenced by attempt number.
--- ARGV: 1 prefix, 2 worker id, 3 result ttl s, 4 events maxlen,
---       then 11-tuples: id, attempt, status ('succeeded'|'failed'|'expired'|'cancelled'),
+-- ARGV: 1 prefix, 2 worker id, 3 result ttl s, 4 events maxlen, 5 the model the worker
+--       serves ('' = unknown: read from its heartbeat, one HGET a call), then 11-tuples: id, attempt, status ('succeeded'|'failed'|'expired'|'cancelled'),
 --       output, prompt_tokens, completion_tokens, first_token_ms ('' if unknown), error,
 --       finish_reason ('stop'|'length'|... as the model server said; '' if unknown),
 --       rejection (the model server's message when it refused the request as invalid,
 --       the caller's error; '' otherwise, and then no field is written),
 --       cached_tokens (prompt tokens the model server reused from its cache; 0 unknown)
 -- Writes service_ms (Redis ms from this attempt's start to now: the GPU time metered,
--- see includes/meter.lua) and cached_tokens beside the result.
+-- see includes/meter.lua), cached_tokens and served_model (the model the usage is metered
+-- under: the worker's, not the route, which may be a size requirement) beside the result.
 -- Events: finish/fail/expire with class, tenant, queue_ms, e2e_ms, ttft_ms (finish time
 -- when the model server reports no first token), output and prompt tokens, so
--- metrics and reports need not read the request hashes.
+-- metrics and reports need not read the request hashes; and usage (includes/meter.lua).
 -- Returns one verdict per tuple: 'ok' or 'stale' (not the attempt that holds the request:
 -- ignored, so a late result from a re-dispatched attempt never overwrites the real one).
 -- Invariant: exactly one final result per request; a final request holds no lease or
 -- reservation; the waiting client is told once.
 -- include: clock, keys, events, release, finalize
-local p, w, ttl, maxlen = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local p, w, ttl, maxlen, served = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local now = now_ms()
 local out = {}
-for i = 5, #ARGV, 11 do
+if served == '' then served = redis.call('HGET', k_worker(p, w), 'model') or '' end
+for i = 6, #ARGV, 11 do
   local id, attempt, status = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local key = k_req(p, id)
   local r = redis.call('HMGET', key, 'state', 'attempts', 'worker', 'need_mib', 'priority',
@@ -33,12 +35,12 @@ for i = 5, #ARGV, 11 do
       'output', ARGV[i + 3], 'prompt_tokens_used', ARGV[i + 4],
       'completion_tokens', ARGV[i + 5], 'first_token_ms', ARGV[i + 6], 'error', ARGV[i + 7],
       'finish_reason', ARGV[i + 8], 'cached_tokens', ARGV[i + 10],
-      'service_ms', math.max(0, now - (tonumber(r[9]) or now))}
+      'service_ms', math.max(0, now - (tonumber(r[9]) or now)), 'served_model', served}
     if ARGV[i + 9] ~= '' then
       fields[#fields + 1] = 'rejection'
       fields[#fields + 1] = ARGV[i + 9]
     end
-    finalize(p, id, status, now, ttl, maxlen, fields)
+    local u = finalize(p, id, status, now, ttl, maxlen, fields)
     local etype = 'finish'
     if status == 'failed' then etype = 'fail' elseif status == 'expired' then etype = 'expire'
     elseif status == 'cancelled' then etype = 'cancel' end
@@ -48,7 +50,7 @@ for i = 5, #ARGV, 11 do
     emit(p, maxlen, etype, 'id', id, 'worker', w, 'attempt', attempt, 'class', r[5],
       'tenant', r[8], 'queue_ms', tonumber(r[7]) - submitted, 'e2e_ms', now - submitted,
       'ttft_ms', (tonumber(ARGV[i + 6]) or now) - submitted, 'tokens', ARGV[i + 5],
-      'ptokens', ARGV[i + 4], unpack(why))
+      'ptokens', ARGV[i + 4], 'usage', u, unpack(why))
     out[#out + 1] = 'ok'
   end
 end
