@@ -510,7 +510,13 @@ class Settings(BaseSettings):
         le=3660,
         description="days a usage roll-up is kept after its day ends (inferq usage)",
     )
-    #: Prices by model (route) name, ``[prices."llama-3.1-8b"]``: :class:`Price`.
+    usage_metrics_by_tenant: bool = Field(
+        default=False,
+        description="give the Prometheus usage counters (inferq_usage_*) a tenant label: the "
+        "first top-N tenants by name, the rest as other (off: one series per class and model, "
+        "as a public API's tenants would multiply the series)",
+    )
+    #: Prices by model name, ``[prices."llama-3.1-8b"]``: :class:`Price`.
     prices: dict[str, Price] = Field(default_factory=dict)
     #: Budgets by name, ``[budgets.acme-monthly]``: :class:`Budget`.
     budgets: dict[str, Budget] = Field(default_factory=dict)

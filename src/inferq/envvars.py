@@ -48,6 +48,7 @@ SETTINGS_FIELDS = (
     "prices",
     "budgets",
     "usage_retention_days",
+    "usage_metrics_by_tenant",
     "cells",
     "default_cell",
 )

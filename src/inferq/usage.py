@@ -110,6 +110,41 @@ class UsageRow:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class EventUsage:
+    """One request's usage as its final event carries it (field ``usage``, written by
+    ``meter.lua`` when it added the request to its roll-up): the dimensions and counts
+    of :class:`UsageRecord` for that one request. ``gpu_ms``: milliseconds."""
+
+    outcome: str
+    tenant: str
+    key: str
+    klass: str
+    model: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    gpu_ms: int
+
+
+def parse_event_usage(text: str) -> EventUsage:
+    """The usage of a final event's ``usage`` field: JSON ``[outcome, tenant, key id, class,
+    model, prompt, cached, completion, gpu_ms]``.
+
+    Raises:
+        ValueError: not that shape, an outcome that is not final, or a count below 0.
+    """
+    parts = json.loads(text)
+    if not isinstance(parts, list) or len(parts) != 9:
+        raise ValueError(f"usage is not 9 values: {text[:80]!r}")
+    dims, nums = parts[:5], parts[5:]
+    if dims[0] not in OUTCOMES or not all(isinstance(d, str) for d in dims):
+        raise ValueError(f"usage dimensions are not [outcome, tenant, key, class, model]: {dims}")
+    if not all(isinstance(n, int | float) and n >= 0 and n == int(n) for n in nums):
+        raise ValueError(f"usage counts are not integers >= 0: {nums}")
+    return EventUsage(*dims, *(int(n) for n in nums))
+
+
 def cost_usd(counts: Mapping[str, int], price: Price) -> float:
     """What ``counts`` cost at ``price`` (see :class:`~inferq.config.Price`)."""
     cached = counts["cached_tokens"]
