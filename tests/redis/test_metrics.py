@@ -248,9 +248,7 @@ def _value(text: str, sample: str, **labels: str) -> float | None:
     return None
 
 
-def test_usage_counters_follow_the_metered_final_results(
-    store: Store, settings: Settings
-) -> None:
+def test_usage_counters_follow_the_metered_final_results(store: Store, settings: Settings) -> None:
     ready_worker(store, "w1")
     _finish_one(store, settings, tenant="acme")
     cancelled = inference_request(settings, priority="batch", tenant="zeta")
@@ -281,9 +279,7 @@ def test_usage_counters_carry_a_tenant_only_behind_the_setting(
     settings = settings.model_copy(
         update={
             "usage_metrics_by_tenant": True,
-            "budgets": {
-                "acme-day": Budget(tenant="acme", period="day", tokens=10_000, soft=25)
-            },
+            "budgets": {"acme-day": Budget(tenant="acme", period="day", tokens=10_000, soft=25)},
         }
     )
     store = Store(redis_client, settings)
