@@ -214,4 +214,4 @@ def test_inferq_usage_refuses_a_bad_window(namespace: str) -> None:
     bad = inferq(namespace, "usage", "--since", "3 weeks")
     assert bad.returncode != 0 and "--since" in bad.stderr and "24h" in bad.stderr
     backwards = inferq(namespace, "usage", "--since", "1d", "--until", "2d")
-    assert backwards.returncode != 0 and "is not before --until" in backwards.stderr
+    assert backwards.returncode != 0 and "--since: '1d' is not before until" in backwards.stderr

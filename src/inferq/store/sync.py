@@ -266,6 +266,24 @@ class Store(AdminCalls):
                 (corrupt if isinstance(parsed, usage.Corrupt) else records).append(parsed)  # type: ignore[arg-type]
         return records, corrupt
 
+    def usage_report(self, by: str, since: str, until: str) -> dict[str, object]:
+        """The usage of ``[since, until)`` summed by ``by`` and priced now
+        (:func:`inferq.usage.report`'s shape): what ``inferq usage --json`` prints and the
+        gateway's ``GET /v1/usage`` returns.
+
+        Args:
+            by: one of :data:`inferq.usage.DIMENSIONS`.
+            since / until: ``<n>h`` or ``<n>d`` ago (``until`` also ``now``), on Redis
+                TIME, widened to whole UTC hours.
+
+        Raises:
+            InvalidUsageQuery: a parameter does not parse (its name is the ``field``).
+        """
+        usage.check_by(by)
+        start, end = usage.window_ms(round(self.now() * 1000), since, until)
+        records, corrupt = self.usage_records(start, end)
+        return usage.report(records, corrupt, by, self.settings.prices, start, end)
+
     def reap_leases(self, limit: int = 1000) -> list[tuple[str, str]]:
         """Requeue requests whose lease lapsed; returns (id, verdict) pairs."""
         call = calls.reap_leases_call(self.keys, self.settings, limit)
