@@ -62,6 +62,7 @@ PROCESS_VARIABLES = (
     "INFERQ_DOCKER_NETWORK",
     "INFERQ_GATEWAY_KEYS",
     "INFERQ_GATEWAY_REDIS_KEYS",
+    "INFERQ_GATEWAY_ADMIN_KEY",
 )
 
 #: Read by inferq's own tests, benchmarks and CI (.ci/run), not by the package: known,

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from pathlib import Path
 
+import httpx
 import pytest
 
 from inferq import usage
 from inferq.config import Settings
+from inferq.errors import ConfigError
+from inferq.gateway.admin import AdminKey
 from inferq.models import RequestState
 from inferq.store import Completion, Store
 
 from ..builders import inference_request
 from ..helpers import queue_key, ready_worker
+from .gateway_server import GatewayServer
 from .test_cli_ops import inferq
 
 
@@ -215,3 +220,62 @@ def test_inferq_usage_refuses_a_bad_window(namespace: str) -> None:
     assert bad.returncode != 0 and "--since" in bad.stderr and "24h" in bad.stderr
     backwards = inferq(namespace, "usage", "--since", "1d", "--until", "2d")
     assert backwards.returncode != 0 and "--since: '1d' is not before until" in backwards.stderr
+
+
+ADMIN = "admin-key-for-the-tests-0123456789"
+
+
+def test_the_gateways_usage_endpoint_gives_the_clis_figures_behind_the_admin_key(
+    store: Store, settings: Settings, namespace: str, tmp_path: Path
+) -> None:
+    ready_worker(store, "w1", slots=8)
+    for tenant, prompt in (("acme", 3), ("acme", 4), ("zeta", 10)):
+        rid, attempt = _run(store, settings, tenant=tenant)
+        store.complete("w1", [Completion(rid, attempt, "succeeded", prompt_tokens=prompt)])
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[keys."sk-tenant"]\ntenant = "acme"\n')
+    options = {"rate_limits": False, "deployment_metrics": False}
+    digest_form = "sha256:" + hashlib.sha256(ADMIN.encode()).hexdigest()
+    with GatewayServer(settings, keys, admin_key=AdminKey(digest_form), **options) as gw:
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        got = httpx.get(f"{gw.url}/usage", params={"by": "tenant", "since": "2d"}, headers=admin)
+        assert got.status_code == 200, got.text
+        data = got.json()
+        cli = inferq(namespace, "usage", "--json", "--since", "2d")
+        assert cli.returncode == 0, cli.stderr
+        same = ("by", "rows", "total", "corrupt")  # the window moves if the hour turns
+        assert {k: data[k] for k in same} == {k: json.loads(cli.stdout)[k] for k in same}
+        assert {r["name"]: r["prompt_tokens"] for r in data["rows"]} == {"acme": 7, "zeta": 10}
+        by_model = httpx.get(f"{gw.url}/usage?by=model", headers=admin).json()
+        assert [r["name"] for r in by_model["rows"]] == [settings.default_model]
+        # A tenant's key, a wrong key, no key: not the admin's.
+        for headers in ({"Authorization": "Bearer sk-tenant"}, {"Authorization": "Bearer x"}, {}):
+            refused = httpx.get(f"{gw.url}/usage", headers=headers)
+            assert refused.status_code == 401 and refused.json()["error"]["code"] == (
+                "invalid_api_key"
+            )
+        # The admin key opens nothing else.
+        assert httpx.get(f"{gw.url}/models", headers=admin).status_code == 401
+        # Bad parameters: 400 naming the parameter.
+        for params, named in (
+            ({"by": "team"}, "by"),
+            ({"since": "3 weeks"}, "since"),
+            ({"until": "x"}, "until"),
+            ({"since": "1d", "until": "2d"}, "since"),
+            ({"cell": "east"}, "cell"),
+            ({"tenant": "acme"}, "tenant"),
+        ):
+            bad = httpx.get(f"{gw.url}/usage", params=params, headers=admin)
+            assert bad.status_code == 400, (params, bad.text)
+            assert bad.json()["error"]["param"] == named, bad.text
+            assert bad.json()["error"]["message"].startswith(f"{named}: ")
+    with GatewayServer(settings, keys, **options) as closed:
+        shut = httpx.get(f"{closed.url}/usage", headers={"Authorization": f"Bearer {ADMIN}"})
+        assert shut.status_code == 403 and "--admin-key" in shut.json()["error"]["message"]
+
+
+def test_an_admin_key_too_short_or_a_bad_digest_is_refused() -> None:
+    for text in ("short", "sha256:abc"):
+        with pytest.raises(ConfigError, match="--admin-key"):
+            AdminKey(text)
+    assert AdminKey(ADMIN).matches(ADMIN) and not AdminKey(ADMIN).matches(ADMIN + "x")
