@@ -686,9 +686,14 @@ def gateway(
     uvicorn = import_extra("uvicorn", "gateway", "inferq gateway")
     from inferq.gateway.admin import AdminKey
     from inferq.gateway.app import create_app
-    from inferq.gateway.tenants import KeyRing
+    from inferq.gateway.tenants import KEY_ID_LEN, KeyRing, check_budget_keys
 
     keyring = KeyRing.load(keys_path, [c.name for c in obj.settings.classes])
+    if any(b.key is not None for b in obj.settings.budgets.values()):  # refused here: one line
+        ids = keyring.ids()
+        if redis_keys:
+            ids |= {d[:KEY_ID_LEN] for d in obj.store.api_keys()}
+        check_budget_keys(obj.settings.budgets, ids)
     if keyring.open and not redis_keys:
         click.echo(
             "warning: no --keys file and no --redis-keys: every caller is the default tenant",

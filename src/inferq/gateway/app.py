@@ -64,7 +64,15 @@ from inferq.errors import (
 from inferq.gateway import openai_api as api
 from inferq.gateway.admin import AdminKey, UsageReader, usage_query
 from inferq.gateway.ratelimit import RateLimits
-from inferq.gateway.tenants import KEY_ID_LEN, OPEN, ApiKey, KeyRing, StoredKeys, digest
+from inferq.gateway.tenants import (
+    KEY_ID_LEN,
+    OPEN,
+    ApiKey,
+    KeyRing,
+    StoredKeys,
+    check_budget_keys,
+    digest,
+)
 from inferq.ids import new_id
 from inferq.intake import build_request
 from inferq.metrics import MetricsLease, build_registry
@@ -241,6 +249,11 @@ class Gateway:
         self._lease_task = asyncio.create_task(self._renew_caller_lease())
         if self.redis_keys:
             self.stored_keys = StoredKeys(self.client.store.api_key)
+        if any(b.key is not None for b in self.settings.budgets.values()):
+            ids = self.keyring.ids()
+            if self.redis_keys:
+                ids |= {d[:KEY_ID_LEN] for d in await self.client.store.api_key_digests()}
+            check_budget_keys(self.settings.budgets, ids)
         if self.use_rate_limits:
             self.limits = RateLimits(self.settings.redis_url, self.client.store.keys)
         if self.deployment_metrics:
