@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from inferq import usage
-from inferq.config import Settings
+from inferq.config import Price, Settings
 from inferq.errors import ConfigError
 from inferq.gateway.admin import AdminKey
 from inferq.models import RequestState
@@ -279,3 +279,32 @@ def test_an_admin_key_too_short_or_a_bad_digest_is_refused() -> None:
         with pytest.raises(ConfigError, match="--admin-key"):
             AdminKey(text)
     assert AdminKey(ADMIN).matches(ADMIN) and not AdminKey(ADMIN).matches(ADMIN + "x")
+
+
+def test_the_dashboard_shows_todays_usage_by_tenant_and_model(
+    store: Store, settings: Settings
+) -> None:
+    from inferq.dashboard.app import render_fragment
+    from inferq.dashboard.state import dashboard_state, usage_today
+
+    ready_worker(store, "w1", slots=64)
+    priced = settings.model_copy(
+        update={"prices": {settings.default_model: Price(prompt_per_1m_usd=1_000_000.0)}}
+    )
+    store = Store(store.redis, priced)
+    for i in range(5):
+        rid, attempt = _run(store, settings, tenant=f"t{i}")
+        store.complete("w1", [Completion(rid, attempt, "succeeded", prompt_tokens=i + 1)])
+    now_ms = round(store.now() * 1000)
+    today = usage_today(store, now_ms, rows=3)
+    cli = store.usage_report("tenant", f"{now_ms % usage.DAY_MS // usage.HOUR_MS}h", "now")
+    assert today["tenant"]["total"] == cli["total"]  # inferq usage's figures, since midnight
+    names = [r["name"] for r in today["tenant"]["rows"]]
+    assert names == ["t4", "t3", "t2", "(2 more)"]  # by cost, the rest in one row
+    assert today["tenant"]["rows"][-1]["prompt_tokens"] == 1 + 2
+    assert today["tenant"]["rows"][-1]["cost_usd"] == pytest.approx(3.0)
+    assert [r["name"] for r in today["model"]["rows"]] == [settings.default_model]
+    html = render_fragment(dashboard_state(store))
+    assert "Usage today by tenant" in html and "Usage today by model" in html
+    assert "<td>t4</td>" in html
+    assert "15.0000" in html  # the day's cost: 15 prompt tokens at $1 each
