@@ -22,7 +22,7 @@ FIGURES = {
     "prompt_tokens_used": "prompt_tokens",
     "cached_tokens": "cached_tokens",
     "completion_tokens": "completion_tokens",
-    "service_ms": "gpu_ms",
+    "gpu_ms": "gpu_ms",
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import time
 from pathlib import Path
 
 import httpx
@@ -58,8 +59,8 @@ def test_a_duplicate_completion_is_metered_once(store: Store, settings: Settings
     assert (row.counts["prompt_tokens"], row.counts["cached_tokens"]) == (30, 16)
     assert row.counts["completion_tokens"] == 7
     assert row.counts["gpu_ms"] >= 0
-    service = store.redis.hget(store.keys.req(rid), "service_ms")
-    assert service is not None and row.counts["gpu_ms"] == int(service)
+    share = store.redis.hget(store.keys.req(rid), "gpu_ms")
+    assert share is not None and row.counts["gpu_ms"] == int(share)
 
 
 def test_tenant_totals_equal_the_sum_over_final_results(store: Store, settings: Settings) -> None:
@@ -114,6 +115,31 @@ def test_usage_is_kept_by_key_class_and_model(store: Store, settings: Settings) 
     assert {n: r.requests for n, r in _by(store, "model").items()} == {settings.default_model: 2}
 
 
+def test_gpu_time_is_the_workers_busy_time_shared_among_the_requests_it_holds(
+    store: Store, settings: Settings
+) -> None:
+    ready_worker(store, "w1", slots=8)
+    a, a_attempt = _run(store, settings, tenant="a")
+    time.sleep(0.2)  # a alone
+    b, b_attempt = _run(store, settings, tenant="b")
+    time.sleep(0.3)  # a and b side by side: each is charged half of it
+    store.complete("w1", [Completion(a, a_attempt, "succeeded", completion_tokens=1)])
+    time.sleep(0.1)  # b alone
+    store.complete("w1", [Completion(b, b_attempt, "succeeded", completion_tokens=1)])
+    f = {rid: store.redis.hgetall(store.keys.req(rid)) for rid in (a, b)}
+    t0, t1 = int(f[a]["dispatched_ms"]), int(f[b]["dispatched_ms"])
+    t2, t3 = int(f[a]["finished_ms"]), int(f[b]["finished_ms"])
+    assert t1 - t0 >= 200 and t2 - t1 >= 300 and t3 - t2 >= 100
+    want_a = (t1 - t0) + (t2 - t1) / 2
+    want_b = (t2 - t1) / 2 + (t3 - t2)
+    assert abs(int(f[a]["gpu_ms"]) - want_a) <= 1 and abs(int(f[b]["gpu_ms"]) - want_b) <= 1
+    # The shares add up to the worker's busy time, first claim to last release.
+    rows = _by(store, "tenant")
+    assert abs(rows["a"].counts["gpu_ms"] + rows["b"].counts["gpu_ms"] - (t3 - t0)) <= 1
+    # Each request's own service time (start to end) counts the overlap whole.
+    assert int(f[a]["service_ms"]) + int(f[b]["service_ms"]) > t3 - t0 + 250
+
+
 def test_usage_is_keyed_by_the_model_that_served_it_not_the_route(
     store: Store, settings: Settings
 ) -> None:
@@ -137,7 +163,7 @@ def test_usage_is_keyed_by_the_model_that_served_it_not_the_route(
     finals = {e.fields.get("id"): e for e in store.events(count=100) if "usage" in e.fields}
     assert json.loads(finals[rid].fields["usage"]) == [
         "succeeded", "default", "", "standard", "llama-3.1-70b-awq", 5, 0, 2,
-        int(store.redis.hget(store.keys.req(rid), "service_ms") or 0),
+        int(store.redis.hget(store.keys.req(rid), "gpu_ms") or 0),
     ]  # fmt: skip
     assert json.loads(finals[queued.id].fields["usage"])[:5] == [
         "cancelled", "default", "", "standard", ">=30b",

@@ -35,7 +35,7 @@ for i = 6, #ARGV, 8 do
   elseif r[9] == attempt and (action == 'requeue' or r[10] ~= 'requeue') then
     out[#out + 1] = 'pending'
   elseif r[1] == 'assigned' then
-    release(p, id, w, r[4])
+    release(p, id, w, r[4], now)
     if action == 'requeue' then
       redis.call('HINCRBY', key, 'attempt_base', 1)
       redis.call('HINCRBY', key, 'preemptions', 1)

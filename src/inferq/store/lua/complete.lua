@@ -6,8 +6,9 @@
 --       rejection (the model server's message when it refused the request as invalid,
 --       the caller's error; '' otherwise, and then no field is written),
 --       cached_tokens (prompt tokens the model server reused from its cache; 0 unknown)
--- Writes service_ms (Redis ms from this attempt's start to now: the GPU time metered,
--- see includes/meter.lua), cached_tokens and served_model (the model the usage is metered
+-- Writes gpu_ms (the request's share of its worker's busy time from its claim to now,
+-- includes/gpu.lua: the GPU time metered, see includes/meter.lua), service_ms (Redis ms from
+-- this attempt's start to now, for reference), cached_tokens and served_model (the model the usage is metered
 -- under: the worker's, not the route, which may be a size requirement) beside the result.
 -- Events: finish/fail/expire with class, tenant, queue_ms, e2e_ms, ttft_ms (finish time
 -- when the model server reports no first token), output and prompt tokens, so
@@ -16,7 +17,7 @@
 -- ignored, so a late result from a re-dispatched attempt never overwrites the real one).
 -- Invariant: exactly one final result per request; a final request holds no lease or
 -- reservation; the waiting client is told once.
--- include: clock, keys, events, release, finalize
+-- include: clock, keys, events, release, finalize, gpu
 local p, w, ttl, maxlen, served = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local now = now_ms()
 local out = {}
@@ -25,17 +26,21 @@ for i = 6, #ARGV, 11 do
   local id, attempt, status = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local key = k_req(p, id)
   local r = redis.call('HMGET', key, 'state', 'attempts', 'worker', 'need_mib', 'priority',
-    'submitted_ms', 'dispatched_ms', 'tenant', 'started_ms')
+    'submitted_ms', 'dispatched_ms', 'tenant', 'started_ms', 'gpu_mark')
   if (r[1] ~= 'assigned' and r[1] ~= 'running') or r[2] ~= attempt or r[3] ~= w then
     stat(p, 'stale_results')
     out[#out + 1] = 'stale'
   else
-    release(p, id, w, r[4])
+    local acc = release(p, id, w, r[4], now)
+    local service = math.max(0, now - (tonumber(r[9]) or now))
+    -- claimed before GPU sharing (no mark), or load:<w> rebuilt meanwhile: its service time
+    local gpu = service
+    if acc and tonumber(r[10]) then gpu = math.max(0, math.floor(acc - tonumber(r[10]) + 0.5)) end
     local fields = {
       'output', ARGV[i + 3], 'prompt_tokens_used', ARGV[i + 4],
       'completion_tokens', ARGV[i + 5], 'first_token_ms', ARGV[i + 6], 'error', ARGV[i + 7],
       'finish_reason', ARGV[i + 8], 'cached_tokens', ARGV[i + 10],
-      'service_ms', math.max(0, now - (tonumber(r[9]) or now)), 'served_model', served}
+      'service_ms', service, 'gpu_ms', gpu, 'served_model', served}
     if ARGV[i + 9] ~= '' then
       fields[#fields + 1] = 'rejection'
       fields[#fields + 1] = ARGV[i + 9]

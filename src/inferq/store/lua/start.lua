@@ -24,7 +24,7 @@ for i = 7, #ARGV, 2 do
   elseif r[1] ~= 'assigned' or r[2] ~= attempt or r[3] ~= w then
     out[#out + 1] = 'stale'
   elseif tonumber(r[4]) <= now then
-    release(p, id, w, r[5])
+    release(p, id, w, r[5], now)
     local u = finalize(p, id, 'expired', now, ttl, maxlen,
       {'error', 'deadline passed before the request started (assigned to ' .. w .. ')'})
     emit(p, maxlen, 'expire', 'id', id, 'reason', 'deadline before start', 'usage', u)

@@ -18,7 +18,7 @@ local function finalize(p, id, state, now, ttl_s, maxlen, extra)
   redis.call('RPUSH', k_done(p, id), state)
   redis.call('EXPIRE', k_done(p, id), ttl_s)
   local seen = redis.call('HMGET', key, 'stream', 'caller', 'tenant', 'api_key', 'priority',
-    'model', 'prompt_tokens_used', 'cached_tokens', 'completion_tokens', 'service_ms', 'budgets',
+    'model', 'prompt_tokens_used', 'cached_tokens', 'completion_tokens', 'gpu_ms', 'budgets',
     'served_model')
   if seen[2] then redis.call('SREM', k_caller(p, seen[2]), id) end
   if seen[1] == '1' then

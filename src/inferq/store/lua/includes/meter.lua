@@ -7,6 +7,8 @@
 -- a request cancelled or expired before a result, which has no tokens and no GPU time)];
 -- value = 8 integers, space-separated, in the order of inferq.usage.COUNTERS:
 --   succeeded failed expired cancelled prompt_tokens cached_tokens completion_tokens gpu_ms
+-- gpu_ms: the request's share of its worker's busy time (includes/gpu.lua, complete.lua's
+-- gpu_ms field); 0 for a request no worker completed.
 -- Cost: HGET + HSET per request; the key's EXPIRE (and a GET of P usage:retention, the
 -- retention the dispatcher wrote from settings) only when the field is new, i.e. once per
 -- (hour, tenant, key, class, model). A value that does not parse is moved aside (P quarantine,

@@ -58,7 +58,7 @@ local function requeue_one(p, id, attempt, worker, err, penalize, max_attempts, 
   if state ~= 'assigned' and state ~= 'running' then return 'stale' end
   if attempt ~= '' and r[2] ~= attempt then return 'stale' end
   if worker ~= '' and r[3] ~= worker then return 'stale' end
-  release(p, id, r[3], r[4])
+  release(p, id, r[3], r[4], now)
   if r[11] and r[11] == r[2] then
     redis.call('HDEL', key, 'abort_attempt', 'abort_action', 'abort_charged', 'abort_weight',
       'abort_tw', 'abort_reason')
