@@ -64,10 +64,8 @@ def usage_today(store: Store, now_ms: int, rows: int = USAGE_ROWS) -> dict[str, 
     out: dict[str, Any] = {"since_ms": start, "until_ms": end, "corrupt": len(corrupt)}
     for by in ("tenant", "model"):
         data = usage.report(records, [], by, store.settings.prices, start, end)
-        ranked = sorted(
-            data["rows"],  # type: ignore[arg-type]
-            key=lambda r: (-r["cost_usd"], -r["requests"], r["name"]),
-        )
+        rows_of: list[dict[str, Any]] = data["rows"]  # type: ignore[assignment]
+        ranked = sorted(rows_of, key=lambda r: (-r["cost_usd"], -r["requests"], r["name"]))
         if len(ranked) > rows:
             rest = ranked[rows:]
             more: dict[str, Any] = {

@@ -352,7 +352,7 @@ class Gateway:
             return self._error(
                 "usage", 400, str(exc), "invalid_request_error", param=exc.field, code=exc.code
             )
-        except (RedisUnavailable, *CONNECTION_ERRORS) as exc:
+        except _FLEET_ERRORS as exc:  # Redis did not answer
             return self._error("usage", 503, f"Redis unavailable: {exc}", "server_error")
         return self._json("usage", 200, data)
 
