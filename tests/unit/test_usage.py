@@ -138,3 +138,21 @@ def test_the_report_totals_its_rows_and_lists_what_it_skipped() -> None:
 def test_a_bad_budget_is_refused_naming_the_field(budget: dict[str, object], named: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(named)):
         Settings.load(budgets={"b": budget})
+
+
+def test_a_final_events_usage_parses_or_is_refused() -> None:
+    u = usage.parse_event_usage('["succeeded","acme","","standard","m",30,16,7,1200]')
+    assert (u.outcome, u.tenant, u.model, u.prompt_tokens, u.cached_tokens) == (
+        "succeeded", "acme", "m", 30, 16,
+    )  # fmt: skip
+    assert (u.completion_tokens, u.gpu_ms) == (7, 1200)
+    for bad in (
+        "[1",  # not JSON
+        '["succeeded","acme","","standard","m",30,16,7]',  # 8 values
+        '["running","acme","","standard","m",0,0,0,0]',  # not a final state
+        '["failed","acme","","standard","m",-1,0,0,0]',  # below 0
+        '["failed","acme","","standard","m",1.5,0,0,0]',  # not whole
+        '["failed",3,"","standard","m",1,0,0,0]',  # a dimension not a string
+    ):
+        with pytest.raises(ValueError):
+            usage.parse_event_usage(bad)
