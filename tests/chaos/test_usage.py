@@ -17,6 +17,8 @@ from .conftest import Deployment
 from .test_kill import check, run_kills
 
 TENANTS = ("acme", "beta", "gamma")
+#: One realtime request in four: realtime preempts standard work it waits behind.
+CLASSES = ("standard", "standard", "realtime", "standard")
 #: The figures compared: each of the final results' fields, and the roll-up's counter.
 FIGURES = {
     "prompt_tokens_used": "prompt_tokens",
@@ -39,10 +41,14 @@ def test_metered_usage_per_tenant_equals_the_final_results_under_kills(
         time_scale=0.35,
         seed=23,
         tenants=TENANTS,
+        classes=CLASSES,
     )
     print(figures.summary())
-    check(figures, audit, ids)
-    assert figures.retried > 0  # some requests ran more than once: a double count could show
+    # A short run (a fast host) may see fewer kills than the kill test asks; 3 and retries
+    # are enough to run requests more than once, where a double count would show.
+    check(figures, audit, ids, min_kills=3)
+    assert figures.retried > 0
+    print("preempted", audit.stats.get("preempted", 0))  # 0 to 3 a run measured: not asserted
     # What the final results say, per tenant.
     pipe = d.store.redis.pipeline(transaction=False)
     for rid in ids:
