@@ -334,3 +334,16 @@ def test_the_dashboard_shows_todays_usage_by_tenant_and_model(
     assert "Usage today by tenant" in html and "Usage today by model" in html
     assert "<td>t4</td>" in html
     assert "15.0000" in html  # the day's cost: 15 prompt tokens at $1 each
+
+
+def test_a_request_whose_load_was_rebuilt_is_metered_its_service_time(
+    store: Store, settings: Settings
+) -> None:
+    ready_worker(store, "w1", slots=8)
+    rid, attempt = _run(store, settings)
+    time.sleep(0.05)
+    store.quarantine(store.keys.load("w1"), "test: load set aside")  # rebuilt from inflight
+    assert store.redis.hget(store.keys.load("w1"), "gpu_acc") is None
+    store.complete("w1", [Completion(rid, attempt, "succeeded", completion_tokens=1)])
+    fields = store.redis.hgetall(store.keys.req(rid))
+    assert int(fields["gpu_ms"]) == int(fields["service_ms"])  # not 0: the share is unknown

@@ -33,9 +33,11 @@ for i = 6, #ARGV, 11 do
   else
     local acc = release(p, id, w, r[4], now)
     local service = math.max(0, now - (tonumber(r[9]) or now))
-    -- claimed before GPU sharing (no mark), or load:<w> rebuilt meanwhile: its service time
-    local gpu = service
-    if acc and tonumber(r[10]) then gpu = math.max(0, math.floor(acc - tonumber(r[10]) + 0.5)) end
+    -- its share (includes/gpu.lua); claimed before GPU sharing (no mark), or its load:<w>
+    -- rebuilt by quarantine.lua meanwhile (the integral restarted below the mark): its
+    -- service time, the rule before
+    local gpu, mark = service, tonumber(r[10])
+    if acc and mark and acc >= mark then gpu = math.floor(acc - mark + 0.5) end
     local fields = {
       'output', ARGV[i + 3], 'prompt_tokens_used', ARGV[i + 4],
       'completion_tokens', ARGV[i + 5], 'first_token_ms', ARGV[i + 6], 'error', ARGV[i + 7],

@@ -23,7 +23,8 @@ local function load_ok(key)
 end
 
 -- `now`: the caller's Redis ms (absent: read here). Returns the worker's gpu_acc at the
--- release (includes/gpu.lua), or nil when the request held nothing there.
+-- release (includes/gpu.lua), or nil when the request held nothing there or the integral
+-- is unknown (slots held but no gpu_t: load:<w> was rebuilt by quarantine.lua).
 local function release(p, id, worker, need_mib, now)
   now = now or now_ms()
   redis.call('ZREM', p .. 'leases', id)
@@ -33,10 +34,12 @@ local function release(p, id, worker, need_mib, now)
       local load = k_load(p, worker)
       local ok, v = load_ok(load)
       if ok then
-        acc = gpu_acc_at(v[3], v[4], v[1], now)
+        local known = tonumber(v[4]) ~= nil or (tonumber(v[1]) or 0) <= 0
+        local at = gpu_acc_at(v[3], v[4], v[1], now)
+        if known then acc = at end
         redis.call('HINCRBY', load, 'slots', -1)
         redis.call('HINCRBYFLOAT', load, 'mib', -(tonumber(need_mib) or 0))
-        redis.call('HSET', load, 'gpu_acc', gpu_fmt(acc), 'gpu_t', now)
+        redis.call('HSET', load, 'gpu_acc', gpu_fmt(at), 'gpu_t', now)
         if redis.call('HGET', load, 'isolated') == id then
           redis.call('HDEL', load, 'isolated')
         end
