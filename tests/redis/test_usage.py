@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from inferq import usage
 from inferq.config import Price, Settings
@@ -295,6 +296,14 @@ def test_the_gateways_usage_endpoint_gives_the_clis_figures_behind_the_admin_key
             assert bad.status_code == 400, (params, bad.text)
             assert bad.json()["error"]["param"] == named, bad.text
             assert bad.json()["error"]["message"].startswith(f"{named}: ")
+
+        # Redis away: a 503, not a traceback.
+        def unreachable(query: object) -> dict[str, object]:
+            raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
+
+        gw.app.state.gateway.usage_reader.report = unreachable
+        down = httpx.get(f"{gw.url}/usage", headers=admin)
+        assert down.status_code == 503 and "Connection refused" in down.json()["error"]["message"]
     with GatewayServer(settings, keys, **options) as closed:
         shut = httpx.get(f"{closed.url}/usage", headers={"Authorization": f"Bearer {ADMIN}"})
         assert shut.status_code == 403 and "--admin-key" in shut.json()["error"]["message"]
