@@ -154,8 +154,9 @@ class ModelSpec(BaseModel):
 
 
 class Price(BaseModel):
-    """What serving one model (route) costs, in US dollars; ``inferq usage`` derives cost
-    from the metered figures at read time, so a changed price re-prices history too.
+    """What serving one model costs, in US dollars (usage is metered under the model that
+    served each request); ``inferq usage`` derives cost from the metered figures at read
+    time, so a changed price re-prices history too.
 
     Any mix of the rates may be given; cost is their sum over the figures metered:
     GPU-seconds x ``gpu_hour_usd`` / 3600 + tokens x the per-1M rates / 1e6. Cached

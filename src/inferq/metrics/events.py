@@ -195,8 +195,8 @@ class EventObserver:
         )
         self.usage_gpu = Counter(
             "inferq_usage_gpu_seconds",
-            "GPU-seconds metered of final results: each request's service time on its "
-            "worker (docs/architecture.md, Usage metering)",
+            "GPU-seconds metered of final results: each request's share of its worker's "
+            "busy time (docs/architecture.md, Usage metering)",
             usage_labels,
             registry=registry,
         )

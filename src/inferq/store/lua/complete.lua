@@ -1,15 +1,17 @@
 -- complete: record final results from a worker, fenced by attempt number.
 -- ARGV: 1 prefix, 2 worker id, 3 result ttl s, 4 events maxlen, 5 the model the worker
---       serves ('' = unknown: read from its heartbeat, one HGET a call), then 11-tuples: id, attempt, status ('succeeded'|'failed'|'expired'|'cancelled'),
+--       serves ('' = unknown: read from its heartbeat, one HGET a call),
+--       then 11-tuples: id, attempt, status ('succeeded'|'failed'|'expired'|'cancelled'),
 --       output, prompt_tokens, completion_tokens, first_token_ms ('' if unknown), error,
 --       finish_reason ('stop'|'length'|... as the model server said; '' if unknown),
 --       rejection (the model server's message when it refused the request as invalid,
 --       the caller's error; '' otherwise, and then no field is written),
 --       cached_tokens (prompt tokens the model server reused from its cache; 0 unknown)
 -- Writes gpu_ms (the request's share of its worker's busy time from its claim to now,
--- includes/gpu.lua: the GPU time metered, see includes/meter.lua), service_ms (Redis ms from
--- this attempt's start to now, for reference), cached_tokens and served_model (the model the usage is metered
--- under: the worker's, not the route, which may be a size requirement) beside the result.
+-- includes/gpu.lua: the GPU time metered, see includes/meter.lua), service_ms (Redis ms
+-- from this attempt's start to now, for reference), cached_tokens and served_model (the
+-- model the usage is metered under: the worker's, not the route, which may be a size
+-- requirement) beside the result.
 -- Events: finish/fail/expire with class, tenant, queue_ms, e2e_ms, ttft_ms (finish time
 -- when the model server reports no first token), output and prompt tokens, so
 -- metrics and reports need not read the request hashes; and usage (includes/meter.lua).
