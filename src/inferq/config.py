@@ -157,8 +157,9 @@ class ModelSpec(BaseModel):
 
 
 class Price(BaseModel):
-    """What serving one model (route) costs, in US dollars; ``inferq usage`` derives cost
-    from the metered figures at read time, so a changed price re-prices history too.
+    """What serving one model costs, in US dollars (usage is metered under the model that
+    served each request); ``inferq usage`` derives cost from the metered figures at read
+    time, so a changed price re-prices history too.
 
     Any mix of the rates may be given; cost is their sum over the figures metered:
     GPU-seconds x ``gpu_hour_usd`` / 3600 + tokens x the per-1M rates / 1e6. Cached
@@ -513,7 +514,13 @@ class Settings(BaseSettings):
         le=3660,
         description="days a usage roll-up is kept after its day ends (inferq usage)",
     )
-    #: Prices by model (route) name, ``[prices."llama-3.1-8b"]``: :class:`Price`.
+    usage_metrics_by_tenant: bool = Field(
+        default=False,
+        description="give the Prometheus usage counters (inferq_usage_*) a tenant label: the "
+        "first top-N tenants by name, the rest as other (off: one series per class and model, "
+        "as a public API's tenants would multiply the series)",
+    )
+    #: Prices by model name, ``[prices."llama-3.1-8b"]``: :class:`Price`.
     prices: dict[str, Price] = Field(default_factory=dict)
     #: Budgets by name, ``[budgets.acme-monthly]``: :class:`Budget`.
     budgets: dict[str, Budget] = Field(default_factory=dict)

@@ -48,6 +48,7 @@ SETTINGS_FIELDS = (
     "prices",
     "budgets",
     "usage_retention_days",
+    "usage_metrics_by_tenant",
     "cells",
     "default_cell",
 )
@@ -61,6 +62,7 @@ PROCESS_VARIABLES = (
     "INFERQ_DOCKER_NETWORK",
     "INFERQ_GATEWAY_KEYS",
     "INFERQ_GATEWAY_REDIS_KEYS",
+    "INFERQ_GATEWAY_ADMIN_KEY",
 )
 
 #: Read by inferq's own tests, benchmarks and CI (.ci/run), not by the package: known,

@@ -44,6 +44,11 @@ class InvalidRequest(InferqError, ValueError):
         super().__init__(f"{field}: {reason}")
 
 
+class InvalidUsageQuery(InvalidRequest):
+    """A usage query (``inferq usage``, the gateway's ``GET /v1/usage``) was refused:
+    ``field`` names the parameter (``by``, ``since``, ``until``, ``cell``)."""
+
+
 class UnknownPriorityClass(InvalidRequest):
     """The priority names no configured class (or the level is out of range)."""
 

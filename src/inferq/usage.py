@@ -1,6 +1,10 @@
 """Usage roll-ups: what the metering in ``store/lua/includes/meter.lua`` wrote, read back,
 summed by one dimension and priced. Pure: the records and the time are arguments.
 
+:func:`window_ms` and :func:`report` are the one reading of a usage query, shared by
+``inferq usage --json`` and the gateway's ``GET /v1/usage`` (through
+:meth:`inferq.store.Store.usage_report`), so both give the same figures.
+
 A record is one (UTC hour, tenant, API key id, class, model) with its counters (see
 :data:`COUNTERS`). Cost is derived here, from the settings' prices at read time: a
 changed price re-prices history as it is read.
@@ -9,10 +13,12 @@ changed price re-prices history as it is read.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from inferq.config import Price
+from inferq.errors import InvalidUsageQuery
 
 #: The counters of a record, in the order ``meter.lua`` writes them.
 COUNTERS = (
@@ -31,6 +37,8 @@ OUTCOMES = COUNTERS[:4]
 DIMENSIONS = ("tenant", "key", "class", "model")
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
+_AGO = re.compile(r"^(\d{1,6})([hd])$")
+_UNIT_MS = {"h": HOUR_MS, "d": DAY_MS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +118,41 @@ class UsageRow:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class EventUsage:
+    """One request's usage as its final event carries it (field ``usage``, written by
+    ``meter.lua`` when it added the request to its roll-up): the dimensions and counts
+    of :class:`UsageRecord` for that one request. ``gpu_ms``: milliseconds."""
+
+    outcome: str
+    tenant: str
+    key: str
+    klass: str
+    model: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    gpu_ms: int
+
+
+def parse_event_usage(text: str) -> EventUsage:
+    """The usage of a final event's ``usage`` field: JSON ``[outcome, tenant, key id, class,
+    model, prompt, cached, completion, gpu_ms]``.
+
+    Raises:
+        ValueError: not that shape, an outcome that is not final, or a count below 0.
+    """
+    parts = json.loads(text)
+    if not isinstance(parts, list) or len(parts) != 9:
+        raise ValueError(f"usage is not 9 values: {text[:80]!r}")
+    dims, nums = parts[:5], parts[5:]
+    if dims[0] not in OUTCOMES or not all(isinstance(d, str) for d in dims):
+        raise ValueError(f"usage dimensions are not [outcome, tenant, key, class, model]: {dims}")
+    if not all(isinstance(n, int | float) and n >= 0 and n == int(n) for n in nums):
+        raise ValueError(f"usage counts are not integers >= 0: {nums}")
+    return EventUsage(*dims, *(int(n) for n in nums))
+
+
 def cost_usd(counts: Mapping[str, int], price: Price) -> float:
     """What ``counts`` cost at ``price`` (see :class:`~inferq.config.Price`)."""
     cached = counts["cached_tokens"]
@@ -156,3 +199,72 @@ def days_between(since_ms: int, until_ms: int) -> list[int]:
     if until_ms <= since_ms:
         return []
     return list(range(since_ms // DAY_MS, (until_ms - 1) // DAY_MS + 1))
+
+
+def ago_ms(text: str, param: str) -> int:
+    """Milliseconds before now of ``<n>h`` / ``<n>d`` (``now`` = 0).
+
+    Raises:
+        InvalidUsageQuery: anything else (field ``param``).
+    """
+    if text == "now":
+        return 0
+    m = _AGO.match(text.strip())
+    if m is None:
+        raise InvalidUsageQuery(param, f"{text!r}: give hours or days ago, e.g. 24h or 7d")
+    return int(m.group(1)) * _UNIT_MS[m.group(2)]
+
+
+def window_ms(now_ms: int, since: str, until: str) -> tuple[int, int]:
+    """``[since, until)`` in Redis ms, whole UTC hours: ``since`` starts at the hour it
+    falls in, ``until`` ends with the hour it falls in.
+
+    Raises:
+        InvalidUsageQuery: a value does not parse (field ``since`` or ``until``), or
+            ``since`` is not before ``until`` (field ``since``).
+    """
+    start = (now_ms - ago_ms(since, "since")) // HOUR_MS * HOUR_MS
+    end = (now_ms - ago_ms(until, "until")) // HOUR_MS * HOUR_MS + HOUR_MS
+    if start >= end:
+        raise InvalidUsageQuery("since", f"{since!r} is not before until {until!r}")
+    return start, end
+
+
+def check_by(by: str) -> str:
+    """``by`` when it is one of :data:`DIMENSIONS`.
+
+    Raises:
+        InvalidUsageQuery: it is not (field ``by``).
+    """
+    if by not in DIMENSIONS:
+        raise InvalidUsageQuery("by", f"{by!r} is not one of {', '.join(DIMENSIONS)}")
+    return by
+
+
+def report(
+    records: Iterable[UsageRecord],
+    corrupt: Iterable[Corrupt],
+    by: str,
+    prices: Mapping[str, Price],
+    since_ms: int,
+    until_ms: int,
+) -> dict[str, object]:
+    """A usage query's answer, as ``inferq usage --json`` prints it and ``GET /v1/usage``
+    returns it: ``by``, ``since_ms`` / ``until_ms`` (the window, Redis ms), ``rows`` (one
+    per value of ``by``: :meth:`UsageRow.as_json`), ``total`` (their sum) and ``corrupt``
+    (the records skipped: key, field, reason)."""
+    rows = roll_up(records, by, prices, since_ms, until_ms)
+    total = UsageRow("total")
+    for row in rows:
+        for c, n in row.counts.items():
+            total.counts[c] += n
+        total.cost_usd += row.cost_usd
+        total.unpriced |= row.unpriced
+    return {
+        "by": by,
+        "since_ms": since_ms,
+        "until_ms": until_ms,
+        "rows": [r.as_json() for r in rows],
+        "total": total.as_json(),
+        "corrupt": [{"key": c.key, "field": c.field, "reason": c.reason} for c in corrupt],
+    }

@@ -20,6 +20,7 @@ from ..builders import inference_request
 from ..conftest import REDIS_URL
 from ..helpers import queue_key, ready_worker
 from .gateway_server import GatewayServer
+from .test_cli_ops import inferq
 from .test_gateway import MODEL, sdk
 
 
@@ -173,3 +174,26 @@ def test_the_gateway_refuses_a_spent_key_budget_with_insufficient_quota(
     assert error["code"] == "insufficient_quota" and error["type"] == "insufficient_quota"  # type: ignore[index]
     assert "budget 'acme-day' exhausted" in error["message"] and "resets at" in error["message"]  # type: ignore[index]
     assert 1 <= int(refused.value.response.headers["retry-after"]) <= 86400
+
+
+def test_inferq_gateway_refuses_a_budget_for_a_key_it_does_not_have(
+    redis_client: redis.Redis, namespace: str, tmp_path: Path
+) -> None:
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[keys."sk-known"]\ntenant = "acme"\n')
+    config = tmp_path / "inferq.toml"
+    stored = digest("iq-stored-key")
+    config.write_text(
+        f'[budgets.stored]\nkey = "{stored[:12]}"\nperiod = "day"\ntokens = 10\n'
+        '[budgets.typo]\nkey = "0123456789ab"\nperiod = "day"\ntokens = 10\n'
+    )
+    env = {"INFERQ_CONFIG": str(config)}
+    store = Store(redis_client, Settings.load(redis_url=REDIS_URL, namespace=namespace))
+    store.put_api_key(stored, '{"tenant": "acme"}')  # as inferq keys add stores it
+    out = inferq(namespace, "gateway", "--keys", str(keys), "--redis-keys", "--port", "1", **env)
+    assert out.returncode != 0
+    assert "budgets['typo'].key: '0123456789ab' is not the id of any API key" in out.stderr
+    assert "budgets['stored']" not in out.stderr  # checked first (by name): a known key
+    # Without --redis-keys the stored key is not this gateway's either.
+    out = inferq(namespace, "gateway", "--keys", str(keys), "--port", "1", **env)
+    assert out.returncode != 0 and "budgets['stored'].key" in out.stderr

@@ -9,8 +9,9 @@ import urllib.request
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from redis import Redis
 
-from inferq.config import Settings
+from inferq.config import Budget, Settings
 from inferq.dispatcher.daemon import Dispatcher
 from inferq.errors import ConfigError
 from inferq.metrics import MetricsLease, build_registry, serve_metrics
@@ -236,3 +237,61 @@ def test_prefix_token_counters_come_from_the_workers_heartbeats(store: Store) ->
     assert f"inferq_worker_prefix_lookup_tokens_total{labels} 1000.0" in text
     assert f"inferq_worker_prefix_hit_tokens_total{labels} 640.0" in text
     assert f"inferq_worker_prefix_forecast_tokens_total{labels} 700.0" in text
+
+
+def _value(text: str, sample: str, **labels: str) -> float | None:
+    """The value of the sample named ``sample`` with exactly ``labels``; None if absent."""
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == sample and s.labels == labels:
+                return float(s.value)
+    return None
+
+
+def test_usage_counters_follow_the_metered_final_results(store: Store, settings: Settings) -> None:
+    ready_worker(store, "w1")
+    _finish_one(store, settings, tenant="acme")
+    cancelled = inference_request(settings, priority="batch", tenant="zeta")
+    store.submit(cancelled)
+    store.cancel(cancelled.id)  # final without a worker: counted under its route
+    registry, observer = build_registry(store)
+    for event in store.events():
+        observer.observe(event.type, event.fields)
+    text = generate_latest(registry).decode()
+    rt = {"model": "llama-3.1-8b", "priority_class": "realtime"}
+    assert _value(text, "inferq_usage_requests_total", **rt, outcome="succeeded") == 1
+    assert _value(text, "inferq_usage_tokens_total", **rt, kind="prompt") == 5
+    assert _value(text, "inferq_usage_tokens_total", **rt, kind="completion") == 3
+    assert _value(text, "inferq_usage_tokens_total", **rt, kind="cached") == 0
+    batch = {"model": cancelled.route, "priority_class": "batch"}
+    assert _value(text, "inferq_usage_requests_total", **batch, outcome="cancelled") == 1
+    assert "tenant=" not in "\n".join(ln for ln in text.splitlines() if "inferq_usage_" in ln)
+    # The counters equal the roll-ups: the same figures, from the same script.
+    records, _ = store.usage_records(0, 2**45)
+    assert sum(r.counts[4] for r in records) == 5  # prompt_tokens
+    gpu_s = sum(r.counts[7] for r in records) / 1000
+    assert _value(text, "inferq_usage_gpu_seconds_total", **rt) == pytest.approx(gpu_s)
+
+
+def test_usage_counters_carry_a_tenant_only_behind_the_setting(
+    redis_client: Redis, settings: Settings
+) -> None:
+    settings = settings.model_copy(
+        update={
+            "usage_metrics_by_tenant": True,
+            "budgets": {"acme-day": Budget(tenant="acme", period="day", tokens=10_000, soft=25)},
+        }
+    )
+    store = Store(redis_client, settings)
+    ready_worker(store, "w1")
+    registry, observer = build_registry(store)
+    text = generate_latest(registry).decode()
+    assert _value(text, "inferq_budget_soft_crossings_total", budget="acme-day") == 0
+    _finish_one(store, settings, tenant="acme")  # held ~3 prompt + 16 max_tokens: under 25
+    _finish_one(store, settings, tenant="acme")  # 8 spent + the same estimate: crosses 25
+    for event in store.events():
+        observer.observe(event.type, event.fields)
+    text = generate_latest(registry).decode()
+    assert _value(text, "inferq_budget_soft_crossings_total", budget="acme-day") == 1
+    labels = {"model": "llama-3.1-8b", "priority_class": "realtime", "tenant": "acme"}
+    assert _value(text, "inferq_usage_requests_total", **labels, outcome="succeeded") == 2

@@ -82,3 +82,27 @@ def test_a_workers_prefix_hit_rate_is_shown_from_the_server_s_count() -> None:
     }
     html = render_fragment(state)
     assert "prefix hits" in html and "62%" in html
+
+
+def test_the_usage_tables_escape_names_and_mark_unpriced_models() -> None:
+    row = {
+        "name": "<b>acme</b>", "requests": 3, "succeeded": 2, "failed": 1, "expired": 0,
+        "cancelled": 0, "prompt_tokens": 1200, "cached_tokens": 0, "completion_tokens": 9,
+        "gpu_ms": 1500, "gpu_s": 1.5, "cost_usd": 0.25, "unpriced_models": ["m"],
+    }  # fmt: skip
+    report = {"rows": [row], "total": {**row, "name": "total"}}
+    today = {"since_ms": 0, "until_ms": 3 * 3_600_000, "corrupt": 2, "tenant": report}
+    state = {
+        "queues": [],
+        "workers": [],
+        "sla": {},
+        "sla_window_s": 300.0,
+        "events": [],
+        "dead_letter": {"count": 0, "requests": []},
+        "usage": {**today, "model": {"rows": [], "total": {**row, "name": "total"}}},
+    }
+    html = render_fragment(state)
+    assert "&lt;b&gt;acme&lt;/b&gt;" in html and "<b>acme" not in html
+    assert "Usage today by tenant (UTC, 3 h" in html and "1,200" in html and "0.2500*" in html
+    assert "nothing metered today" in html  # the model table has no row
+    assert "2 usage record(s) do not parse" in html

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from inferq.config import Settings
+from inferq.config import Budget, Settings
 from inferq.errors import ConfigError, InvalidRequest
 from inferq.gateway import openai_api as api
-from inferq.gateway.tenants import ApiKey, KeyRing, digest
+from inferq.gateway.tenants import ApiKey, KeyRing, check_budget_keys, digest
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 CLASSES = [c.name for c in Settings.load().classes]
@@ -133,3 +133,23 @@ def test_a_key_with_one_class_implies_it_when_a_request_names_none() -> None:
     assert ApiKey(tenant="t").implied_class is None
     both = ApiKey(tenant="t", classes=("batch", "standard"), default_class="standard")
     assert both.implied_class == "standard"
+
+
+def test_a_budget_naming_no_key_of_the_gateway_is_refused_naming_the_field(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "keys.toml"
+    path.write_text('[keys."sk-acme"]\ntenant = "acme"\n')
+    ring = KeyRing.load(path, CLASSES)
+    known = digest("sk-acme")[:12]
+    assert ring.ids() == {known}
+    budgets = {
+        "ok": Budget(key=known, period="day", tokens=10),
+        "by-tenant": Budget(tenant="zeta", period="day", tokens=10),
+    }
+    check_budget_keys(budgets, ring.ids())  # a known key and a tenant budget: accepted
+    budgets["typo"] = Budget(key="0123456789ab", period="month", usd=5.0)
+    with pytest.raises(ConfigError, match=r"budgets\['typo'\]\.key: '0123456789ab' is not"):
+        check_budget_keys(budgets, ring.ids())
+    with pytest.raises(ConfigError, match=r"budgets\['ok'\]\.key"):  # an open gateway
+        check_budget_keys({"ok": budgets["ok"]}, KeyRing(None).ids())

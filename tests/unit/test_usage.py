@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import re
 
-import click
 import pytest
 
 from inferq import defaults, usage
 from inferq.config import Price, Settings
-from inferq.errors import ConfigError
+from inferq.errors import ConfigError, InvalidUsageQuery
 from inferq.store.scripts import script_source
 
 H = usage.HOUR_MS
@@ -89,15 +88,38 @@ def test_meter_lua_default_retention_is_the_default_setting() -> None:
     assert int(days) == defaults.USAGE_RETENTION_DAYS
 
 
-def test_the_cli_window_is_whole_hours_with_the_current_one() -> None:
-    from inferq.cli.usage import window_ms
-
+def test_the_window_is_whole_hours_with_the_current_one() -> None:
     now = 100 * H + 1234
-    assert window_ms(now, "24h", "now") == (76 * H, 101 * H)
-    assert window_ms(now, "2d", "1d") == (52 * H, 77 * H)
-    for since, until in (("3x", "now"), ("1h", "2h")):
-        with pytest.raises(click.BadParameter):
-            window_ms(now, since, until)
+    assert usage.window_ms(now, "24h", "now") == (76 * H, 101 * H)
+    assert usage.window_ms(now, "2d", "1d") == (52 * H, 77 * H)
+    bad = (("3x", "now", "since"), ("1h", "2h", "since"), ("1h", "x", "until"))
+    for since, until, named in bad:
+        with pytest.raises(InvalidUsageQuery) as refused:
+            usage.window_ms(now, since, until)
+        assert refused.value.field == named
+
+
+def test_a_usage_query_by_an_unknown_dimension_is_refused_naming_by() -> None:
+    assert usage.check_by("model") == "model"
+    with pytest.raises(InvalidUsageQuery, match="tenant, key, class, model") as refused:
+        usage.check_by("team")
+    assert refused.value.field == "by"
+
+
+def test_the_report_totals_its_rows_and_lists_what_it_skipped() -> None:
+    recs = [
+        usage.UsageRecord(100, "a", "", "standard", "m", (1, 0, 0, 0, 10, 0, 2, 500)),
+        usage.UsageRecord(100, "b", "", "batch", "m", (0, 1, 0, 1, 4, 1, 0, 0)),
+        usage.UsageRecord(99, "b", "", "batch", "m", (5, 0, 0, 0, 4, 1, 0, 0)),  # outside
+    ]
+    bad = [usage.Corrupt("k", "f", "why")]
+    data = usage.report(recs, bad, "tenant", {}, 100 * H, 101 * H)
+    assert [r["name"] for r in data["rows"]] == ["a", "b"]  # type: ignore[index]
+    total = data["total"]
+    assert isinstance(total, dict)
+    assert (total["requests"], total["prompt_tokens"], total["gpu_s"]) == (3, 14, 0.5)
+    assert total["unpriced_models"] == ["m"]
+    assert data["corrupt"] == [{"key": "k", "field": "f", "reason": "why"}]
 
 
 @pytest.mark.parametrize(
@@ -116,3 +138,21 @@ def test_the_cli_window_is_whole_hours_with_the_current_one() -> None:
 def test_a_bad_budget_is_refused_naming_the_field(budget: dict[str, object], named: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(named)):
         Settings.load(budgets={"b": budget})
+
+
+def test_a_final_events_usage_parses_or_is_refused() -> None:
+    u = usage.parse_event_usage('["succeeded","acme","","standard","m",30,16,7,1200]')
+    assert (u.outcome, u.tenant, u.model, u.prompt_tokens, u.cached_tokens) == (
+        "succeeded", "acme", "m", 30, 16,
+    )  # fmt: skip
+    assert (u.completion_tokens, u.gpu_ms) == (7, 1200)
+    for bad in (
+        "[1",  # not JSON
+        '["succeeded","acme","","standard","m",30,16,7]',  # 8 values
+        '["running","acme","","standard","m",0,0,0,0]',  # not a final state
+        '["failed","acme","","standard","m",-1,0,0,0]',  # below 0
+        '["failed","acme","","standard","m",1.5,0,0,0]',  # not whole
+        '["failed",3,"","standard","m",1,0,0,0]',  # a dimension not a string
+    ):
+        with pytest.raises(ValueError):
+            usage.parse_event_usage(bad)

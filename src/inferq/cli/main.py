@@ -656,6 +656,12 @@ def serve_http(uvicorn: Any, app: Any, host: str, port: int, ready: Callable[[in
 )
 @click.option("--no-rate-limits", is_flag=True, help="Ignore the keys' per-minute limits.")
 @click.option(
+    "--admin-key",
+    envvar="INFERQ_GATEWAY_ADMIN_KEY",
+    help="Bearer key (or its sha256:<hex>) that opens GET /v1/usage; better given "
+    "through INFERQ_GATEWAY_ADMIN_KEY than on the command line. None: /v1/usage is closed.",
+)
+@click.option(
     "--no-deployment-metrics",
     is_flag=True,
     help="Export only this replica's counters on /metrics; never take the metrics lease "
@@ -670,6 +676,7 @@ def gateway(
     keys_path: Path | None,
     redis_keys: bool,
     no_rate_limits: bool,
+    admin_key: str | None,
     no_deployment_metrics: bool,
 ) -> None:
     """Serve the OpenAI HTTP API (chat and completions, streaming) in front of the queue.
@@ -677,10 +684,16 @@ def gateway(
     Stateless: run one per core or host, behind any load balancer."""
     import_extra("starlette", "gateway", "inferq gateway")
     uvicorn = import_extra("uvicorn", "gateway", "inferq gateway")
+    from inferq.gateway.admin import AdminKey
     from inferq.gateway.app import create_app
-    from inferq.gateway.tenants import KeyRing
+    from inferq.gateway.tenants import KEY_ID_LEN, KeyRing, check_budget_keys
 
     keyring = KeyRing.load(keys_path, [c.name for c in obj.settings.classes])
+    if any(b.key is not None for b in obj.settings.budgets.values()):  # refused here: one line
+        ids = keyring.ids()
+        if redis_keys:
+            ids |= {d[:KEY_ID_LEN] for d in obj.store.api_keys()}
+        check_budget_keys(obj.settings.budgets, ids)
     if keyring.open and not redis_keys:
         click.echo(
             "warning: no --keys file and no --redis-keys: every caller is the default tenant",
@@ -692,6 +705,7 @@ def gateway(
         rate_limits=not no_rate_limits,
         redis_keys=redis_keys,
         deployment_metrics=not no_deployment_metrics,
+        admin_key=AdminKey(admin_key) if admin_key else None,
     )
     stored = ", and the keys stored in Redis" if redis_keys else ""
     keys = f"{len(keyring)} API keys in the file{stored}"

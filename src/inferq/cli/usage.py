@@ -10,68 +10,13 @@ record that does not parse is skipped and reported (stderr, or ``corrupt`` in JS
 from __future__ import annotations
 
 import json
-import re
 
 import click
 from rich.table import Column, Table
 
 from inferq import usage
 from inferq.cli.common import Context, err_console, fail, handle_errors, pass_ctx, show
-
-_AGO = re.compile(r"^(\d+)([hd])$")
-_UNIT_MS = {"h": usage.HOUR_MS, "d": usage.DAY_MS}
-
-
-def ago_ms(text: str, option: str) -> int:
-    """Milliseconds before now of ``<n>h`` / ``<n>d`` (``now`` = 0).
-
-    Raises:
-        click.BadParameter: anything else (names ``option``).
-    """
-    if text == "now":
-        return 0
-    m = _AGO.match(text.strip())
-    if m is None:
-        raise click.BadParameter(
-            f"{text!r}: give hours or days ago, e.g. 24h or 7d", param_hint=option
-        )
-    return int(m.group(1)) * _UNIT_MS[m.group(2)]
-
-
-def window_ms(now_ms: int, since: str, until: str) -> tuple[int, int]:
-    """``[since, until)`` in Redis ms, whole hours (the hour ``until`` falls in included).
-
-    Raises:
-        click.BadParameter: a value does not parse, or ``--since`` is not before ``--until``.
-    """
-    h = usage.HOUR_MS
-    start = (now_ms - ago_ms(since, "--since")) // h * h
-    end = (now_ms - ago_ms(until, "--until")) // h * h + h
-    if start >= end:
-        raise click.BadParameter(f"{since!r} is not before --until {until!r}", param_hint="--since")
-    return start, end
-
-
-def usage_data(obj: Context, by: str, since: str, until: str) -> dict[str, object]:
-    """The rows, their total and what was skipped, as ``--json`` prints them."""
-    start, end = window_ms(round(obj.store.now() * 1000), since, until)
-    records, corrupt = obj.store.usage_records(start, end)
-    prices = obj.settings.prices
-    rows = usage.roll_up(records, by, prices, start, end)
-    total = usage.UsageRow("total")
-    for row in rows:
-        for c, n in row.counts.items():
-            total.counts[c] += n
-        total.cost_usd += row.cost_usd
-        total.unpriced |= row.unpriced
-    return {
-        "by": by,
-        "since_ms": start,
-        "until_ms": end,
-        "rows": [r.as_json() for r in rows],
-        "total": total.as_json(),
-        "corrupt": [{"key": c.key, "field": c.field, "reason": c.reason} for c in corrupt],
-    }
+from inferq.errors import InvalidUsageQuery
 
 
 def usage_table(data: dict[str, object]) -> Table:
@@ -123,9 +68,9 @@ def usage_cmd(obj: Context, by: str, since: str, until: str, as_json: bool) -> N
 
     Cost is priced now from [prices.<model>] (a * marks rows with an unpriced model)."""
     try:
-        data = usage_data(obj, by, since, until)
-    except click.BadParameter as exc:
-        fail(exc.format_message())
+        data = obj.store.usage_report(by, since, until)
+    except InvalidUsageQuery as exc:
+        fail(f"--{exc.field}: {exc.reason}")
     if as_json:
         click.echo(json.dumps(data, indent=2, sort_keys=True))
         return

@@ -163,11 +163,13 @@ def render_fragment(state: dict[str, Any]) -> str:
         [
             _td(time.strftime("%H:%M:%S", time.gmtime(e["at"])), "num"),
             _td(e["type"]),
-            _td(" ".join(f"{k}={v}" for k, v in e["fields"].items() if k != "ids")),
+            _td(" ".join(f"{k}={v}" for k, v in e["fields"].items() if k not in _LONG)),
         ]
         for e in state["events"]
     ]
     parts.append(_table("Recent events (UTC)", ["time", "event", "fields"], events, "no event"))
+    if state.get("usage"):  # a state without it (an older page's): no usage tables
+        parts.extend(_usage_tables(state["usage"]))
     dead = state["dead_letter"]
     rows = [
         [
@@ -224,6 +226,50 @@ def create_app(store: Store) -> Starlette:
             Mount("/static", app=static, name="static"),
         ]
     )
+
+
+#: Event fields left out of the events table (long; the JSON state has them).
+_LONG = ("ids", "usage")
+_USAGE_HEAD = ["requests", "failed+expired", "prompt", "cached", "completion", "GPU-s", "cost $"]
+
+
+def _usage_tables(today: dict[str, Any]) -> list[str]:
+    """Today's usage by tenant and by model (:func:`~inferq.dashboard.state.usage_today`)."""
+    hours = (today["until_ms"] - today["since_ms"]) // 3_600_000
+    out = []
+    for by in ("tenant", "model"):
+        report = today[by]
+        rows = []
+        for r in [*report["rows"], {**report["total"], "name": "total"}]:
+            unpriced = "*" if r["unpriced_models"] else ""
+            rows.append(
+                [
+                    _td("(none)" if r["name"] == "" else r["name"]),
+                    _td(f"{r['requests']:,}", "num"),
+                    _td(f"{r['failed'] + r['expired']:,}", "num"),
+                    _td(f"{r['prompt_tokens']:,}", "num"),
+                    _td(f"{r['cached_tokens']:,}", "num"),
+                    _td(f"{r['completion_tokens']:,}", "num"),
+                    _td(f"{r['gpu_s']:,.1f}", "num"),
+                    _td(f"{r['cost_usd']:,.4f}{unpriced}", "num"),
+                ]
+            )
+        if not report["rows"]:
+            rows = []
+        out.append(
+            _table(
+                f"Usage today by {by} (UTC, {hours} h; * an unpriced model counts $0)",
+                [by, *_USAGE_HEAD],
+                rows,
+                "nothing metered today",
+            )
+        )
+    if today["corrupt"]:
+        out.append(
+            f"<p class='corrupt'>{today['corrupt']} usage record(s) do not parse "
+            "(skipped; inferq usage names them)</p>"
+        )
+    return out
 
 
 def _kv(worker: dict[str, Any]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from inferq import usage
 from inferq.config import PriorityClass
 from inferq.models import Event
 from inferq.sla import FINAL_EVENTS, event_meets_slo
@@ -14,6 +15,8 @@ from inferq.store import Store
 SLA_WINDOW_S = 300.0
 #: A worker whose last heartbeat is older than this many intervals is shown as late.
 LATE_BEATS = 3
+#: Rows of each usage table (by cost, then requests); the rest are summed in one row.
+USAGE_ROWS = 20
 
 
 def sla_attainment(events: Iterable[Event], classes: Mapping[str, PriorityClass]) -> dict[str, Any]:
@@ -45,13 +48,46 @@ def sla_attainment(events: Iterable[Event], classes: Mapping[str, PriorityClass]
     return out
 
 
+def usage_today(store: Store, now_ms: int, rows: int = USAGE_ROWS) -> dict[str, Any]:
+    """Today's usage (UTC, from midnight to the current hour included), by tenant and by
+    model, priced now: :func:`inferq.usage.report` over one read of the day's roll-up,
+    so its figures are ``inferq usage --since <hours since midnight>h``'s.
+
+    Returns:
+        ``{"since_ms", "until_ms", "tenant": report, "model": report, "corrupt": n}``; each
+        report's ``rows`` are the ``rows`` largest by cost, then requests, and one row
+        ``"(N more)"`` summing the rest; its ``total`` is the whole day's.
+    """
+    start = now_ms // usage.DAY_MS * usage.DAY_MS
+    end = now_ms // usage.HOUR_MS * usage.HOUR_MS + usage.HOUR_MS
+    records, corrupt = store.usage_records(start, end)
+    out: dict[str, Any] = {"since_ms": start, "until_ms": end, "corrupt": len(corrupt)}
+    for by in ("tenant", "model"):
+        data = usage.report(records, [], by, store.settings.prices, start, end)
+        rows_of: list[dict[str, Any]] = data["rows"]  # type: ignore[assignment]
+        ranked = sorted(rows_of, key=lambda r: (-r["cost_usd"], -r["requests"], r["name"]))
+        if len(ranked) > rows:
+            rest = ranked[rows:]
+            more: dict[str, Any] = {
+                k: sum(r[k] for r in rest)
+                for k in ("requests", *usage.COUNTERS, "gpu_s", "cost_usd")
+            }
+            more["name"] = f"({len(rest)} more)"
+            more["unpriced_models"] = sorted({m for r in rest for m in r["unpriced_models"]})
+            ranked = [*ranked[:rows], more]
+        data["rows"] = ranked
+        out[by] = data
+    return out
+
+
 def dashboard_state(store: Store, window_s: float = SLA_WINDOW_S) -> dict[str, Any]:
     """Everything the page shows, from one pass over the store.
 
     Returns:
         ``{"now", "namespace", "queues", "workers", "sla", "sla_window_s", "events",
-        "dead_letter": {"count", "requests"}, "counters"}``; times in epoch seconds,
-        waits and ages in seconds, memory in MiB.
+        "dead_letter": {"count", "requests"}, "counters", "usage"}`` (``usage``:
+        :func:`usage_today`); times in epoch seconds, waits and ages in seconds, memory
+        in MiB, cost in US $.
     """
     settings = store.settings
     now = store.now()
@@ -118,4 +154,5 @@ def dashboard_state(store: Store, window_s: float = SLA_WINDOW_S) -> dict[str, A
         ],
         "dead_letter": {"count": store.dead_letter_count(), "requests": dead},
         "counters": store.stats(),
+        "usage": usage_today(store, round(now * 1000)),
     }

@@ -2,7 +2,8 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (``stream`` true or
 false), ``GET /v1/models`` (the models the fleet serves now), ``GET /health``,
-``GET /metrics`` (this replica's counters, Prometheus text).
+``GET /metrics`` (this replica's counters, Prometheus text), ``GET /v1/usage`` (usage and
+cost, behind the admin key: :mod:`~inferq.gateway.admin`).
 
 A request's way through: bearer key -> tenant (:mod:`~inferq.gateway.tenants`); body ->
 submission (:mod:`~inferq.gateway.openai_api`), validated by inferq's intake (400 naming
@@ -58,13 +59,23 @@ from inferq.errors import (
     ContextLengthExceeded,
     InferqError,
     InvalidRequest,
+    InvalidUsageQuery,
     QueueFull,
     RedisUnavailable,
     UnknownRoute,
 )
 from inferq.gateway import openai_api as api
+from inferq.gateway.admin import AdminKey, UsageReader, usage_query
 from inferq.gateway.ratelimit import RateLimits
-from inferq.gateway.tenants import KEY_ID_LEN, OPEN, ApiKey, KeyRing, StoredKeys, digest
+from inferq.gateway.tenants import (
+    KEY_ID_LEN,
+    OPEN,
+    ApiKey,
+    KeyRing,
+    StoredKeys,
+    check_budget_keys,
+    digest,
+)
 from inferq.ids import new_id
 from inferq.intake import build_request
 from inferq.metrics import MetricsLease, build_registry
@@ -193,6 +204,7 @@ class Gateway:
             and scalers do): the holder, whichever replica it is, exports the
             deployment-wide series on its ``/metrics``; False: this replica's counters only.
         metrics_lease_ttl_s: the lease's lifetime, seconds.
+        admin_key: opens ``GET /v1/usage`` (None: that endpoint answers 403).
     """
 
     def __init__(
@@ -204,9 +216,12 @@ class Gateway:
         redis_keys: bool = False,
         deployment_metrics: bool = True,
         metrics_lease_ttl_s: float = LEASE_TTL_S,
+        admin_key: AdminKey | None = None,
     ) -> None:
         self.settings = settings
         self.keyring = keyring
+        self.admin_key = admin_key
+        self.usage_reader = UsageReader(settings) if admin_key is not None else None
         self.redis_keys = redis_keys
         self.deployment_metrics = deployment_metrics
         self.metrics_lease_ttl_s = metrics_lease_ttl_s
@@ -237,6 +252,11 @@ class Gateway:
         self._lease_task = asyncio.create_task(self._renew_caller_lease())
         if self.redis_keys:
             self.stored_keys = StoredKeys(self.client.store.api_key)
+        if any(b.key is not None for b in self.settings.budgets.values()):
+            ids = self.keyring.ids()
+            if self.redis_keys:
+                ids |= {d[:KEY_ID_LEN] for d in await self.client.store.api_key_digests()}
+            check_budget_keys(self.settings.budgets, ids)
         if self.use_rate_limits:
             self.limits = RateLimits(self.settings.redis_url, self.client.store.keys)
         if self.deployment_metrics:
@@ -267,6 +287,8 @@ class Gateway:
             await anyio.to_thread.run_sync(self.lease.stop)
         if self._metrics_store is not None:
             self._metrics_store.close()
+        if self.usage_reader is not None:
+            await anyio.to_thread.run_sync(self.usage_reader.close)
         if self.client is not None:
             await self.client.aclose()
 
@@ -305,6 +327,37 @@ class Gateway:
         if self.deployment is not None:  # empty unless this replica holds the lease
             text += await anyio.to_thread.run_sync(generate_latest, self.deployment)
         return Response(text, media_type=CONTENT_TYPE_LATEST)
+
+    async def usage(self, request: Request) -> Response:
+        """``GET /v1/usage``: ``inferq usage --json``'s answer (see :mod:`.admin`)."""
+        if self.admin_key is None or self.usage_reader is None:
+            return self._error(
+                "usage",
+                403,
+                "no admin key on this gateway: start it with --admin-key "
+                "(INFERQ_GATEWAY_ADMIN_KEY) to read usage here",
+                "invalid_request_error",
+                code="admin_key_not_configured",
+            )
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not self.admin_key.matches(token.strip()):
+            return self._error(
+                "usage",
+                401,
+                "missing or wrong admin key (send Authorization: Bearer <admin key>)",
+                "invalid_request_error",
+                code="invalid_api_key",
+            )
+        try:
+            query = usage_query(request.query_params, self.settings)
+            data = await anyio.to_thread.run_sync(self.usage_reader.report, query)
+        except InvalidUsageQuery as exc:
+            return self._error(
+                "usage", 400, str(exc), "invalid_request_error", param=exc.field, code=exc.code
+            )
+        except _FLEET_ERRORS as exc:  # Redis did not answer
+            return self._error("usage", 503, f"Redis unavailable: {exc}", "server_error")
+        return self._json("usage", 200, data)
 
     # --- the completion path ----------------------------------------------------------
 
@@ -889,6 +942,7 @@ def create_app(
     redis_keys: bool = False,
     deployment_metrics: bool = True,
     metrics_lease_ttl_s: float = LEASE_TTL_S,
+    admin_key: AdminKey | None = None,
 ) -> Starlette:
     """The gateway as an ASGI application (run it with uvicorn: ``inferq gateway``).
 
@@ -897,7 +951,7 @@ def create_app(
         keyring: the API keys of the keys file (:meth:`KeyRing.load`).
         rate_limits: enforce the keys' per-minute limits.
         redis_keys: also accept the API keys stored in Redis (``inferq keys``).
-        deployment_metrics / metrics_lease_ttl_s: see :class:`Gateway`.
+        deployment_metrics / metrics_lease_ttl_s / admin_key: see :class:`Gateway`.
     """
     gateway = Gateway(
         settings,
@@ -906,6 +960,7 @@ def create_app(
         redis_keys=redis_keys,
         deployment_metrics=deployment_metrics,
         metrics_lease_ttl_s=metrics_lease_ttl_s,
+        admin_key=admin_key,
     )
 
     @asynccontextmanager
@@ -939,6 +994,7 @@ def create_app(
             Route("/v1/chat/completions", gateway.chat, methods=["POST"]),
             Route("/v1/completions", gateway.completions, methods=["POST"]),
             Route("/v1/models", gateway.models, methods=["GET"]),
+            Route("/v1/usage", gateway.usage, methods=["GET"]),
             Route("/health", gateway.health, methods=["GET"]),
             Route("/metrics", gateway.metrics_text, methods=["GET"]),
         ],

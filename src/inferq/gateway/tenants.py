@@ -36,12 +36,13 @@ import logging
 import secrets
 import time
 import tomllib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from inferq.config import Budget
 from inferq.errors import ConfigError
 from inferq.models import TENANT_PATTERN
 
@@ -103,6 +104,27 @@ def digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+def check_budget_keys(budgets: Mapping[str, Budget], key_ids: Collection[str]) -> None:
+    """Refuse a budget whose ``key`` is the id of none of the gateway's API keys: it could
+    never match a request, so the limit it was meant to set would not hold.
+
+    Args:
+        budgets: the settings' budgets by name.
+        key_ids: the ids of every key the gateway accepts (file and, with
+            ``--redis-keys``, Redis).
+
+    Raises:
+        ConfigError: naming ``budgets[NAME].key`` and what to do.
+    """
+    for name, budget in sorted(budgets.items()):
+        if budget.key is not None and budget.key not in key_ids:
+            raise ConfigError(
+                f"budgets[{name!r}].key: {budget.key!r} is not the id of any API key of this "
+                "gateway (its keys file, and with --redis-keys the stored keys: inferq keys "
+                "list shows their ids); add the key first, or fix the id"
+            )
+
+
 class KeyRing:
     """API keys by digest.
 
@@ -121,6 +143,11 @@ class KeyRing:
 
     def __len__(self) -> int:
         return len(self._keys or {})
+
+    def ids(self) -> set[str]:
+        """The ids of the file's keys (their digests' first :data:`KEY_ID_LEN` hex digits,
+        what usage is metered under and a budget's ``key`` names)."""
+        return {d[:KEY_ID_LEN] for d in self._keys or {}}
 
     def lookup(self, bearer: str | None) -> ApiKey | None:
         """The key's entry, :data:`OPEN` on an open gateway, None when unknown or missing."""

@@ -14,9 +14,16 @@ accounts every event it knows (the fields are the Lua scripts', see
                                               paused for a more urgent one)
 ``rate_limited``                              requests a gateway refused by a tenant's
                                               rate limit (any replica writes the event)
+every final event's ``usage`` field           the usage metered (``meter.lua``): requests
+                                              by outcome, prompt, cached and completion
+                                              tokens, GPU-seconds, per class and served
+                                              model (and tenant, behind
+                                              ``usage_metrics_by_tenant``)
+``budget_soft``                               requests that crossed a budget's soft limit
 ============================================  ===========================================
 
-Event types that may not have happened yet (``preempt``, ``rate_limited``) are
+Event types that may not have happened yet (``preempt``, ``rate_limited``,
+``budget_soft`` of each budget with a soft limit) are
 exported at zero until one does, so dashboards and
 alerts can be written against them now. Models are the serving worker's (a
 request's ``model`` field may be a size requirement), looked up from the workers'
@@ -28,10 +35,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from inferq import usage
 from inferq.config import PriorityClass
 from inferq.metrics.labels import ERROR_KINDS, FAILURES, OTHER, StickyLabels, error_kind
 from inferq.models import FailureKind
@@ -69,6 +77,8 @@ class EventObserver:
             class's SLO (:func:`inferq.sla.event_meets_slo`: the length-aware TTFT target
             and the TPOT target), else ``missed``.
         top_tenants: tenants with their own label value (the first seen); others: ``other``.
+        usage_by_tenant: give the usage counters a ``tenant`` label (top ``top_tenants``).
+        soft_budgets: names of the budgets with a soft limit (their counters start at 0).
     """
 
     def __init__(
@@ -77,8 +87,12 @@ class EventObserver:
         registry: CollectorRegistry,
         classes: Mapping[str, PriorityClass],
         top_tenants: int = DEFAULT_TOP_TENANTS,
+        *,
+        usage_by_tenant: bool = False,
+        soft_budgets: Iterable[str] = (),
     ) -> None:
         self.store = store
+        self.usage_by_tenant = usage_by_tenant
         self.classes = classes
         self.tenant_label = StickyLabels(top_tenants)
         self._models: dict[str, str] = {}
@@ -164,6 +178,34 @@ class EventObserver:
             ["tenant"],
             registry=registry,
         )
+        usage_labels = ["priority_class", "model", *(["tenant"] if usage_by_tenant else [])]
+        self.usage_requests = Counter(
+            "inferq_usage_requests",
+            "Requests made final, as metered into the usage roll-ups (inferq usage), by "
+            "outcome; model: the one that served it (the route when none did)",
+            [*usage_labels, "outcome"],
+            registry=registry,
+        )
+        self.usage_tokens = Counter(
+            "inferq_usage_tokens",
+            "Tokens metered of final results: prompt (all of it), cached (the part of the "
+            "prompt the model server reused), completion",
+            [*usage_labels, "kind"],
+            registry=registry,
+        )
+        self.usage_gpu = Counter(
+            "inferq_usage_gpu_seconds",
+            "GPU-seconds metered of final results: each request's share of its worker's "
+            "busy time (docs/architecture.md, Usage metering)",
+            usage_labels,
+            registry=registry,
+        )
+        self.budget_soft = Counter(
+            "inferq_budget_soft_crossings",
+            "Requests admitted across a budget's soft limit (budget_soft events)",
+            ["budget"],
+            registry=registry,
+        )
         # Exported at zero from the start, so rates and alerts have a series to read.
         for kind in ERROR_KINDS:
             self.errors.labels(kind)
@@ -172,6 +214,8 @@ class EventObserver:
         for cls in classes:
             self.preemptions.labels(cls)
         self.rate_limited.labels(OTHER)
+        for name in soft_budgets:
+            self.budget_soft.labels(name)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="metrics-events", daemon=True)
 
@@ -216,10 +260,28 @@ class EventObserver:
             self.preemptions.labels(fields.get("class", "unknown")).inc()
         elif etype == "rate_limited":
             self.rate_limited.labels(self.tenant_label(fields.get("tenant", "default"))).inc()
+        elif etype == "budget_soft":
+            self.budget_soft.labels(fields.get("budget", "unknown")).inc()
         elif etype in ("finish", "fail", "expire") and fields.get("class"):
             if etype == "fail" and fields.get("error"):  # failed at once: the request's own
                 self._failed_attempt(fields["error"], FailureKind.REQUEST.value)
             self._final(etype, fields)
+        if fields.get("usage"):  # any final event (finish, fail, cancel, dead_letter, ...)
+            self._usage(usage.parse_event_usage(fields["usage"]))
+
+    def _usage(self, u: usage.EventUsage) -> None:
+        """One final result's usage, as ``meter.lua`` added it to the roll-ups."""
+        labels = [u.klass, u.model]
+        if self.usage_by_tenant:
+            labels.append(self.tenant_label(u.tenant))
+        self.usage_requests.labels(*labels, u.outcome).inc()
+        for kind, n in (
+            ("prompt", u.prompt_tokens),
+            ("cached", u.cached_tokens),
+            ("completion", u.completion_tokens),
+        ):
+            self.usage_tokens.labels(*labels, kind).inc(n)
+        self.usage_gpu.labels(*labels).inc(u.gpu_ms / 1000)
 
     def _failed_attempt(self, error: str, kind: str) -> None:
         """One failed attempt: by its message's kind, and by the worker's failure kind

@@ -114,7 +114,14 @@ def build_registry(
     registry.register(DeploymentCollector(store, lambda: lease is None or lease.held, top_tenants))
     events = CollectorRegistry(auto_describe=True)
     classes = {c.name: c for c in store.settings.classes}
-    observer = EventObserver(store, events, classes, top_tenants=top_tenants)
+    observer = EventObserver(
+        store,
+        events,
+        classes,
+        top_tenants=top_tenants,
+        usage_by_tenant=store.settings.usage_metrics_by_tenant,
+        soft_budgets=[n for n, b in store.settings.budgets.items() if b.soft is not None],
+    )
     registry.register(_Gated(events, lease))
     return registry, observer
 

@@ -122,6 +122,10 @@ class AsyncStore:
             pipe.hmget(self.keys.worker(wid), "model", "state")
         return calls.parse_live_models(await pipe.execute() if ids else [])
 
+    async def api_key_digests(self) -> list[str]:
+        """The SHA-256 hex digests of every stored API key (``inferq keys add``)."""
+        return [str(d) for d in await self.redis.hkeys(self.keys.api_keys)]
+
     async def api_key(self, key_digest: str) -> str | None:
         """The JSON entry of a stored API key by its SHA-256 hex digest; None when absent."""
         value: str | None = await self.redis.hget(self.keys.api_keys, key_digest)

@@ -548,11 +548,17 @@ def parse_start(reply: Sequence[Any]) -> list[str]:
 
 
 def complete_call(
-    keys: Keys, settings: Settings, worker_id: str, completions: Sequence[Completion]
+    keys: Keys,
+    settings: Settings,
+    worker_id: str,
+    completions: Sequence[Completion],
+    model: str = "",
 ) -> Call:
-    """``complete.lua``: record final results of ``worker_id``, fenced by attempt."""
+    """``complete.lua``: record final results of ``worker_id``, fenced by attempt; ``model``
+    is the model the worker serves, which the usage is metered under ('' = the script
+    reads it from the worker's heartbeat)."""
     s = settings
-    argv: list[Any] = [keys.prefix, worker_id, s.result_ttl_s, s.events_maxlen]
+    argv: list[Any] = [keys.prefix, worker_id, s.result_ttl_s, s.events_maxlen, model]
     for c in completions:
         first = "" if c.first_token_at is None else str(round(c.first_token_at * 1000))
         argv += [

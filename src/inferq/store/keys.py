@@ -38,6 +38,7 @@ P workers                       zset    live worker ids, score = last heartbeat 
 P wchanged                      zset    worker id -> ms of its last routing change (``changed.lua``)
 P worker:<id>                   hash    heartbeat (expires after 3 intervals)
 P load:<id>                     hash    reserved ``slots`` and ``mib`` of assigned work
+                                        (and ``gpu_acc``/``gpu_t``: its busy time shared, gpu.lua)
 P inflight:<id>                 set     request ids assigned to the worker
 P drain:<id>                    string  set when the worker was asked to drain (drain.lua)
 P ctl:<id>                      list    control commands to the worker (abort), TTL

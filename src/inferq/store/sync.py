@@ -266,6 +266,24 @@ class Store(AdminCalls):
                 (corrupt if isinstance(parsed, usage.Corrupt) else records).append(parsed)  # type: ignore[arg-type]
         return records, corrupt
 
+    def usage_report(self, by: str, since: str, until: str) -> dict[str, object]:
+        """The usage of ``[since, until)`` summed by ``by`` and priced now
+        (:func:`inferq.usage.report`'s shape): what ``inferq usage --json`` prints and the
+        gateway's ``GET /v1/usage`` returns.
+
+        Args:
+            by: one of :data:`inferq.usage.DIMENSIONS`.
+            since / until: ``<n>h`` or ``<n>d`` ago (``until`` also ``now``), on Redis
+                TIME, widened to whole UTC hours.
+
+        Raises:
+            InvalidUsageQuery: a parameter does not parse (its name is the ``field``).
+        """
+        usage.check_by(by)
+        start, end = usage.window_ms(round(self.now() * 1000), since, until)
+        records, corrupt = self.usage_records(start, end)
+        return usage.report(records, corrupt, by, self.settings.prices, start, end)
+
     def reap_leases(self, limit: int = 1000) -> list[tuple[str, str]]:
         """Requeue requests whose lease lapsed; returns (id, verdict) pairs."""
         call = calls.reap_leases_call(self.keys, self.settings, limit)
@@ -568,9 +586,16 @@ class Store(AdminCalls):
             records = self._parse_records(ids, rows)
         return verdicts, [r if v == "run" else None for r, v in zip(records, verdicts, strict=True)]
 
-    def complete(self, worker_id: str, completions: Sequence[Completion]) -> list[str]:
-        """Record final results, fenced by attempt; returns 'ok' or 'stale' per result."""
-        call = calls.complete_call(self.keys, self.settings, worker_id, completions)
+    def complete(
+        self, worker_id: str, completions: Sequence[Completion], model: str = ""
+    ) -> list[str]:
+        """Record final results, fenced by attempt; returns 'ok' or 'stale' per result.
+
+        Args:
+            model: the model the worker serves (its usage is metered under it); '' =
+                the worker's heartbeat says (one more Redis read in the script).
+        """
+        call = calls.complete_call(self.keys, self.settings, worker_id, completions, model)
         return calls.parse_complete(self._call(call))
 
     def requeue(

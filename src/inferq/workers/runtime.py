@@ -748,6 +748,7 @@ class Engine:
             self.store.complete(
                 self.config.worker_id,
                 [Completion(rid, attempt, "failed", error=f"corrupt request record: {reason}")],
+                self.config.spec.name,
             )
         finally:
             self._unhold([(rid, attempt)])
@@ -1011,7 +1012,9 @@ class Engine:
         return False
 
     def _write(self, batch: list[tuple[Completion, str | None]]) -> None:
-        verdicts = self.store.complete(self.config.worker_id, [o for o, _ in batch])
+        verdicts = self.store.complete(
+            self.config.worker_id, [o for o, _ in batch], self.config.spec.name
+        )
         self._unhold((o.request_id, o.attempt) for o, _ in batch)
         observed = []
         for (outcome, task), verdict in zip(batch, verdicts, strict=True):

@@ -35,7 +35,7 @@ for i = 6, #ARGV, 8 do
   elseif r[9] == attempt and (action == 'requeue' or r[10] ~= 'requeue') then
     out[#out + 1] = 'pending'
   elseif r[1] == 'assigned' then
-    release(p, id, w, r[4])
+    release(p, id, w, r[4], now)
     if action == 'requeue' then
       redis.call('HINCRBY', key, 'attempt_base', 1)
       redis.call('HINCRBY', key, 'preemptions', 1)
@@ -48,8 +48,8 @@ for i = 6, #ARGV, 8 do
     else
       local state = 'cancelled'
       if action == 'expire' then state = 'expired' end
-      finalize(p, id, state, now, ttl, maxlen, {'error', reason})
-      emit(p, maxlen, action, 'id', id, 'reason', reason)
+      local u = finalize(p, id, state, now, ttl, maxlen, {'error', reason})
+      emit(p, maxlen, action, 'id', id, 'reason', reason, 'usage', u)
     end
     out[#out + 1] = 'done'
   else

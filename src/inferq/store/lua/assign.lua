@@ -13,7 +13,9 @@
 -- is claimed only alone, by a worker with nothing reserved, and while it holds the worker
 -- (load:<w> field `isolated` = its id) nothing else is assigned there; so one request that
 -- crashes its worker cannot take others with it again.
--- A claim marks the worker in wchanged (its load changed, includes/changed.lua).
+-- A claim marks the worker in wchanged (its load changed, includes/changed.lua), and
+-- brings its gpu_acc up to now before slots grows; each claimed request keeps that value
+-- as its gpu_mark (its share of the worker's busy time starts there: includes/gpu.lua).
 -- Prefix index (issue 22): the claimed requests' prefix chains go to the prefix log in one
 -- entry (worker, chains), in claim order, so every dispatcher replica's index learns the
 -- same placements in the same order; a claim and its log entry are one atomic step.
@@ -21,7 +23,7 @@
 -- was lost; batch ids are never reused) claims nothing more and returns what the first
 -- run claimed and still holds, so the dispatcher sends the batch its job; answering []
 -- left them assigned with no job until the worker's orphan check, a lease later.
--- include: clock, keys, queue, counts, events, changed
+-- include: clock, keys, queue, counts, events, changed, gpu
 local p, w, batch, lease_ms, maxlen = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local log_maxlen = ARGV[6]
 local again = {}
@@ -39,6 +41,7 @@ if redis.call('HGET', KEYS[1], 'state') ~= 'ready' or redis.call('EXISTS', KEYS[
 end
 local now = now_ms()
 local claimed, ids, chains = {}, {}, {}
+local acc = nil  -- gpu_acc at now, read at the first claim
 for i = 7, #ARGV, 4 do
   local id, qkey, need, cached = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local key = k_req(p, id)
@@ -52,9 +55,13 @@ for i = 7, #ARGV, 4 do
   if r[1] == 'queued' and tonumber(r[2]) > now and qkey == k_tqueue(p, r[3], r[6], r[4])
       and redis.call('ZREM', qkey, id) == 1 then
     subqueue_removed(p, r[3], r[6], r[4])
+    if not acc then
+      local g = redis.call('HMGET', KEYS[2], 'slots', 'gpu_acc', 'gpu_t')
+      acc = gpu_acc_at(g[2], g[3], g[1], now)
+    end
     local attempt = redis.call('HINCRBY', key, 'attempts', 1)
     redis.call('HSET', key, 'state', 'assigned', 'worker', w, 'batch', batch,
-      'dispatched_ms', now, 'need_mib', need, 'cached_fc', cached)
+      'dispatched_ms', now, 'need_mib', need, 'cached_fc', cached, 'gpu_mark', gpu_fmt(acc))
     if r[7] then chains[#chains + 1] = r[7] end
     redis.call('ZADD', p .. 'leases', now + lease_ms, id)
     redis.call('SADD', KEYS[3], id)
@@ -71,6 +78,7 @@ for i = 7, #ARGV, 4 do
   end
 end
 if #ids > 0 then
+  redis.call('HSET', KEYS[2], 'gpu_acc', gpu_fmt(acc), 'gpu_t', now)
   worker_changed(p, w, now)
   stat(p, 'dispatched', #ids)
   emit(p, maxlen, 'dispatch', 'worker', w, 'batch', batch, 'n', #ids, 'ids', table.concat(ids, ','))

@@ -17,6 +17,6 @@ local r = redis.call('HMGET', key, 'state', 'priority', 'model', 'tenant', 'work
 if not r[1] then return false end
 if ARGV[6] and not orphan_of(p, id, ARGV[6], now_ms()) then return 'kept' end
 if not withdraw(p, id, r) then return r[1] end
-finalize(p, id, 'cancelled', now_ms(), ttl, maxlen, {'error', reason})
-emit(p, maxlen, 'cancel', 'id', id)
+local u = finalize(p, id, 'cancelled', now_ms(), ttl, maxlen, {'error', reason})
+emit(p, maxlen, 'cancel', 'id', id, 'usage', u)
 return 'cancelled'

@@ -64,9 +64,9 @@ local function expire_one(id, reason)
   if r[10] and r[10] ~= '' then
     err = err .. ' after ' .. (r[11] or '?') .. ' attempts; the last ended: ' .. r[10]
   end
-  finalize(p, id, 'expired', now, ttl, maxlen, {'error', err})
+  local u = finalize(p, id, 'expired', now, ttl, maxlen, {'error', err})
   emit(p, maxlen, 'expire', 'id', id, 'class', r[2] or '', 'tenant', r[4] or '', 'e2e_ms', waited,
-    'reason', reason)
+    'reason', reason, 'usage', u)
   out[#out + 1] = id
   out[#out + 1] = waited
 end

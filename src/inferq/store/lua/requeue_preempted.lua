@@ -23,23 +23,23 @@ for i = 5, #ARGV, 3 do
     out[#out + 1] = 'stale'
   elseif r[14] == 'cancel' or r[14] == 'expire' then
     -- the caller cancelled (or it expired) while the preemption was on its way: final
-    release(p, id, w, r[4])
+    release(p, id, w, r[4], now)
     redis.call('HDEL', key, 'abort_attempt', 'abort_action', 'abort_charged', 'abort_weight',
       'abort_tw', 'abort_reason')
     local final = 'cancelled'
     if r[14] == 'expire' then final = 'expired' end
-    finalize(p, id, final, now, ttl, maxlen, {'error', r[15] or final})
-    emit(p, maxlen, r[14], 'id', id, 'reason', r[15] or final)
+    local u = finalize(p, id, final, now, ttl, maxlen, {'error', r[15] or final})
+    emit(p, maxlen, r[14], 'id', id, 'reason', r[15] or final, 'usage', u)
     out[#out + 1] = final
   else
-    release(p, id, w, r[4])
+    release(p, id, w, r[4], now)
     redis.call('HDEL', key, 'abort_attempt', 'abort_action', 'abort_charged', 'abort_weight',
       'abort_tw', 'abort_reason')
     vtc_keep_used(p, r[5], r[7], r[10], r[11], r[12], r[13], generated)
     if tonumber(r[9]) <= now then
-      finalize(p, id, 'expired', now, ttl, maxlen,
+      local u = finalize(p, id, 'expired', now, ttl, maxlen,
         {'error', 'deadline passed while preempted (attempt ' .. attempt .. ')'})
-      emit(p, maxlen, 'expire', 'id', id, 'reason', 'deadline after preemption')
+      emit(p, maxlen, 'expire', 'id', id, 'reason', 'deadline after preemption', 'usage', u)
       out[#out + 1] = 'expired'
     else
       redis.call('HINCRBY', key, 'attempt_base', 1)

@@ -24,10 +24,10 @@ for i = 7, #ARGV, 2 do
   elseif r[1] ~= 'assigned' or r[2] ~= attempt or r[3] ~= w then
     out[#out + 1] = 'stale'
   elseif tonumber(r[4]) <= now then
-    release(p, id, w, r[5])
-    finalize(p, id, 'expired', now, ttl, maxlen,
+    release(p, id, w, r[5], now)
+    local u = finalize(p, id, 'expired', now, ttl, maxlen,
       {'error', 'deadline passed before the request started (assigned to ' .. w .. ')'})
-    emit(p, maxlen, 'expire', 'id', id, 'reason', 'deadline before start')
+    emit(p, maxlen, 'expire', 'id', id, 'reason', 'deadline before start', 'usage', u)
     out[#out + 1] = 'expired'
   else
     redis.call('HSET', key, 'state', 'running', 'started_ms', now, 'start_token', token)

@@ -58,7 +58,7 @@ local function requeue_one(p, id, attempt, worker, err, penalize, max_attempts, 
   if state ~= 'assigned' and state ~= 'running' then return 'stale' end
   if attempt ~= '' and r[2] ~= attempt then return 'stale' end
   if worker ~= '' and r[3] ~= worker then return 'stale' end
-  release(p, id, r[3], r[4])
+  release(p, id, r[3], r[4], now)
   if r[11] and r[11] == r[2] then
     redis.call('HDEL', key, 'abort_attempt', 'abort_action', 'abort_charged', 'abort_weight',
       'abort_tw', 'abort_reason')
@@ -66,16 +66,16 @@ local function requeue_one(p, id, attempt, worker, err, penalize, max_attempts, 
     if action == 'cancel' or action == 'expire' then
       local final = 'cancelled'
       if action == 'expire' then final = 'expired' end
-      finalize(p, id, final, now, ttl_s, maxlen, {'error', reason})
-      emit(p, maxlen, action, 'id', id, 'reason', reason)
+      local u = finalize(p, id, final, now, ttl_s, maxlen, {'error', reason})
+      emit(p, maxlen, action, 'id', id, 'reason', reason, 'usage', u)
       return final
     end
     local generated = streamed_tokens(p, id, r[2])
     vtc_keep_used(p, r[5], r[7], r[14], r[15], r[16], r[17], generated)
     if tonumber(r[9]) <= now then
-      finalize(p, id, 'expired', now, ttl_s, maxlen,
+      local u = finalize(p, id, 'expired', now, ttl_s, maxlen,
         {'error', 'deadline passed while preempted (attempt ' .. r[2] .. ')'})
-      emit(p, maxlen, 'expire', 'id', id, 'reason', 'deadline after preemption')
+      emit(p, maxlen, 'expire', 'id', id, 'reason', 'deadline after preemption', 'usage', u)
       return 'expired'
     end
     redis.call('HINCRBY', key, 'attempt_base', 1)
@@ -88,9 +88,9 @@ local function requeue_one(p, id, attempt, worker, err, penalize, max_attempts, 
   end
   local attempts = tonumber(r[2]) - tonumber(r[10] or 0)
   if tonumber(r[9]) <= now then
-    finalize(p, id, 'expired', now, ttl_s, maxlen,
+    local u = finalize(p, id, 'expired', now, ttl_s, maxlen,
       {'error', 'deadline passed after attempt ' .. r[2] .. ': ' .. err})
-    emit(p, maxlen, 'expire', 'id', id, 'reason', 'deadline after failed attempt')
+    emit(p, maxlen, 'expire', 'id', id, 'reason', 'deadline after failed attempt', 'usage', u)
     return 'expired'
   end
   if penalize ~= '1' then
@@ -98,11 +98,11 @@ local function requeue_one(p, id, attempt, worker, err, penalize, max_attempts, 
     attempts = attempts - 1
   end
   if penalize == '1' and attempts >= tonumber(max_attempts) then
-    finalize(p, id, 'failed', now, ttl_s, maxlen,
+    local u = finalize(p, id, 'failed', now, ttl_s, maxlen,
       {'error', 'failed after ' .. attempts .. ' attempts: ' .. err})
     redis.call('ZADD', p .. 'dead', now, id)
     record_persist(p, id)
-    emit(p, maxlen, 'dead_letter', 'id', id, 'error', err, 'kind', kind or '')
+    emit(p, maxlen, 'dead_letter', 'id', id, 'error', err, 'kind', kind or '', 'usage', u)
     return 'dead'
   end
   redis.call('HSET', key, 'last_error', err, 'excluded_worker', r[3] or '')
