@@ -45,8 +45,11 @@ def test_metered_usage_per_tenant_equals_the_final_results_under_kills(
     )
     print(figures.summary())
     # A short run (a fast host) may see fewer kills than the kill test asks; 3 and retries
-    # are enough to run requests more than once, where a double count would show.
-    check(figures, audit, ids, min_kills=3)
+    # are enough to run requests more than once, where a double count would show. A
+    # dispatcher is killed every 0.8 s here, so at times one is still starting while the
+    # other was just killed and none reaps: the requeue bound is test_kill's promise (one
+    # dispatcher killed every 3 s), not this test's (CI: 1.48 and 1.78 s against 1.4 s).
+    check(figures, audit, ids, min_kills=3, requeue_bound=False)
     assert figures.retried > 0
     print("preempted", audit.stats.get("preempted", 0))  # 0 to 3 a run measured: not asserted
     # What the final results say, per tenant.
