@@ -404,6 +404,7 @@ class Dispatcher:
                 + self.store.quarantine_mistyped_queues(self.classes)
                 + self.store.quarantine_mistyped_workers()
                 + self.store.quarantine_non_hash_requests(self.classes, self.queue_head)
+                + self.store.quarantine_mistyped_prefix_log()
             )
         except Exception:  # the repair itself must not kill the loop either
             log.exception("could not look for corrupt records")

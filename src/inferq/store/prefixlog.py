@@ -26,7 +26,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from inferq import defaults
 from inferq.prefix import decode as decode_chain
+
+#: The longest placement a claim can write, characters: a full batch of the longest
+#: chains (16 hex digits a block and a short header each). A longer one was planted:
+#: it is skipped before its chains are decoded (a 40 MB entry cost a step 4.7 s and 1 GB).
+MAX_CHAINS_CHARS = defaults.MAX_BATCH * (defaults.MAX_PREFIX_BLOCKS * 16 + 16)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +64,8 @@ def parse_entry(fields: dict[str, str]) -> PrefixEntry:
     if not worker:
         raise ValueError("prefix log entry without a worker")
     if "c" in fields:
+        if len(fields["c"]) > MAX_CHAINS_CHARS:
+            raise ValueError(f"prefix log placement of {len(fields['c'])} characters")
         chains = tuple(decode_chain(text) for text in fields["c"].split(" ") if text)
         return PrefixEntry(worker, "place", chains=chains)
     if "reset" in fields:
@@ -71,6 +79,20 @@ def parse_entry(fields: dict[str, str]) -> PrefixEntry:
             block_tokens=int(fields["bt"]),
         )
     raise ValueError(f"prefix log entry of no known kind: {sorted(fields)}")
+
+
+def decode_rows(rows: Sequence[Any]) -> list[tuple[str, dict[str, str]]]:
+    """An XRANGE reply read without decoding, decoded entry by entry: an entry whose
+    fields are not UTF-8 (planted: inferq writes ASCII) keeps its id with no fields, so
+    :func:`parse_entries` counts it bad and the reader moves past it."""
+    out: list[tuple[str, dict[str, str]]] = []
+    for entry_id, fields in rows:
+        try:
+            decoded = {k.decode(): v.decode() for k, v in fields.items()}
+        except UnicodeDecodeError:
+            decoded = {}
+        out.append((entry_id.decode("ascii"), decoded))
+    return out
 
 
 def parse_entries(rows: Sequence[Any]) -> tuple[list[PrefixEntry], str | None, int]:

@@ -27,7 +27,7 @@ from inferq.store import calls, repair
 from inferq.store.admin import AdminCalls
 from inferq.store.calls import Abort, Chunk, Completion, Submitted
 from inferq.store.connection import MIN_BLOCK_S, REPLY_ERRORS, Connection, connect
-from inferq.store.prefixlog import PrefixEntry, parse_entries
+from inferq.store.prefixlog import PrefixEntry, decode_rows, parse_entries
 from inferq.store.snapshot import (
     ChainCache,
     DispatchView,
@@ -367,9 +367,25 @@ class Store(AdminCalls):
             (entries, the last id read or ``after`` when none, entries that did not parse).
         """
         start = "-" if after == "0" else f"({after}"
-        rows = self.redis.xrange(self.keys.prefix_log, start, "+", count=count)
+        try:
+            rows = self.redis.xrange(self.keys.prefix_log, start, "+", count=count)
+        except UnicodeDecodeError:  # an entry planted in bytes that are not UTF-8
+            raw = self.redis.execute_command(
+                "XRANGE", self.keys.prefix_log, start, "+", "COUNT", count, NEVER_DECODE=True
+            )
+            rows = decode_rows(raw)
         entries, last, bad = parse_entries(rows)
         return entries, last or after, bad
+
+    def quarantine_mistyped_prefix_log(self) -> int:
+        """Quarantine the prefix log when it is not a stream (every dispatcher step reads
+        it, and assign.lua writes it with the claim, so both failed at every step);
+        returns 1 when it did. The index loses its history: hits, never a request."""
+        kind = self.redis.type(self.keys.prefix_log)
+        if kind in ("stream", "none"):
+            return 0
+        self.quarantine(self.keys.prefix_log, f"prefix log is a {kind}, not a stream")
+        return 1
 
     def prefix_log_info(self) -> dict[str, int]:
         """The prefix log's size: ``entries`` (XLEN) and ``bytes`` (MEMORY USAGE, all
