@@ -354,9 +354,12 @@ def _prefix_chain(
     given: Any,
     session: Any,
 ) -> tuple[int, ...]:
-    """The request's prefix chain: the caller's (checked), else hashed from its text
-    (chat messages rendered canonically), the session hint first; ``()`` when prefix
-    routing is off."""
+    """The request's prefix chain: the caller's (checked, then cut to the blocks its text
+    could fill, at most one token a UTF-8 byte as byte-level tokenizers have it: a longer
+    chain claims cache for a prompt it does not have, and 1-token prompts with 512
+    made-up blocks evicted other chats from the index), else hashed from its text (chat
+    messages rendered canonically), the session hint first; ``()`` when prefix routing
+    is off (a caller's chain is still checked)."""
     if session is not None:
         _check_str("session", session)
         if not SESSION_RE.fullmatch(session):
@@ -366,7 +369,10 @@ def _prefix_chain(
     if given is not None:
         if session is not None:
             raise InvalidRequest("session", "give prefix_hashes or session, not both")
-        return prefix.check_chain(given)
+        chain = prefix.check_chain(given)
+        if not settings.prefix.enabled:
+            return ()
+        return chain[: -(-len(payload.text().encode()) // block_tokens)]
     if not settings.prefix.enabled:
         return ()
     text = payload.prompt if payload.messages is None else prefix.chat_text(payload.messages)

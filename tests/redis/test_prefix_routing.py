@@ -130,8 +130,15 @@ def test_a_caller_s_chain_is_checked_before_redis(store: Store, client: Client) 
     with pytest.raises(InvalidRequest, match="session"):
         client.submit("hi", session="has space", max_tokens=8)
     assert store.redis.dbsize() >= 0 and not list(store.redis.scan_iter(store.keys.req("*")))
-    given = client.submit("hi", prefix_hashes=[5, 6, 7], max_tokens=8)
+    text = "x" * 200  # 200 bytes: at most 4 blocks of 64 tokens
+    given = client.submit(text, prefix_hashes=[5, 6, 7], max_tokens=8)
     assert client.status(given.id).request.prefix_hashes == (5, 6, 7)
+    # A chain longer than its prompt could fill is cut: 1-token prompts with 512 made-up
+    # blocks each evicted other chats from the modelled caches.
+    long = client.submit("hi", prefix_hashes=list(range(512)), max_tokens=8)
+    assert client.status(long.id).request.prefix_hashes == (0,)
+    mine = client.submit(text, prefix_hashes=list(range(512)), max_tokens=8)
+    assert client.status(mine.id).request.prefix_hashes == (0, 1, 2, 3)
 
 
 def test_info_and_workers_show_the_index_and_the_hit_rate(store: Store, client: Client) -> None:
@@ -157,3 +164,35 @@ def test_info_and_workers_show_the_index_and_the_hit_rate(store: Store, client: 
     assert rows[0]["prefix_hit_rate"] == 0.25
     table = CliRunner().invoke(cli, [*base, "workers"]).output
     assert "25%" in table
+
+
+def test_a_planted_prefix_log_entry_never_stops_dispatching(
+    store: Store, client: Client, settings: Settings
+) -> None:
+    """Entries inferq never writes: bytes that are not UTF-8 (the reply failed to decode
+    at every step, so nothing was dispatched), a 400 KB placement (decoded whole, one such
+    entry cost a step 4.7 s and 1 GB); and the log as another type (assign.lua's write
+    failed with every claim): skipped, or quarantined by the step's repair."""
+    import redis as redis_lib
+
+    from ..conftest import REDIS_URL
+
+    raw = redis_lib.Redis.from_url(REDIS_URL)
+    log = store.keys.prefix_log
+    raw.xadd(log, {b"w": b"w1\xff\xfe", b"reset": b"1"})
+    raw.xadd(log, {b"w": b"w1", b"c": b"64:" + b"0" * 400_000})
+    ready_worker(store, "w1", kv_cache_mib=16_000)
+    dispatcher = Dispatcher(store)
+    first = client.submit(SYSTEM, priority="realtime", max_tokens=8)
+    assert dispatcher.step().dispatched == 1
+    assert dispatcher.prefix is not None and dispatcher.prefix.skipped == 2
+    assert client.status(first.id).state is not RequestState.QUEUED
+    store.redis.delete(log)
+    store.redis.set(log, "not a stream")
+    second = client.submit(SYSTEM, priority="realtime", max_tokens=8)
+    with pytest.raises(redis_lib.ResponseError, match="WRONGTYPE"):
+        dispatcher.step()
+    assert dispatcher._repair() >= 1  # what run() does after a failed step
+    assert log in store.redis.hkeys(store.keys.quarantine)
+    assert dispatcher.step().dispatched == 1
+    assert client.status(second.id).state is not RequestState.QUEUED
