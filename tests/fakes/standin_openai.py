@@ -73,6 +73,8 @@ class StandIn:
     )
     prompt_tokens: int = 7
     completion_tokens: int = 5
+    #: ``usage.prompt_tokens_details.cached_tokens`` to report (None: no details)
+    cached_tokens: int | None = None
     include_usage: bool = True
     models: list[str] = field(default_factory=lambda: ["llama-3.1-8b"])
     models_status: int = 200
@@ -290,6 +292,8 @@ class _Handler(BaseHTTPRequestHandler):
             "completion_tokens": n,
             "total_tokens": s.prompt_tokens + n,
         }
+        if s.cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": s.cached_tokens}  # type: ignore[assignment]
         if body.get("stream"):
             want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             self._stream(words, chat, usage if (s.include_usage and want_usage) else None, finish)

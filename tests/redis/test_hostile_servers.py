@@ -13,6 +13,7 @@ import json
 import time
 
 from inferq.client import Client
+from inferq.models import WorkerInfo
 from tests.fakes.standin_openai import StandIn
 
 from ..helpers import wait_for
@@ -185,3 +186,21 @@ def test_a_server_that_refuses_every_request_is_taken_out_after_two_and_comes_ba
         wait_for(lambda: fleet.state("bad") == "ready", what="the server back", timeout=20)
         assert fleet.store.redis.hget(fleet.store.keys.worker("bad"), "health_reason") == ""
     assert fleet.store.dead_letters() == []
+
+
+def test_a_server_that_says_it_reused_more_than_the_prompt_is_metered_the_prompt(
+    fleet: Fleet, client: Client
+) -> None:
+    """``cached_tokens`` 5,000,000 for a 7-token prompt (issue 22 attack): metered as is,
+    a priced request's cost went negative and the worker's hit rate past 100%."""
+    with StandIn(prompt_tokens=7, cached_tokens=5_000_000) as server:
+        openai_worker(fleet, "w", server.url)
+        result = client.submit("reused", priority="standard", max_tokens=4).result(timeout=60)
+        assert result.status == "succeeded", result.error
+        assert result.prompt_tokens == 7 and result.cached_tokens == 7
+
+        def beat() -> WorkerInfo:
+            return next(w for w in fleet.store.workers()[0] if w.id == "w")
+
+        wait_for(lambda: beat().prompt_tokens_total >= 7, what="the heartbeat's totals")
+        assert beat().cached_tokens_total == beat().prompt_tokens_total

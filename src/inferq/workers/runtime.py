@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from inferq import defaults, delivery
@@ -817,6 +817,10 @@ class Engine:
             )
             return
         self._refusals.succeeded()
+        if result.cached_tokens is not None and result.cached_tokens > result.prompt_tokens:
+            # a server that says it reused more than the prompt: metered as the whole prompt
+            # (more made the request's cost negative and the hit rate above 100%)
+            result = replace(result, cached_tokens=result.prompt_tokens)
         first = t0 + result.ttft_s if result.ttft_s is not None else None
         miss = self._count_prefix(record, result)
         if miss:
