@@ -496,10 +496,14 @@ PREFIX_CANDIDATES = 16
 #: further behind, or starts, rebuilds from the stream's retained entries). An entry is a
 #: claimed batch's chains, 16 hex digits a block: measured with MEMORY USAGE, 1.3 KB for
 #: one request of 64 blocks (4,096 tokens at the default block size), 5.4 KB for four, so
-#: 10,000 entries are 12-51 MiB of Redis (100,000 were 123-514 MiB). 10,000 batches are
-#: minutes of placements even for a large fleet, longer than a loaded worker's KV cache
-#: keeps a prefix; what a replica misses past them costs hits, never a request.
-PREFIX_STREAM_MAXLEN = 10_000
+#: 2,000 entries are 2.5-10 MiB of Redis. A batch of ASCII prompts writes at most about
+#: 68 KB (chains are cut to the prompts' bytes: BATCH_TOKEN_BUDGET tokens of about 4 bytes,
+#: 64 tokens a block), ~136 MiB at the cap; any entry at most MAX_BATCH x
+#: MAX_PREFIX_BLOCKS blocks, 262 KB, ~520 MiB (100,000 entries allowed 26 GB).
+#: 2,000 batches are minutes of placements for a fleet, about as long as a loaded
+#: worker's KV cache keeps a prefix; what a replica misses past them costs hits, never a
+#: request.
+PREFIX_STREAM_MAXLEN = 2_000
 #: Prefix chains the dispatcher remembers (a request's chain is read from Redis once, not
 #: every step): twice a 10,000-request backlog in view; a 128-block chain is ~4.6 KiB of
 #: Python ints, so ~90 MiB at most with 8k-token prompts.

@@ -196,3 +196,16 @@ def test_a_planted_prefix_log_entry_never_stops_dispatching(
     assert log in store.redis.hkeys(store.keys.quarantine)
     assert dispatcher.step().dispatched == 1
     assert client.status(second.id).state is not RequestState.QUEUED
+
+
+def test_with_prefix_routing_off_a_caller_s_chain_is_checked_and_not_stored(
+    store: Store, settings: Settings, redis_client
+) -> None:  # type: ignore[no-untyped-def]
+    off = settings.model_copy(
+        update={"prefix": settings.prefix.model_copy(update={"enabled": False})}
+    )
+    client = Client(settings=off, connection=redis_client)
+    with pytest.raises(InvalidRequest, match="prefix_hashes"):
+        client.submit("hi", prefix_hashes=[-1], max_tokens=8)
+    handle = client.submit("x" * 200, prefix_hashes=[5, 6, 7], max_tokens=8)
+    assert client.status(handle.id).request.prefix_hashes == ()
