@@ -18,6 +18,7 @@ from inferq.policy.snapshot import Decision
 from inferq.store import Store
 
 from ..builders import inference_request
+from ..helpers import ready_worker
 
 CLS = "standard"
 
@@ -63,3 +64,35 @@ def test_a_crowd_of_newcomers_is_stacked_and_a_returning_tenant_is_not(
     assert store.redis.zcard(new) == 0
     submit(store, settings, "c5")  # nobody waiting: lifted to the floor, as before
     assert store.redis.zscore(vtc, "c5") == pytest.approx(1000.0)
+
+
+def test_newcomers_that_leave_undispatched_do_not_push_the_next_one_back(
+    store: Store, settings: Settings
+) -> None:
+    """The attack on the group: one-off tenants queue big requests ahead of an honest
+    newcomer, then cancel them before any is dispatched. The newcomer's start moves up by
+    each one that leaves (not below the floor); a newcomer that is dispatched leaves the
+    ones behind it where they are."""
+    vtc, new = store.keys.fair_vtc(CLS), store.keys.fair_new(CLS)
+    charge(store, "bulk", 1000.0)
+    submit(store, settings, "bulk")
+    phantoms = []
+    for t in ("p1", "p2", "p3"):
+        request = inference_request(settings, tenant=t, priority=CLS, max_tokens=4000)
+        store.submit(request)
+        phantoms.append(request.id)
+    honest = submit(store, settings, "honest")
+    assert store.redis.zscore(vtc, "honest") > 1000.0 + 3 * 8000  # behind the three
+    for rid in phantoms:
+        store.cancel(rid)
+    assert store.redis.zscore(vtc, "honest") == pytest.approx(1000.0)  # at the floor again
+    assert list(dict(store.redis.zrange(new, 0, -1, withscores=True))) == ["honest"]
+    # dispatched, not cancelled: the newcomer behind keeps its place
+    submit(store, settings, "behind")
+    start = store.redis.zscore(vtc, "behind")
+    assert start > 1000.0
+    ready_worker(store, "w1")
+    queue = store.keys.tenant_queue(CLS, settings.default_model, "honest")
+    assert store.assign("w1", "b1", [(honest, queue, 1.0)])
+    assert store.redis.zscore(vtc, "behind") == pytest.approx(start)
+    assert store.redis.zrange(new, 0, -1) == ["behind"]

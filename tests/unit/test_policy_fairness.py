@@ -14,6 +14,7 @@ from inferq.policy.fairness import (
     lift_new_tenants,
     lift_tenants,
     name_hash,
+    newcomer_left,
     overdue_s,
     swrr_charge,
     swrr_winner,
@@ -147,6 +148,21 @@ def test_newcomers_are_stacked_by_finish_tags_and_others_lifted_as_before(
         assert start == pytest.approx(max(floor, previous))
         assert tags[t] == pytest.approx(start + fresh[t][1] / weight(t))
         previous = tags[t]
+
+
+def test_a_newcomer_that_leaves_undispatched_moves_the_ones_behind_it_up() -> None:
+    # floor 100 (established "e"); p (size 50) waited first, h behind it, x behind h
+    counters = {"e": 100.0, "p": 100.0, "h": 150.0, "x": 170.0}
+    waiting = {"p": 150.0, "h": 170.0, "x": 200.0}
+    newcomer_left("p", waiting, counters, {"e", "h", "x"}, one)
+    assert counters == {"e": 100.0, "p": 100.0, "h": 100.0, "x": 120.0}
+    assert waiting == {"h": 120.0, "x": 150.0}
+    newcomer_left("gone", waiting, counters, {"e", "h", "x"}, one)  # not waiting: nothing
+    assert waiting == {"h": 120.0, "x": 150.0}
+    # never below the floor
+    counters, waiting = {"e": 160.0, "p": 100.0, "h": 150.0}, {"p": 150.0, "h": 170.0}
+    newcomer_left("p", waiting, counters, {"e", "h"}, one)
+    assert counters["h"] == 150.0 and waiting == {"h": 170.0}
 
 
 def test_one_newcomer_with_nobody_waiting_is_lifted_as_before() -> None:

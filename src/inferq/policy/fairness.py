@@ -213,6 +213,44 @@ def lift_tenants(
     return lifted, tags
 
 
+def newcomer_left(
+    tenant: str,
+    waiting: MutableMapping[str, float],
+    counters: MutableMapping[str, float],
+    backlogged: Iterable[str],
+    weight: Callable[[str], float],
+) -> None:
+    """A waiting newcomer left the backlog undispatched (cancelled, expired): the
+    newcomers stacked behind it move up by its size, never below the lowest backlogged
+    virtual time, as if it had never come -- a crowd that queues and cancels must not push
+    an honest newcomer back for free (issue 24's attack: five cancelled one-off tenants
+    put a newcomer behind an established tenant's 150 requests). In place.
+
+    Args:
+        tenant: the newcomer that left (nothing happens unless it is in ``waiting``).
+        waiting: newcomer -> finish tag, virtual time (``FairnessState.newcomers``).
+        counters: tenant -> counter (VTC), of the class.
+        backlogged: the tenants backlogged now (``tenant`` not among them).
+        weight: tenant -> fair-share weight (> 0).
+    """
+    tag = waiting.pop(tenant, None)
+    if tag is None:
+        return
+    size = tag - counters.get(tenant, 0.0) / weight(tenant)
+    if size <= 0:
+        return
+    floor = min((counters.get(t, 0.0) / weight(t) for t in backlogged), default=0.0)
+    for other, other_tag in list(waiting.items()):
+        if other_tag <= tag:
+            continue
+        w = weight(other)
+        v = counters.get(other, 0.0) / w
+        moved = v - max(v - size, floor)
+        if moved > 0:
+            counters[other] = (v - moved) * w
+            waiting[other] = other_tag - moved
+
+
 def name_hash(tenant: str) -> int:
     """A tenant's stable tie-break hash (CRC-32 of its name: the same in every process,
     unlike ``hash``, and not ordered like the name)."""

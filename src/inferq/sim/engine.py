@@ -86,6 +86,7 @@ from inferq.errors import ConfigError, InvalidRequest
 from inferq.latency import ServiceTime, prefill_s
 from inferq.models import WorkerState
 from inferq.policy.estimate import estimate_key, update_moving_mean
+from inferq.policy.fairness import newcomer_left
 from inferq.policy.preemption import (
     choose_victims,
     overdue,
@@ -469,7 +470,8 @@ class _Sim:
                 parts[tenant] = _in_submit_order(parts[tenant])
             parked.clear()
 
-    def _dequeue(self, o: RequestOutcome) -> None:
+    def _dequeue(self, o: RequestOutcome, *, dispatched: bool = False) -> None:
+        """Take ``o`` out of its queue (``dispatched``: to a worker; else it expired)."""
         r = o.request
         key = (r.priority, r.route)
         parked = self.parked.get(key)
@@ -487,7 +489,17 @@ class _Sim:
         if not counts[r.tenant]:
             del counts[r.tenant]
             self.backlog_dirty.add(r.priority)
-            self.newcomers.get(r.priority, {}).pop(r.tenant, None)  # left the backlog
+            waiting = self.newcomers.get(r.priority, {})
+            if dispatched:  # served: the newcomers behind it stay (includes/counts.lua)
+                waiting.pop(r.tenant, None)
+            else:
+                newcomer_left(
+                    r.tenant,
+                    waiting,
+                    self.counters.setdefault(r.priority, {}),
+                    counts,
+                    self.dispatch_policy.tenant_weight,
+                )
 
     def _drop_stale_deadlines(self) -> None:
         heap = self.deadlines
@@ -735,7 +747,7 @@ class _Sim:
             o = self.by_id[rid]
             if o.status != "queued":
                 raise AssertionError(f"decision assigned {rid} in state {o.status}")
-            self._dequeue(o)
+            self._dequeue(o, dispatched=True)
             worker.admit(rid, need, now)
             o.forecast_tokens = forecast
             self.caches.placed(worker.id, o.request)

@@ -67,7 +67,7 @@ for i = 7, #ARGV, 4 do
     redis.call('SADD', KEYS[3], id)
     redis.call('HINCRBY', KEYS[2], 'slots', 1)
     redis.call('HINCRBYFLOAT', KEYS[2], 'mib', need)
-    count_queued(p, r[3], r[4], -1)
+    count_queued(p, r[3], r[4], -1, false, nil, true)
     claimed[#claimed + 1] = id
     claimed[#claimed + 1] = attempt
     ids[#ids + 1] = id

@@ -58,17 +58,53 @@ local function vtc_keep_used(p, class, tenant, prompt, charged, weight, tw, gene
   vtc_refund(p, class, tenant, refund)
 end
 
+-- A waiting newcomer leaves the backlog undispatched (cancelled, expired, quarantined):
+-- the newcomers stacked behind it move up by its size, never below the lowest backlogged
+-- virtual time, as if it had never come -- a crowd that queues and cancels must not push
+-- an honest newcomer back for free (inferq.policy.fairness.newcomer_left, the same rule).
+-- At most NEWCOMER_REPACK newcomers are moved per departure (the script stays short).
+local NEWCOMER_REPACK = 512
+local function newcomer_left(p, class, tenant)
+  local new, vtc = p .. 'fair:new:' .. class, p .. 'fair:vtc:' .. class
+  local tag = redis.call('ZSCORE', new, tenant)
+  if not tag then return end
+  redis.call('ZREM', new, tenant)
+  local size = tonumber(tag) - tonumber(redis.call('ZSCORE', vtc, tenant) or tag)
+  if size <= 0 then return end
+  local live = p .. 'fair:live:' .. class
+  local low = redis.call('ZRANGE', live, 0, 0, 'WITHSCORES')
+  local floor = tonumber(low[2] or '0')
+  local behind = redis.call('ZRANGEBYSCORE', new, '(' .. tag, '+inf', 'WITHSCORES',
+    'LIMIT', 0, NEWCOMER_REPACK)
+  for i = 1, #behind, 2 do
+    local other, other_tag = behind[i], tonumber(behind[i + 1])
+    local v = tonumber(redis.call('ZSCORE', vtc, other) or '0')
+    local moved = v - math.max(v - size, floor)
+    if moved > 0 then
+      redis.call('ZADD', vtc, v - moved, other)
+      redis.call('ZADD', live, 'XX', v - moved, other)
+      redis.call('ZADD', new, other_tag - moved, other)
+    end
+  end
+end
+
 -- requeued: the request was queued before (a preemption, a retry): its tenant is no new
 -- arrival (its request was running, not idle), so it keeps its own counter, unlifted,
 -- unless that counter was folded meanwhile (then it is lifted as any returning tenant).
--- size: the queued request's prompt + max_tokens (a newcomer's finish tag; nil: 0).
-local function count_queued(p, class, tenant, delta, requeued, size)
+-- size: the queued request's VTC charge at max_tokens (a newcomer's finish tag; nil: 0).
+-- dispatched: the request leaves its queue for a worker (assign.lua): a newcomer that
+-- leaves so was served, and those behind it stay where they are.
+local function count_queued(p, class, tenant, delta, requeued, size, dispatched)
   redis.call('HINCRBY', p .. 'counts', 'c:' .. class, delta)
   local left = redis.call('HINCRBY', p .. 'counts', 't:' .. class .. ':' .. tenant, delta)
   if left <= 0 then
     redis.call('HDEL', p .. 'counts', 't:' .. class .. ':' .. tenant)
     redis.call('ZREM', p .. 'fair:live:' .. class, tenant)
-    redis.call('ZREM', p .. 'fair:new:' .. class, tenant)
+    if dispatched then
+      redis.call('ZREM', p .. 'fair:new:' .. class, tenant)
+    else
+      newcomer_left(p, class, tenant)
+    end
     redis.call('ZADD', p .. 'fair:seen:' .. class, now_ms(), tenant)
   elseif left == delta then
     local own = requeued and redis.call('ZSCORE', p .. 'fair:vtc:' .. class, tenant)
