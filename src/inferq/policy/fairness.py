@@ -66,7 +66,9 @@ Language Models", OSDI 2024)
     charged) over its weight. A crowd then advances like one tenant sending requests of
     that size, at most that tenant's share, and an established tenant waits behind
     about one newcomer per turn; a newcomer arriving with no newcomer waiting is lifted
-    exactly as before. The price: honest newcomers arriving together share one share.
+    exactly as before. The price: honest newcomers arriving together share one share. A
+    newcomer that leaves before its first dispatch moves the ones behind it up
+    (:func:`newcomer_left`), so queueing and cancelling costs the others nothing.
 """
 
 from __future__ import annotations
