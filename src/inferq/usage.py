@@ -37,7 +37,10 @@ OUTCOMES = COUNTERS[:4]
 DIMENSIONS = ("tenant", "key", "class", "model")
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
-_AGO = re.compile(r"^(\d{1,6})([hd])$")
+_AGO = re.compile(r"^([0-9]{1,6})([hd])$")  # ASCII digits only (\d takes any script's)
+#: The furthest back a window may start, days: ten years of daily roll-ups (one HGETALL
+#: each); ``999999d`` sent a million reads to Redis in one pipeline (12 s).
+MAX_AGO_DAYS = 3660
 _UNIT_MS = {"h": HOUR_MS, "d": DAY_MS}
 
 
@@ -212,7 +215,10 @@ def ago_ms(text: str, param: str) -> int:
     m = _AGO.match(text.strip())
     if m is None:
         raise InvalidUsageQuery(param, f"{text!r}: give hours or days ago, e.g. 24h or 7d")
-    return int(m.group(1)) * _UNIT_MS[m.group(2)]
+    ago = int(m.group(1)) * _UNIT_MS[m.group(2)]
+    if ago > MAX_AGO_DAYS * DAY_MS:
+        raise InvalidUsageQuery(param, f"{text!r} is further back than {MAX_AGO_DAYS}d")
+    return ago
 
 
 def window_ms(now_ms: int, since: str, until: str) -> tuple[int, int]:

@@ -92,7 +92,13 @@ def test_the_window_is_whole_hours_with_the_current_one() -> None:
     now = 100 * H + 1234
     assert usage.window_ms(now, "24h", "now") == (76 * H, 101 * H)
     assert usage.window_ms(now, "2d", "1d") == (52 * H, 77 * H)
-    bad = (("3x", "now", "since"), ("1h", "2h", "since"), ("1h", "x", "until"))
+    bad = (
+        ("3x", "now", "since"),
+        ("1h", "2h", "since"),
+        ("1h", "x", "until"),
+        ("999999d", "now", "since"),  # a million daily reads in one pipeline
+        ("\u0663h", "now", "since"),  # an Arabic-Indic 3: ASCII digits only
+    )
     for since, until, named in bad:
         with pytest.raises(InvalidUsageQuery) as refused:
             usage.window_ms(now, since, until)
