@@ -27,6 +27,7 @@ chains of different block sizes never match by accident.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -37,6 +38,9 @@ from inferq.errors import InvalidRequest, shown
 HASH_LIMIT = 1 << 63
 _MASK = HASH_LIMIT - 1
 _HEX = 16  # hex digits per stored hash
+#: The stored form's parts: a block size, and lowercase hex digits (what encode writes).
+_STORED = re.compile(r"[0-9]{1,6}")
+_HEX_DIGITS = re.compile(r"[0-9a-f]*")
 
 
 def _step(previous: int, block: bytes) -> int:
@@ -149,6 +153,8 @@ def decode(text: str) -> tuple[int, tuple[int, ...]]:
     if not text:
         return 0, ()
     size, _, digits = text.partition(":")
+    if not _STORED.fullmatch(size) or not _HEX_DIGITS.fullmatch(digits):
+        raise ValueError(f"bad prefix chain {text[:40]!r}")  # int() takes "-", "_", spaces
     block_tokens = int(size)
     if block_tokens < 1 or len(digits) % _HEX:
         raise ValueError(f"bad prefix chain {text[:40]!r}")

@@ -48,7 +48,18 @@ def test_encode_decode_round_trip(hashes: list[int], size: int) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["x", "64:abc", "0:" + "0" * 16, "64:" + "f" * 16, "a:" + "0" * 16]
+    "text",
+    [
+        "x",
+        "64:abc",
+        "0:" + "0" * 16,
+        "64:" + "f" * 16,
+        "a:" + "0" * 16,
+        "64:-000000000000001",  # int() took the sign: a negative hash in the index
+        "64:_000000000000001",
+        "64: 000000000000001",
+        " 64:" + "0" * 16,
+    ],
 )
 def test_a_bad_stored_chain_is_refused(text: str) -> None:
     with pytest.raises(ValueError):
