@@ -209,3 +209,28 @@ def test_with_prefix_routing_off_a_caller_s_chain_is_checked_and_not_stored(
         client.submit("hi", prefix_hashes=[-1], max_tokens=8)
     handle = client.submit("x" * 200, prefix_hashes=[5, 6, 7], max_tokens=8)
     assert client.status(handle.id).request.prefix_hashes == ()
+
+
+def test_a_worker_out_of_one_replica_s_view_for_a_step_keeps_its_placements(
+    store: Store, client: Client, settings: Settings
+) -> None:
+    """A heartbeat that lapsed for one step (or came between a replica's view and its
+    XRANGE) made that replica drop the worker and ignore the placements on it it read in
+    that step: the replicas disagreed for good. A worker is forgotten only once it has
+    been out of view ``FORGET_S``."""
+    for w in ("w1", "w2"):
+        ready_worker(store, w, slots=2, kv_cache_mib=16_000)
+    policy = DispatchPolicy.from_settings(settings)
+    dispatcher = Dispatcher(store)
+    other = PrefixCache(store, policy)
+    view = store.dispatch_view(["realtime"], 16, 30).snapshot.workers
+    other.refresh(view)
+    ids = [client.submit(f"chat {i} " * 400, priority="realtime").id for i in range(4)]
+    dispatcher.step()  # the placements go to the log with the claims
+    assert dispatcher.prefix is not None
+    dispatcher.prefix.refresh(view)
+    other.refresh([w for w in view if w.id != "w2"])  # w2 out of this step's view
+    other.refresh(view)
+    assert other.index.sizes() == dispatcher.prefix.index.sizes()
+    assert all(n > 0 for n in other.index.sizes().values())
+    _finish(store, client, ids)

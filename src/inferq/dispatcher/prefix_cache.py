@@ -4,7 +4,10 @@ Each dispatcher replica holds a :class:`~inferq.policy.prefix_index.PrefixIndex`
 memory and, once per step, brings it up to date (:meth:`PrefixCache.refresh`):
 
 1. every live worker of a registry model is sized: its KV cache in tokens
-   (``kv_cache_mib x 2^20 / kv_bytes_per_token``); workers that left are forgotten;
+   (``kv_cache_mib x 2^20 / kv_bytes_per_token``); a worker is forgotten once it has been
+   out of view ``FORGET_S`` (a worker missing from one step's view, a late heartbeat,
+   kept its size, so the placements on it that step were not dropped on this replica
+   alone and the replicas kept agreeing; a restarted worker writes a reset anyway);
 2. the prefix log's new entries (:mod:`inferq.store.prefixlog`, one XRANGE) are applied
    in order: placements teach it which blocks went where, a reset forgets a worker
    whose model server restarted, a miss shrinks a worker the server contradicted.
@@ -18,6 +21,7 @@ loses cache hits, never a request.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 
 from inferq import defaults
@@ -31,6 +35,8 @@ log = logging.getLogger(__name__)
 MIB = 1024 * 1024
 #: XRANGE reads per refresh at most (a replica far behind catches up over a few steps).
 MAX_READS = 4
+#: Seconds a worker may be out of a replica's view before its modelled cache is dropped.
+FORGET_S = 60.0
 
 
 class PrefixCache:
@@ -54,6 +60,7 @@ class PrefixCache:
         self.applied = 0
         self.skipped = 0
         self._sizes: dict[str, float] = {}
+        self._seen: dict[str, float] = {}  # worker -> monotonic time last in view
 
     def refresh(self, workers: Iterable[WorkerView]) -> PrefixIndex:
         """Size the live ``workers``, apply the log's new entries; returns the index."""
@@ -71,19 +78,22 @@ class PrefixCache:
         return self.index
 
     def _size(self, workers: Iterable[WorkerView]) -> None:
-        live: dict[str, float] = {}
+        now = time.monotonic()
         models = self.policy.model_by_name
         for w in workers:
             spec = models.get(w.model)
             if spec is None:
                 continue
             tokens = w.kv_cache_mib * MIB / spec.kv_bytes_per_token
-            live[w.id] = tokens
+            self._seen[w.id] = now
             if self._sizes.get(w.id) != tokens:
                 self.index.set_capacity(w.id, tokens)
-        if len(live) != len(self._sizes) or live.keys() != self._sizes.keys():
-            self.index.retain(live)
-        self._sizes = live
+                self._sizes[w.id] = tokens
+        gone = [wid for wid, at in self._seen.items() if now - at > FORGET_S]
+        if gone:
+            for wid in gone:
+                del self._seen[wid], self._sizes[wid]
+            self.index.retain(self._sizes)
 
     def _apply(self, entry: PrefixEntry) -> None:
         w = entry.worker
