@@ -150,7 +150,7 @@ def build_request(
     if not isinstance(stream, bool):
         raise InvalidRequest("stream", f"must be true or false, got {shown(stream)}")
     block_tokens = settings.prefix_block_tokens(route.text)
-    chain = _prefix_chain(settings, payload, block_tokens, prefix_hashes, session)
+    chain = _prefix_chain(settings, payload, block_tokens, prefix_hashes, session, tenant)
     try:
         return InferenceRequest(
             id=new_id(),
@@ -353,12 +353,14 @@ def _prefix_chain(
     block_tokens: int,
     given: Any,
     session: Any,
+    tenant: str,
 ) -> tuple[int, ...]:
     """The request's prefix chain: the caller's (checked, then cut to the blocks its text
     could fill, at most one token a UTF-8 byte as byte-level tokenizers have it: a longer
     chain claims cache for a prompt it does not have, and 1-token prompts with 512
     made-up blocks evicted other chats from the index), else hashed from its text (chat
-    messages rendered canonically), the session hint first; ``()`` when prefix routing
+    messages rendered canonically), the session hint first, hashed with the ``tenant``
+    (two tenants' equal session names are not one session); ``()`` when prefix routing
     is off (a caller's chain is still checked)."""
     if session is not None:
         _check_str("session", session)
@@ -377,7 +379,8 @@ def _prefix_chain(
         return ()
     text = payload.prompt if payload.messages is None else prefix.chat_text(payload.messages)
     assert text is not None
-    return prefix.text_chain(text, block_tokens, settings.chars_per_token, session=session)
+    hint = None if session is None else f"{tenant}\x1f{session}"
+    return prefix.text_chain(text, block_tokens, settings.chars_per_token, session=hint)
 
 
 def _prompt_tokens(

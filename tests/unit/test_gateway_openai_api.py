@@ -224,3 +224,6 @@ def test_a_session_s_short_requests_share_their_first_block() -> None:
     assert one.prefix_hashes == two.prefix_hashes != other.prefix_hashes
     assert len(one.prefix_hashes) == 1
     assert build_request(settings, prompt="hi", max_tokens=4).prefix_hashes == ()
+    # another tenant's session of the same name is another session
+    theirs = build_request(settings, prompt="hi", session="s1", tenant="b", max_tokens=4)
+    assert theirs.prefix_hashes != one.prefix_hashes
