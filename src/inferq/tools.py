@@ -107,12 +107,7 @@ def _tools(tools: Any) -> set[str]:
         function = tool.get("function")
         if not isinstance(function, Mapping):
             raise InvalidRequest(f"{at}.function", f"must be an object, got {_kind(function)}")
-        name = function.get("name")
-        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
-            raise InvalidRequest(
-                f"{at}.function.name",
-                f"must be 1-64 letters, digits, '_' or '-', got {_kind(name)}",
-            )
+        name = _name(function.get("name"), f"{at}.function.name")
         if name in names:
             raise InvalidRequest(f"{at}.function.name", f"{name!r} is declared twice")
         names.add(name)
@@ -168,12 +163,7 @@ def _response_format(fmt: Any) -> None:
     schema = fmt.get("json_schema")
     if not isinstance(schema, Mapping):
         raise InvalidRequest(f"{where}.json_schema", f"must be an object, got {_kind(schema)}")
-    name = schema.get("name")
-    if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
-        raise InvalidRequest(
-            f"{where}.json_schema.name",
-            f"must be 1-64 letters, digits, '_' or '-', got {_kind(name)}",
-        )
+    _name(schema.get("name"), f"{where}.json_schema.name")
     _optional(schema, "schema", Mapping, f"{where}.json_schema", "an object (a JSON schema)")
     _optional(schema, "strict", bool, f"{where}.json_schema", "true or false")
     _optional(schema, "description", str, f"{where}.json_schema", "a string")
@@ -194,3 +184,14 @@ def _kind(value: Any) -> str:
     if isinstance(value, bool | int | float) or value is None:
         return repr(value) if value is not None else "null"
     return type(value).__name__
+
+
+def _name(value: object, field: str) -> str:
+    """A function or schema name as OpenAI allows it (``TOOL_NAME``).
+
+    Raises:
+        InvalidRequest: (``field``) anything else.
+    """
+    if not isinstance(value, str) or not TOOL_NAME.fullmatch(value):
+        raise InvalidRequest(field, f"must be 1-64 letters, digits, '_' or '-', got {_kind(value)}")
+    return value
