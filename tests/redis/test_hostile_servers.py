@@ -161,27 +161,39 @@ def test_a_server_that_refuses_every_request_is_taken_out_after_two_and_comes_ba
     every request routed to it, for ever (a request error is the caller's, so nothing
     suspected the server). The same refusal for 3 requests in a row from 2 tenants takes
     it out: the first two fail as the callers' (nothing tells them apart from bad
-    requests yet), the third and any in flight go back to the queue and succeed on the
-    healthy worker. ``unhealthy`` names the refusal; strict probes bring it back once it
-    serves again."""
+    requests yet), the third goes back to the queue and succeeds on the healthy worker,
+    as does everything sent after. ``unhealthy`` names the refusal; strict probes bring
+    it back once it serves again.
+
+    The three go one at a time, tenants alternating: sent together beside a healthy
+    worker, the router may give the broken one three of one tenant's requests first, and
+    one tenant's identical refusals are not proof (issue 25: that order burned a third
+    request under a loaded CI host, by the rule, not by chance)."""
     with StandIn(mode="error", error_status=400) as bad, StandIn() as good:
         openai_worker(fleet, "bad", bad.url)
         wait_for(lambda: fleet.state("bad") == "ready", what="the 400-ing worker ready", timeout=60)
+        first = [
+            client.submit(f"q{i}", priority="standard", tenant=f"t{i % 2}", max_tokens=4)
+            for i in range(2)
+        ]
+        burned = [h.result(timeout=30) for h in first]
+        assert [r.status for r in burned] == ["failed", "failed"], [r.error for r in burned]
+        third = client.submit("q2", priority="standard", tenant="t0", max_tokens=4, timeout=60)
+        wait_for(lambda: fleet.state("bad") == "unhealthy", what="the worker unhealthy")
+        reason = fleet.store.redis.hget(fleet.store.keys.worker("bad"), "health_reason")
+        assert reason and "refused 3 requests in a row" in reason, reason
         openai_worker(fleet, "good", good.url)
-        handles = [
+        handles = [third] + [
             client.submit(
                 f"q{i}", priority="standard", tenant=f"t{i % 2}", max_tokens=4, timeout=30
             )
-            for i in range(20)
+            for i in range(3, 20)
         ]
         results = [h.result(timeout=40) for h in handles]
-        burned = [r for r in results if r.status != "succeeded"]
         print(f"requests burned by a server refusing every request: {len(burned)}")
-        assert len(burned) <= 3, [r.error for r in burned]
-        assert all(r.status == "failed" for r in burned)
+        assert [r.status for r in results] == ["succeeded"] * 18, [r.error for r in results]
+        assert {r.worker for r in results} == {"good"}
         assert fleet.state("bad") == "unhealthy"
-        reason = fleet.store.redis.hget(fleet.store.keys.worker("bad"), "health_reason")
-        assert reason and "refused 3 requests in a row" in reason, reason
         bad.mode = "ok"
         wait_for(lambda: fleet.state("bad") == "ready", what="the server back", timeout=20)
         assert fleet.store.redis.hget(fleet.store.keys.worker("bad"), "health_reason") == ""
