@@ -22,6 +22,7 @@ from inferq.config import Settings
 from inferq.dispatcher.daemon import Dispatcher
 from inferq.models import RequestState, WorkerState
 from inferq.store import Store
+from inferq.workers.servers.sim import OUTPUT_TOKENS_PARAM
 
 from ..conftest import REDIS_URL
 from ..helpers import wait_for
@@ -47,6 +48,15 @@ step_overhead_ms = 10.0
 seq_step_ms = 2.5
 attn_width = 0
 """
+
+
+#: The KV tests' large requests reserve room for ``max_tokens`` (4,000 output tokens) but
+#: answer in 16: what they test is when they start, and 4,000 decode steps cost ~50 s
+#: of each test, and the stream fed meanwhile another ~250 requests to drain (issue 24,
+#: item 6: these two tests took 94-102 s each).
+SHORT_ANSWER = {OUTPUT_TOKENS_PARAM: 16}
+#: The same-class stream's answers: a quarter of the room they reserve.
+BRIEF = {OUTPUT_TOKENS_PARAM: 250}
 
 
 class Stack:
@@ -156,7 +166,7 @@ def test_a_large_realtime_request_gets_the_kv_room_small_batch_requests_keep_tak
     try:
         wait_for(lambda: len(batch) >= 10, what="the stream started")
         prompt = "word " * 1600  # ~2,000 prompt tokens by the intake's estimate
-        rt = client.submit(prompt, priority="realtime", max_tokens=4000)
+        rt = client.submit(prompt, priority="realtime", max_tokens=4000, params=SHORT_ANSWER)
         result = rt.result(timeout=60)
     finally:
         stop.set()
@@ -202,7 +212,12 @@ def test_a_large_request_gets_the_room_another_tenants_small_stream_of_its_class
     keep the KV cache nearly full; tenant ``big`` sends one realtime request needing most
     of it. Nothing is preemptible (same class), but the reservation must hold the worker
     against the younger small requests too, or ``big`` never fits while the stream goes
-    on: one tenant crowds another out of its own class."""
+    on: one tenant crowds another out of its own class.
+
+    Each small request reserves room for 1,000 output tokens and answers 250 (~2 s): 7
+    fill the cache, and 5 a second arrive, so the cache stays full while the stream goes
+    on. Answering all 1,000, they ran ~12 s each: ``big`` waited that long for room, the
+    stream queued ~75 requests meanwhile, and draining them took a minute."""
     stack.worker("w1", vram_mib=18000, slots=16, time_scale=0.25)
     client = stack.client
     stop = threading.Event()
@@ -211,7 +226,9 @@ def test_a_large_request_gets_the_room_another_tenants_small_stream_of_its_class
     def stream() -> None:  # one small realtime request every 0.2 s
         while not stop.is_set():
             small.append(
-                client.submit("y", priority="realtime", tenant="small", max_tokens=1000).id
+                client.submit(
+                    "y", priority="realtime", tenant="small", max_tokens=1000, params=BRIEF
+                ).id
             )
             stop.wait(0.2)
 
@@ -220,9 +237,11 @@ def test_a_large_request_gets_the_room_another_tenants_small_stream_of_its_class
     try:
         wait_for(lambda: len(small) >= 15, what="the stream filled the KV cache")
         prompt = "word " * 1600  # ~2,000 prompt tokens by the intake's estimate
-        big = client.submit(prompt, priority="realtime", tenant="big", max_tokens=4000)
+        big = client.submit(
+            prompt, priority="realtime", tenant="big", max_tokens=4000, params=SHORT_ANSWER
+        )
         started = time.monotonic()
-        # a small request runs ~3 s here: the reserved worker has room within that
+        # a small request runs ~2 s here: the reserved worker has room within that
         wait_for(
             lambda: client.status(big.id).state is not RequestState.QUEUED,
             timeout=15,
@@ -248,7 +267,14 @@ def test_a_flood_of_large_requests_does_not_hold_a_new_tenant_back(stack: Stack)
     client = stack.client
     prompt = "word " * 1600  # ~2,000 prompt tokens: 755 MiB with 4,000 output tokens
     hog = [
-        client.submit(prompt, priority="realtime", tenant="hog", max_tokens=4000) for _ in range(3)
+        client.submit(
+            prompt,
+            priority="realtime",
+            tenant="hog",
+            max_tokens=4000,
+            params={OUTPUT_TOKENS_PARAM: 1600},  # ~5 s each: quiet's answer comes in ~3
+        )
+        for _ in range(3)
     ]
     wait_for(lambda: client.status(hog[0].id).state is RequestState.RUNNING, what="hog running")
     time.sleep(1.0)  # the next large request is overdue and reserves the worker
