@@ -627,6 +627,40 @@ def test_a_burst_the_ready_fleet_clears_within_a_cold_start_launches_nothing() -
     assert slow.action == "up" and slow.desired > 1
 
 
+def test_a_burst_of_long_requests_is_counted_by_the_work_it_holds() -> None:
+    """Issue 24, item 5: the drain estimate counted queued requests as the window's mean
+    request. 40 batch requests that run 4x as long as the mix (its finishes measured
+    per class) hold 160 mean requests of work: 2.5 req/s spare clear them in 64 s, past
+    a cold start (35 s), so the backlog counts, 4x over; counted as 40 requests they
+    "drained in 16 s" and weighed nothing. Requests shorter than the mix drain sooner
+    than their count says."""
+    long_burst = load(
+        ready=3,
+        arrival_rate=0.5,
+        cold_start_s=30.0,
+        mean_service_s=4.0,
+        queued={"batch": 40},
+        oldest_wait_s={"batch": 10.0},
+        class_service_s={"batch": 16.0, "standard": 3.0},
+    )
+    assert long_burst.queued_work == pytest.approx(160.0)
+    assert ready_drain_s(long_burst, 1.0, 0.5, 35.0) is None
+    as_counted = one(replace(long_burst, class_service_s={}))
+    assert has(as_counted, "backlog of 40 drains in 16 s with the 3 ready")
+    d = one(long_burst)
+    assert not has(d, "drains in"), d.reasons
+    assert has(d, "backlog 31 weighted (40 queued)")  # 40 x 4 x batch's weight and age
+    assert one(replace(long_burst, ready=1)).action == "up"
+    short = replace(long_burst, queued={"batch": 80}, class_service_s={"batch": 1.0})
+    assert short.queued_work == pytest.approx(20.0)
+    assert ready_drain_s(short, 1.0, 0.5, 35.0) == pytest.approx(8.0)
+    assert one(short).action == "hold"
+    # A class with no finish in the window counts as the mean request.
+    assert replace(long_burst, class_service_s={}).queued_work == 40.0
+    with pytest.raises(ValueError, match=r"class_service_s\['batch'\] must be > 0"):
+        replace(long_burst, class_service_s={"batch": 0.0})
+
+
 def test_ready_drain_s_is_none_when_the_fleet_does_not_outrun_the_arrivals() -> None:
     busy = load(ready=2, arrival_rate=2.0, queued={"batch": 5})
     assert ready_drain_s(busy, 1.0, 2.0, 35.0) is None

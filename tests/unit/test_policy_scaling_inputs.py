@@ -11,9 +11,12 @@ from inferq.config import ModelSpec, Settings
 from inferq.models import Event, WorkerState
 from inferq.policy.scaling_inputs import (
     LiveWorker,
+    LoadInputs,
+    ReconciledFleet,
     Tracked,
     arrival_rates,
     backlog,
+    build_loads,
     reconcile,
     route_model,
     service_times,
@@ -103,6 +106,33 @@ def test_rates_and_service_times_come_from_the_events() -> None:
     assert (stats.service_s, stats.prompt_tokens, stats.output_tokens) == pytest.approx(
         (1.0, 200.0, 20.0)
     )
+    assert stats.class_service_s == {}  # finishes naming no class: none per class
+
+
+def test_service_times_per_class_weigh_the_queue_by_its_classes() -> None:
+    """Issue 24, item 5: each class's finishes give its own service mean, so the
+    scaler counts a queued request as its class's work, not the window's mean."""
+
+    def finish(i: int, cls: str, service_ms: int) -> Event:
+        fields = {"worker": "w1", "class": cls, "e2e_ms": str(service_ms + 50)}
+        return Event(id=f"{i}-0", type="finish", at=float(i), fields=fields | {"queue_ms": "50"})
+
+    events = [finish(1, "batch", 9000), finish(2, "batch", 7000), finish(3, "standard", 1000)]
+    [stats] = service_times(events, {"w1": MODEL}).values()
+    assert stats.service_s == pytest.approx(17 / 3)
+    assert stats.class_service_s == pytest.approx({"batch": 8.0, "standard": 1.0})
+    depths = [("batch", MODEL, 10, 3.0), ("standard", MODEL, 10, 1.0)]
+    inputs = LoadInputs(
+        depths=depths,
+        live=[LiveWorker("w1", MODEL, WorkerState.READY, 8)],
+        fleet=ReconciledFleet(tracked={}),
+        arrivals={},
+        service={MODEL: stats},
+        fallback_service_s={MODEL: 1.0},
+        default_slots=8,
+    )
+    [load] = build_loads([MODEL], registry(), inputs, now=10.0)
+    assert load.queued_work == pytest.approx(10 * 8 / (17 / 3) + 10 * 1 / (17 / 3))
 
 
 def test_reconcile_counts_listed_unregistered_workers_as_starting_until_timeouts() -> None:

@@ -12,7 +12,8 @@ The rule, per model (units: requests, seconds, workers)::
     h    = cold_start_s + interval_s                    until a worker launched now is useful
     lam  = max(arrival_rate, level + slope * h)         arrivals when it is ready
     age  = 1 + min(1, oldest_c / sla_c) * (age_max - 1) per class c
-    B    = sum_c queued_c * weight_c * age_c            weighted backlog
+    w_c  = service_c / mean_service_s                   a class's requests, in mean requests
+    B    = sum_c queued_c * w_c * weight_c * age_c      weighted backlog
     need = (lam + B / max(backlog_drain_s, h)) / mu     workers needed
 
 ``capacity_rate`` is what one worker carries with its class targets still met
@@ -269,6 +270,10 @@ class ModelLoad:
         rate_window_s: seconds of submits ``arrival_rate`` is measured over (None: not
             known; a burst still queued is then taken for a sustained rate, see
             :func:`burst_rate`).
+        class_service_s: class -> mean seconds from dispatch to finish of that class's
+            requests (the same window as ``mean_service_s``); a class missing is taken
+            at ``mean_service_s``. It weighs each class's queued requests by the work
+            they hold (:attr:`queued_work`).
 
     Raises:
         ValueError: a count or time is negative, or ``slots_per_worker`` /
@@ -290,6 +295,7 @@ class ModelLoad:
     saturation: float = 1.0
     capacity_rate: float | None = None
     rate_window_s: float | None = None
+    class_service_s: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.slots_per_worker < 1:
@@ -307,6 +313,9 @@ class ModelLoad:
                 raise ValueError(f"{self.model}: {name} must be >= 0, got {getattr(self, name)}")
         if any(n < 0 for n in self.queued.values()):
             raise ValueError(f"{self.model}: queued counts must be >= 0")
+        for cls, took in self.class_service_s.items():
+            if not took > 0:
+                raise ValueError(f"{self.model}: class_service_s[{cls!r}] must be > 0, got {took}")
 
     @property
     def current(self) -> int:
@@ -317,6 +326,22 @@ class ModelLoad:
     def total_queued(self) -> int:
         """Queued requests over all classes."""
         return sum(self.queued.values())
+
+    def relative_service(self, cls: str) -> float:
+        """One queued request of class ``cls`` in mean requests: its class's measured
+        service time over ``mean_service_s`` (1.0 when the class has none)."""
+        took = self.class_service_s.get(cls)
+        return took / self.mean_service_s if took else 1.0
+
+    @property
+    def queued_work(self) -> float:
+        """The queue in mean requests: ``sum_c queued_c x relative_service(c)``.
+
+        ``mu`` (requests/s a worker carries) is a rate of the window's mean request, so
+        a backlog must be counted in the same unit: a burst of batch requests twice as
+        long as the mix drains in twice the time its count says (issue 24, item 5).
+        """
+        return sum(n * self.relative_service(cls) for cls, n in self.queued.items() if n > 0)
 
     @property
     def saturated_service_s(self) -> float:
@@ -651,7 +676,8 @@ def ready_drain_s(
     oldest request still ends its wait within its SLA; else None.
 
     The ready workers serve ``ready x mu`` requests/s; what they have beyond the
-    arrivals (``rate``) drains the ``total_queued`` requests. A burst the fleet clears
+    arrivals (``rate``) drains the queue's :attr:`~ModelLoad.queued_work` (the queued
+    requests counted in mean requests, by their class's service time). A burst the fleet clears
     within a cold start needs no launch: the worker would come up after the work is
     gone and idle (issue 24: ``inferq demo``'s batch burst at t~150 s started two 70B
     workers that came up at t~220 s, after the fleet had drained it). None too when
@@ -669,7 +695,7 @@ def ready_drain_s(
     spare = load.ready * mu - rate
     if load.total_queued <= 0 or spare <= _EPS:
         return None
-    drain = load.total_queued / spare
+    drain = load.queued_work / spare
     if drain >= horizon_s:
         return None
     for cls, count in load.queued.items():
@@ -679,7 +705,8 @@ def ready_drain_s(
 
 
 def _weighted_backlog(load: ModelLoad, config: ScalingConfig, sla: Mapping[str, float]) -> float:
-    """Queued requests weighted by class and by the age of the class's oldest one."""
+    """Queued work (mean requests, :attr:`ModelLoad.queued_work`) weighted by class and
+    by the age of the class's oldest request."""
     total = 0.0
     for cls, count in load.queued.items():
         if count <= 0:
@@ -688,7 +715,8 @@ def _weighted_backlog(load: ModelLoad, config: ScalingConfig, sla: Mapping[str, 
         age = 0.0
         if cls in sla:
             age = min(1.0, load.oldest_wait_s.get(cls, 0.0) / sla[cls])
-        total += count * weight * (1.0 + age * (config.age_factor_max - 1.0))
+        work = count * load.relative_service(cls)
+        total += work * weight * (1.0 + age * (config.age_factor_max - 1.0))
     return total
 
 

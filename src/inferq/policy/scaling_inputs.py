@@ -9,7 +9,8 @@ passes them here, with ``now`` from the Redis clock.
   the one the dispatcher prefers, so no request is counted twice.
 - **Arrival rate**: submit events in the window per model, over the window, req/s.
 - **Service time**: mean of ``e2e_ms - queue_ms`` (dispatch -> finish) of the
-  finish events in the window; without any, the caller's fallback.
+  finish events in the window, overall and per class (a queued request counts as its
+  class's mean); without any, the caller's fallback.
 - **Fleet**: :func:`reconcile` merges heartbeats, the platform's listing and the
   scaler's per-worker tracking (:class:`Tracked`, kept in Redis so any replica
   continues it) into starting / draining counts, idle times, and the workers to
@@ -227,18 +228,44 @@ def arrival_rates(
 
 @dataclass(frozen=True, slots=True)
 class ServiceStats:
-    """Means over a model's finish events: seconds from dispatch to finish, tokens."""
+    """Means over a model's finish events: seconds from dispatch to finish, tokens.
+
+    ``class_service_s`` is the service mean per priority class (seconds), what
+    :attr:`~inferq.policy.scaling.ModelLoad.queued_work` weighs the queue by.
+    """
 
     service_s: float
     prompt_tokens: float
     output_tokens: float
+    class_service_s: Mapping[str, float] = field(default_factory=dict)
+
+
+def service_stats(finishes: Iterable[tuple[str, str, float, int, int]]) -> dict[str, ServiceStats]:
+    """Model -> means over its finishes: ``(model, class, service seconds, prompt
+    tokens, output tokens)`` rows, service > 0 (the scaler's events and the simulator's
+    finishes both reduce to these)."""
+    sums: dict[str, list[float]] = {}
+    by_class: dict[str, dict[str, list[float]]] = {}
+    for model, cls, service, prompt, output in finishes:
+        acc = sums.setdefault(model, [0.0, 0.0, 0.0, 0.0])
+        acc[0] += service
+        acc[1] += prompt
+        acc[2] += output
+        acc[3] += 1
+        mine = by_class.setdefault(model, {}).setdefault(cls, [0.0, 0.0])
+        mine[0] += service
+        mine[1] += 1
+    return {
+        m: ServiceStats(s / n, p / n, o / n, {c: t / k for c, (t, k) in by_class[m].items() if c})
+        for m, (s, p, o, n) in sums.items()
+    }
 
 
 def service_times(
     events: Iterable[Event], worker_model: Mapping[str, str]
 ) -> dict[str, ServiceStats]:
     """Model -> means over its finish events (malformed ones skipped)."""
-    sums: dict[str, list[float]] = {}
+    rows = []
     for e in events:
         model = worker_model.get(e.fields.get("worker", ""))
         if e.type != "finish" or model is None:
@@ -250,12 +277,8 @@ def service_times(
         except (KeyError, ValueError):
             continue
         if service > 0:
-            acc = sums.setdefault(model, [0.0, 0.0, 0.0, 0.0])
-            acc[0] += service
-            acc[1] += prompt
-            acc[2] += output
-            acc[3] += 1
-    return {m: ServiceStats(s / n, p / n, o / n) for m, (s, p, o, n) in sums.items()}
+            rows.append((model, e.fields.get("class", ""), service, prompt, output))
+    return service_stats(rows)
 
 
 def worker_activity(events: Iterable[Event]) -> dict[str, float]:
@@ -367,6 +390,7 @@ def build_loads(
                 busy={w.id: w.busy for w in ready if w.busy},
                 capacity_rate=capacity_rate(spec, kv_mib, slots, stats, inputs),
                 rate_window_s=inputs.rate_window_s,
+                class_service_s=stats.class_service_s if stats else {},
             )
         )
     return loads

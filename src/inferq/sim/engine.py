@@ -817,7 +817,13 @@ class _Sim:
         started = o.dispatched_at if o.dispatched_at is not None else now
         r = o.request
         self.tracker.finished(
-            now, model, now - started, r.prompt_tokens, r.output_tokens, o.concurrency or 1
+            now,
+            model,
+            now - started,
+            r.prompt_tokens,
+            r.output_tokens,
+            o.concurrency or 1,
+            r.priority,
         )
 
     def _write_fairness(self, d: Decision) -> None:

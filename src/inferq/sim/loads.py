@@ -10,7 +10,7 @@ Built the way the scaler daemon builds it (:mod:`inferq.scaler.daemon`,
 - arrival rate: requests routed to the model in the last ``window_s`` seconds
   (``defaults.SCALER_RATE_WINDOW_S``), over ``window_s``;
 - service time: mean dispatch -> finish of the requests that finished in the
-  window; without any, the last such mean, else the latency model's time for
+  window, overall and per class; without any, the last such mean, else the latency model's time for
   the model's mean output estimate (``Settings.default_max_tokens`` when none);
 - fleet: ready / starting / draining counts; idle seconds of the ready workers
   with nothing running; in-flight counts of the busy ones.
@@ -27,7 +27,14 @@ from inferq.latency import saturation_factor
 from inferq.models import WorkerState
 from inferq.policy.capacity import strictest_tpot, worker_capacity
 from inferq.policy.scaling import ModelLoad
-from inferq.policy.scaling_inputs import QueueDepth, backlog, estimated_service_s, route_model
+from inferq.policy.scaling_inputs import (
+    QueueDepth,
+    ServiceStats,
+    backlog,
+    estimated_service_s,
+    route_model,
+    service_stats,
+)
 from inferq.sim.fleet import SimWorker
 
 
@@ -54,7 +61,7 @@ class LoadTracker:
         self.window_s = window_s
         self._routes: dict[str, str | None] = {}
         self._arrivals: deque[tuple[float, str]] = deque()
-        self._finishes: deque[tuple[float, str, float, int, int, int]] = deque()
+        self._finishes: deque[tuple[float, str, str, float, int, int, int]] = deque()
         self._measured: dict[str, float] = {}
         self._tpot_s = strictest_tpot(settings.classes)
 
@@ -78,10 +85,13 @@ class LoadTracker:
         prompt_tokens: int = 0,
         output_tokens: int = 0,
         concurrency: int = 1,
+        priority: str = "",
     ) -> None:
-        """A request finished on ``model`` after ``service_s`` seconds since dispatch,
-        having run with ``concurrency`` requests on its worker."""
-        self._finishes.append((at, model, service_s, prompt_tokens, output_tokens, concurrency))
+        """A request of class ``priority`` finished on ``model`` after ``service_s``
+        seconds since dispatch, having run with ``concurrency`` requests on its worker."""
+        self._finishes.append(
+            (at, model, priority, service_s, prompt_tokens, output_tokens, concurrency)
+        )
 
     def loads(
         self,
@@ -99,21 +109,21 @@ class LoadTracker:
         arrivals: dict[str, int] = {}
         for _, model in self._arrivals:
             arrivals[model] = arrivals.get(model, 0) + 1
-        sums: dict[str, list[float]] = {}
-        for _, model, took, prompt, output, conc in self._finishes:
-            acc = sums.setdefault(model, [0.0, 0.0, 0.0, 0.0, 0.0])
-            for i, v in enumerate((took, prompt, output, conc, 1)):
-                acc[i] += v
-        self._measured.update({m: acc[0] / acc[4] for m, acc in sums.items()})
+        stats = service_stats(f[1:6] for f in self._finishes if f[3] > 0)
+        concurrency: dict[str, list[int]] = {}
+        for f in self._finishes:
+            if f[3] > 0:
+                concurrency.setdefault(f[1], []).append(f[6])
+        self._measured.update({m: st.service_s for m, st in stats.items()})
         saturation = {
             m: saturation_factor(
                 self.settings.model_by_name[m],
-                acc[1] / acc[4],
-                acc[2] / acc[4],
-                acc[3] / acc[4],
+                st.prompt_tokens,
+                st.output_tokens,
+                sum(concurrency[m]) / len(concurrency[m]),
                 self.slots,
             )
-            for m, acc in sums.items()
+            for m, st in stats.items()
         }
         queues = backlog(depths, self.settings.models, self.managed)
         by_model: dict[str, list[SimWorker]] = {}
@@ -122,7 +132,7 @@ class LoadTracker:
         out = []
         for model in self.managed:
             queued, waits = queues.get(model, ({}, {}))
-            mean = sums[model][0] / sums[model][4] if model in sums else None
+            st = stats.get(model)
             out.append(
                 self._load(
                     model,
@@ -130,28 +140,29 @@ class LoadTracker:
                     queued,
                     waits,
                     arrivals.get(model, 0) / self.window_s,
-                    mean or self._fallback(model, estimates),
+                    st.service_s if st else self._fallback(model, estimates),
                     saturation.get(model, 1.0),
                     by_model.get(model, []),
-                    self._capacity(model, sums.get(model), by_model.get(model, [])),
+                    self._capacity(model, st, by_model.get(model, [])),
+                    st.class_service_s if st else {},
                 )
             )
         return out
 
     def _capacity(
-        self, model: str, acc: list[float] | None, workers: Sequence[SimWorker]
+        self, model: str, stats: ServiceStats | None, workers: Sequence[SimWorker]
     ) -> float | None:
         """One worker's rate at its target occupancy for the window's mean request
         (:func:`inferq.policy.capacity.worker_capacity`, as the scaler daemon computes it)."""
-        if acc is None:
+        if stats is None:
             return None
         kv_mib = max((w.kv_cache_mib for w in workers), default=0.0)
         return worker_capacity(
             self.settings.model_by_name[model],
             kv_mib,
             self.slots,
-            acc[1] / acc[4],
-            acc[2] / acc[4],
+            stats.prompt_tokens,
+            stats.output_tokens,
             self._tpot_s,
             defaults.SCALE_TARGET_OCCUPANCY,
         ).rate
@@ -173,6 +184,7 @@ class LoadTracker:
         saturation: float,
         workers: Sequence[SimWorker],
         capacity_rate: float | None = None,
+        class_service_s: Mapping[str, float] | None = None,
     ) -> ModelLoad:
         ready = [w for w in workers if w.state is WorkerState.READY]
         return ModelLoad(
@@ -191,4 +203,5 @@ class LoadTracker:
             busy={w.id: len(w.running) for w in ready if w.running},
             capacity_rate=capacity_rate,
             rate_window_s=self.window_s,
+            class_service_s=dict(class_service_s or {}),
         )
