@@ -14,7 +14,9 @@ from inferq.devices import profile_for
 from inferq.latency import service_time, step_s
 from inferq.policy.capacity import (
     censoring_factor,
+    mean_in_service_s,
     strictest_tpot,
+    time_on_test_s,
     tpot_concurrency,
     worker_capacity,
 )
@@ -95,35 +97,35 @@ def test_capacity_stays_within_every_limit(
 
 @given(
     measured=st.floats(0.01, 1_000),
-    running=st.floats(0, 10_000),
-    rate=st.floats(0.001, 1_000),
+    in_service=st.floats(0, 10_000),
     margin=st.floats(0, 1),
 )
 def test_the_censoring_factor_only_ever_lowers_a_capacity(
-    measured: float, running: float, rate: float, margin: float
+    measured: float, in_service: float, margin: float
 ) -> None:
-    f = censoring_factor(measured, running, rate, margin)
+    f = censoring_factor(measured, in_service, margin)
     assert 0 < f <= 1
-    little_s = running / rate
-    if little_s <= (1 + margin) * measured:  # the finishes agree with Little's law
+    if in_service <= (1 + margin) * measured:  # the finishes agree with the running
         assert f == 1
-    else:  # the corrected service time is Little's, less the margin
-        assert measured / f == pytest.approx(little_s / (1 + margin))
+    else:  # the corrected service time is the one in service, less the margin
+        assert measured / f == pytest.approx(in_service / (1 + margin))
 
 
-def test_nothing_running_or_arriving_leaves_the_capacity_alone() -> None:
-    assert censoring_factor(2.0, 0, 9.0, 0.2) == 1.0
-    assert censoring_factor(2.0, 50, 0.0, 0.2) == 1.0
+def test_nothing_running_or_entering_leaves_the_capacity_alone() -> None:
+    assert mean_in_service_s(0, 9.0) == 0.0
+    assert mean_in_service_s(50, 0.0) == 0.0
+    assert censoring_factor(2.0, 0.0, 0.2) == 1.0
 
 
 def _lognormal_start(sigma: float, elapsed_s: float, seed: int) -> tuple[float, float, float]:
     """A fleet that starts empty: Poisson arrivals at 20/s from 0, lognormal service
-    times of mean 15 s. At ``elapsed_s``: (mean of the last 10 s of finishes, running
-    / rate as Little's law has it, the true mean service time)."""
+    times of mean 15 s. At ``elapsed_s``: (mean of the last 10 s of finishes, the mean
+    time in service as :func:`mean_in_service_s` has it from Little's law and the last
+    10 s's time on test, the true mean service time)."""
     rng = random.Random(seed)
     mean_s, rate = 15.0, 20.0
     mu = math.log(mean_s) - sigma**2 / 2
-    t, finished, running = 0.0, [], 0
+    t, finished, running = 0.0, [], []
     while True:
         t += rng.expovariate(rate)
         if t >= elapsed_s:
@@ -131,10 +133,12 @@ def _lognormal_start(sigma: float, elapsed_s: float, seed: int) -> tuple[float, 
         end = t + rng.lognormvariate(mu, sigma)
         if end <= elapsed_s:
             if end >= elapsed_s - 10:
-                finished.append(end - t)
+                finished.append((end, end - t))
         else:
-            running += 1
-    return sum(finished) / len(finished), running / rate, mean_s
+            running.append(t)
+    tested = time_on_test_s(finished, running, elapsed_s - 10, elapsed_s)
+    served = mean_in_service_s(len(running), rate, tested)
+    return sum(took for _, took in finished) / len(finished), served, mean_s
 
 
 @pytest.mark.parametrize("sigma", [0.5, 1.0, 1.5])
@@ -142,21 +146,44 @@ def _lognormal_start(sigma: float, elapsed_s: float, seed: int) -> tuple[float, 
 def test_on_a_lognormal_start_the_correction_is_less_biased_and_never_overshoots(
     sigma: float, elapsed_s: float
 ) -> None:
-    measured, little_s, true_s = _lognormal_start(sigma, elapsed_s, seed=7)
-    corrected = measured / censoring_factor(measured, little_s * 20.0, 20.0, 0.2)
+    measured, served, true_s = _lognormal_start(sigma, elapsed_s, seed=7)
+    corrected = measured / censoring_factor(measured, served, 0.2)
     # the finishes alone see only the short requests: biased low
     assert measured < 0.92 * true_s
-    # Little's law counts the long ones still running: never further from the truth, and
-    # never past it (it estimates E[min(S, elapsed)] <= E[S]), so a capacity corrected by
-    # it is never below what a worker carries. Not unbiased: nothing seen before a long
-    # request ends can tell how long it is (at 20 s: 4.2 -> 6.1 s for sigma 1.5, truth 15).
+    # the running requests counted: never further from the truth, and never past it
+    # (Little's law estimates E[min(S, elapsed)] <= E[S]; the time on test, with few
+    # finishes, would overshoot, and the smaller of the two is taken), so a capacity
+    # corrected by it is never below what a worker carries. Not unbiased: nothing seen
+    # before a long request ends can tell how long it is.
     assert measured <= corrected <= true_s
     if sigma >= 1.0 and elapsed_s <= 20.0:  # heavy tail, early: a large correction
         assert corrected >= 1.2 * measured
 
 
+def test_after_a_burst_its_last_long_requests_are_not_taken_for_the_mean() -> None:
+    # inferq demo's 70B batch burst (issue 24, item 5): 420 finishes of 0.08 s in the
+    # window, the last 16 running since 1.4 s, nothing dispatched since. Little's law
+    # over the rate they entered at reads 1.4 s each; the time on test, 0.13 s.
+    now, start = 100.0, 90.0
+    finishes = [(98.0 + i * 0.003, 0.08) for i in range(420)]
+    tested = time_on_test_s(finishes, [now - 1.4] * 16, start, now)
+    assert tested == pytest.approx((420 * 0.08 + 16 * 1.4) / 420)
+    served = mean_in_service_s(16, 16 / 1.4, tested)
+    assert served == pytest.approx(tested)
+    assert censoring_factor(0.08, served, 0.2) > 0.7  # Little alone: 0.07
+
+
+def test_time_on_test_counts_only_the_window() -> None:
+    # a finish whose service began before the window counts its part inside it; a
+    # request running since before the window counts from the window's start
+    assert time_on_test_s([(12.0, 5.0), (15.0, 1.0)], [5.0, 18.0], 10.0, 20.0) == (
+        pytest.approx((2.0 + 1.0 + 10.0 + 2.0) / 2)
+    )
+    assert time_on_test_s([], [5.0], 10.0, 20.0) is None
+
+
 @pytest.mark.parametrize("sigma", [0.5, 1.0, 1.5])
 def test_in_steady_state_the_correction_does_not_apply(sigma: float) -> None:
     # long after the start, finishes and Little's law estimate the same mean
-    measured, little_s, _ = _lognormal_start(sigma, 3_000.0, seed=11)
-    assert censoring_factor(measured, little_s * 20.0, 20.0, 0.2) == 1.0
+    measured, served, _ = _lognormal_start(sigma, 3_000.0, seed=11)
+    assert censoring_factor(measured, served, 0.2) == 1.0

@@ -143,6 +143,21 @@ def test_a_capacity_whose_finishes_match_littles_law_stands() -> None:
     assert state.model("m").capacity == pytest.approx(14.0)
 
 
+def test_a_known_time_in_service_replaces_littles_law_over_the_arrivals() -> None:
+    # inferq demo's 70B batch burst (issue 24, item 5): 1 req/s arriving, 15 running.
+    # Over the arrivals they read as 15 s each and cut the capacity to 2 x 1.2 x 9 / 15
+    # = 1.44 req/s; the service log says 10 s (within the margin of the 9 s measured).
+    burst = {"ready": 1, "arrival_rate": 1.0, "mean_service_s": 9.0, "capacity_rate": 2.0}
+    burst |= {"busy": {"w0": 15}, "cold_start_s": 60.0}
+    _, over_arrivals = decide(load(**burst))
+    _, logged = decide(load(**burst, in_service_s=10.0))
+    assert over_arrivals.model("m").capacity == pytest.approx(2.0 * 1.2 * 9.0 / 15.0)
+    assert logged.model("m").capacity == pytest.approx(2.0)
+    # a fleet's first minutes, censored: the log's 17.8 s lowers it as Little's law did
+    _, censored = decide(_censored(in_service_s=160 / 9.0))
+    assert censored.model("m").capacity == pytest.approx(14.0 * 1.2 * 2.0 * 9.0 / 160.0)
+
+
 def test_the_first_minute_of_capacities_is_not_averaged() -> None:
     # the earliest windows are the most censored: the latest stands for a smoothing constant
     first = ScalerState()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import settings as hsettings
@@ -19,6 +21,7 @@ from inferq.policy.scaling_inputs import (
     build_loads,
     reconcile,
     route_model,
+    service_logs,
     service_times,
 )
 from inferq.scaler.daemon import new_worker_id
@@ -133,6 +136,46 @@ def test_service_times_per_class_weigh_the_queue_by_its_classes() -> None:
     )
     [load] = build_loads([MODEL], registry(), inputs, now=10.0)
     assert load.queued_work == pytest.approx(10 * 8 / (17 / 3) + 10 * 1 / (17 / 3))
+
+
+def test_a_service_log_reads_what_runs_from_the_events_not_the_heartbeat() -> None:
+    """Issue 24, item 5: the censoring correction counts the requests running now from
+    the load hash (exact), enters them at the rate they were dispatched at, and reads
+    which ones still run from the events."""
+
+    def ev(i: int, etype: str, **fields: str) -> Event:
+        return Event(id=f"{i}-0", type=etype, at=float(i), fields={"worker": "w1"} | fields)
+
+    events = [
+        ev(1, "dispatch", n="3", ids="a,b,c"),
+        ev(2, "finish", id="a", e2e_ms="1100", queue_ms="100"),
+        ev(2, "preempt", id="b"),  # back to the queue: no longer running
+        ev(3, "dispatch", n="1", ids="d"),
+        ev(3, "dispatch", n="x", ids=""),  # malformed: skipped
+    ]
+    [log] = service_logs(events, {"w1": MODEL}).values()
+    assert list(log.dispatches) == [(1.0, 3), (3.0, 1)]
+    assert list(log.finishes) == [(2.0, 1.0)]
+    assert sorted(log.running_since) == [1.0, 3.0]  # c and d
+    # Little: the last 2 requests (4, counting the batch) entered over 3 s -> 2 / (4 / 3)
+    # = 1.5 s; time on test: (1 s finished + 3 s + 1 s running) / 1 finish = 5 s
+    assert log.in_service_s(2, now=4.0, window_s=10.0) == pytest.approx(1.5)
+    stale = LiveWorker("w1", MODEL, WorkerState.READY, 16, in_flight=15, reserved=2)
+    inputs = LoadInputs(
+        depths=[],
+        live=[stale],
+        fleet=ReconciledFleet(tracked={}),
+        arrivals={},
+        service={},
+        fallback_service_s={MODEL: 1.0},
+        default_slots=16,
+        rate_window_s=10.0,
+    )
+    [unknown] = build_loads([MODEL], registry(), inputs, now=4.0)
+    logs = {MODEL: log}
+    [known] = build_loads([MODEL], registry(), replace(inputs, service_logs=logs), now=4.0)
+    # the heartbeat's 15 would read as 37.5 s each; the load hash's 2 are what runs
+    assert (unknown.in_service_s, known.in_service_s) == (None, pytest.approx(1.5))
 
 
 def test_reconcile_counts_listed_unregistered_workers_as_starting_until_timeouts() -> None:

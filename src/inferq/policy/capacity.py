@@ -131,9 +131,7 @@ def worker_capacity(
     )
 
 
-def censoring_factor(
-    measured_service_s: float, running: float, arrival_rate: float, margin: float
-) -> float:
+def censoring_factor(measured_service_s: float, in_service_s: float, margin: float) -> float:
     """How much to trust a capacity sized on finished requests, given those still running.
 
     A window's finishes are a right-censored sample: a request that has not finished is
@@ -141,31 +139,78 @@ def censoring_factor(
     fleet has served for less than its long requests take (a cold start, the first
     minutes of a run) the finishes are the short requests only, so the measured service
     time, and the capacity sized on it (:func:`worker_capacity`: ``c / service time``),
-    are too small and too large by up to 4x (issue 16's sinusoid, first crest). Little's
-    law counts the running requests too: ``L = arrival_rate x W``, so ``running /
-    arrival_rate`` estimates the mean time in service ``W`` of all requests, long ones
-    included, without waiting for them to finish (Little 1961; the same correction as
-    the total-time-on-test estimator of right-censored durations, which adds the running
-    ones' elapsed time to the finished ones' durations).
+    are too small and too large by up to 4x (issue 16's sinusoid, first crest).
+    ``in_service_s`` is the mean time in service with the running requests counted
+    (:func:`mean_in_service_s`).
 
-    Returns ``measured_service_s / W`` (with ``1 + margin`` of slack for the noise of
-    a 10 s window), capped at 1: it only ever lowers a capacity. Where a queue forms,
-    the running requests are capped by the fleet and ``W`` looks short, so the factor
-    is 1 and the finishes' capacity stands (in steady state, both estimate the same
-    mean: Little's law holds for any service-time distribution).
+    Returns ``measured_service_s / in_service_s`` (with ``1 + margin`` of slack for the
+    noise of a 10 s window), capped at 1: it only ever lowers a capacity.
 
     Args:
         measured_service_s: mean dispatch -> finish of the window's finishes, s (> 0).
-        running: requests in service now (the ready workers' in-flight counts).
-        arrival_rate: requests/s arriving (the smoothed level).
+        in_service_s: mean seconds in service, running requests included (>= 0).
         margin: relative slack before the correction applies (>= 0).
 
     Returns:
         A factor in (0, 1] to multiply the finishes' capacity rate by.
     """
-    if running <= 0 or arrival_rate <= 0 or measured_service_s <= 0:
+    if in_service_s <= 0 or measured_service_s <= 0:
         return 1.0
-    # measured / (running / rate), without the quotient running / rate: it underflows to
-    # 0 for a denormal ``running`` (a ZeroDivisionError); this product overflows to inf at
-    # worst, and min() caps it at 1.
-    return min(1.0, (1.0 + margin) * measured_service_s * arrival_rate / running)
+    return min(1.0, (1.0 + margin) * measured_service_s / in_service_s)
+
+
+def mean_in_service_s(
+    running: float, entry_rate: float, time_on_test_s: float | None = None
+) -> float:
+    """Mean seconds a request spends in service, counting the ones still running: the
+    smaller of two estimates, each biased high where the other is not.
+
+    - Little's law, ``running / entry_rate`` (``L = lambda W``, Little 1961), with the rate
+      the running requests entered service at (``inferq.policy.scaling_inputs.entry_rate``).
+      It never exceeds the truth on a fleet's start (it estimates ``E[min(S, elapsed)]``),
+      but after a burst, while its longest requests run on and nothing new enters, they
+      read as the mean.
+    - Time on test over the window (``time_on_test_s``: service-seconds served in the
+      window, finished and running, over the finishes; the estimator of right-censored
+      durations). After a burst it is right (hundreds of finishes outweigh a few long
+      runs); on a fleet's start, with few finishes, it runs far past the truth.
+
+    Issue 24, item 5: ``inferq demo``'s 70B pool read its batch burst's last 16 running
+    requests as 1.4 s each against a 0.08 s mean, cut its capacity 14x and launched two
+    workers for a burst the ready one had drained.
+
+    Returns:
+        Seconds, >= 0 (0: nothing running or entering; no correction).
+    """
+    little = running / entry_rate if running > 0 and entry_rate > 0 else 0.0
+    if time_on_test_s is None:
+        return little
+    return min(little, time_on_test_s)
+
+
+def time_on_test_s(
+    finishes: Iterable[tuple[float, float]],
+    running_since: Iterable[float],
+    start: float,
+    now: float,
+) -> float | None:
+    """Service-seconds served in the window ``[start, now]`` over the requests that
+    finished in it (the total-time-on-test estimate of the mean service time).
+
+    Args:
+        finishes: ``(finished at, service seconds)`` of the window's finishes.
+        running_since: when each request still running entered service (epoch s; one
+            from before the window counts from ``start``).
+        start, now: the window, epoch seconds.
+
+    Returns:
+        Seconds, or None when nothing finished in the window.
+    """
+    served, n = 0.0, 0
+    for at, took in finishes:
+        served += max(0.0, min(took, at - start))
+        n += 1
+    if n == 0:
+        return None
+    served += sum(max(0.0, now - max(since, start)) for since in running_since)
+    return served / n

@@ -20,8 +20,9 @@ The rule, per model (units: requests, seconds, workers)::
 (:mod:`inferq.policy.capacity`: KV cache at the target occupancy, the TPOT limit,
 slots), lowered where the finishes it rests on miss long requests still running
 (:func:`inferq.policy.capacity.censoring_factor`: Little's law over the in-flight
-count); without it the rule falls back to Little's law over the slots. A backlog
-is cleared over ``h`` at the soonest: a worker launched for it is useful no sooner.
+count and the window's time on test, the smaller); without it the rule falls back
+to Little's law over the slots. A backlog is cleared over ``h`` at the soonest: a
+worker launched for it is useful no sooner.
 ``level`` and ``slope`` are Holt's double exponential smoothing of the arrival
 rate (Holt 1957; irregular steps as in Wright 1986), kept in the state, so a
 rising wave is met by workers launched one cold start ahead of it. ``current``
@@ -67,7 +68,7 @@ from typing import Literal
 from inferq import defaults
 from inferq.config import PriorityClass, ScalingSettings
 from inferq.errors import ConfigError, CorruptRecord
-from inferq.policy.capacity import censoring_factor
+from inferq.policy.capacity import censoring_factor, mean_in_service_s
 
 Action = Literal["up", "down", "hold"]
 
@@ -274,6 +275,10 @@ class ModelLoad:
             requests (the same window as ``mean_service_s``); a class missing is taken
             at ``mean_service_s``. It weighs each class's queued requests by the work
             they hold (:attr:`queued_work`).
+        in_service_s: mean seconds a request spends in service, the running ones
+            counted (:func:`inferq.policy.capacity.mean_in_service_s` over the window's
+            :class:`~inferq.policy.scaling_inputs.ServiceLog`); None: not known, and
+            Little's law over ``busy`` and the smoothed arrivals stands in.
 
     Raises:
         ValueError: a count or time is negative, or ``slots_per_worker`` /
@@ -296,6 +301,7 @@ class ModelLoad:
     capacity_rate: float | None = None
     rate_window_s: float | None = None
     class_service_s: Mapping[str, float] = field(default_factory=dict)
+    in_service_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.slots_per_worker < 1:
@@ -306,6 +312,8 @@ class ModelLoad:
             raise ValueError(f"{self.model}: mean_service_s must be > 0 seconds")
         if self.capacity_rate is not None and not self.capacity_rate > 0:
             raise ValueError(f"{self.model}: capacity_rate must be > 0, got {self.capacity_rate}")
+        if self.in_service_s is not None and not self.in_service_s >= 0:
+            raise ValueError(f"{self.model}: in_service_s must be >= 0, got {self.in_service_s}")
         if self.rate_window_s is not None and not self.rate_window_s > 0:
             raise ValueError(f"{self.model}: rate_window_s must be > 0, got {self.rate_window_s}")
         for name in ("arrival_rate", "cold_start_s", "ready", "starting", "draining"):
@@ -515,13 +523,17 @@ def decide_scale(
 
 def _uncensored(load: ModelLoad, ms: ModelScaleState, config: ScalingConfig) -> float | None:
     """The load's capacity rate, lowered where its finishes miss the long requests still
-    running (:func:`inferq.policy.capacity.censoring_factor`, over the smoothed arrivals)."""
+    running (:func:`inferq.policy.capacity.censoring_factor` over ``in_service_s``;
+    where it is not known, Little's law over the in-flight count and the smoothed
+    arrivals)."""
     if load.capacity_rate is None:
         return None
-    rate = ms.level or load.arrival_rate
-    running = sum(load.busy.values())
-    factor = censoring_factor(load.mean_service_s, running, rate, config.censoring_margin)
-    return load.capacity_rate * factor
+    served = load.in_service_s
+    if served is None:
+        served = mean_in_service_s(sum(load.busy.values()), ms.level or load.arrival_rate)
+    return load.capacity_rate * censoring_factor(
+        load.mean_service_s, served, config.censoring_margin
+    )
 
 
 def _rising(load: ModelLoad, ms: ModelScaleState, config: ScalingConfig) -> bool:

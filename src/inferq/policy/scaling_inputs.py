@@ -7,7 +7,9 @@ passes them here, with ``now`` from the Redis clock.
 - **Backlog**: a queue's route (``llama-3.1-8b``, ``>=13b``) is charged to the
   first managed model among :func:`inferq.routes.candidates` (without degrading),
   the one the dispatcher prefers, so no request is counted twice.
-- **Arrival rate**: submit events in the window per model, over the window, req/s.
+- **Arrival rate**: submit events in the window per model, over the window, req/s;
+  the **dispatch rate** from dispatch events: the rate the running requests entered
+  service at (:func:`entry_rate`), for Little's law in the censoring correction.
 - **Service time**: mean of ``e2e_ms - queue_ms`` (dispatch -> finish) of the
   finish events in the window, overall and per class (a queued request counts as its
   class's mean); without any, the caller's fallback.
@@ -28,7 +30,7 @@ from inferq.config import ModelSpec
 from inferq.errors import CorruptRecord, InvalidRequest
 from inferq.latency import saturation_factor, service_time
 from inferq.models import Event, WorkerState
-from inferq.policy.capacity import worker_capacity
+from inferq.policy.capacity import mean_in_service_s, time_on_test_s, worker_capacity
 from inferq.policy.scaling import ModelLoad
 from inferq.routes import candidates, parse_route
 
@@ -226,6 +228,105 @@ def arrival_rates(
     return {m: n / max(span_s, 1e-9) for m, n in counts.items()}
 
 
+#: Events that end a request's run on its worker (it finished, failed, or went back
+#: to the queue).
+_RUN_ENDS = frozenset(
+    {"finish", "fail", "expire", "cancel", "preempt", "retry", "abort", "dead_letter"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceLog:
+    """One model's window of service, what the censoring correction reads.
+
+    Attributes:
+        dispatches: ``(epoch s, requests)`` of its dispatches, in time order.
+        finishes: ``(epoch s, service seconds)`` of its finishes.
+        running_since: epoch s each request dispatched in the window and not ended since
+            entered service (a request that went back to the queue unseen stays in; the
+            caller keeps the newest ``running``).
+    """
+
+    dispatches: Sequence[tuple[float, int]] = ()
+    finishes: Sequence[tuple[float, float]] = ()
+    running_since: Sequence[float] = ()
+
+    def in_service_s(self, running: int, now: float, window_s: float) -> float:
+        """Mean seconds in service with ``running`` requests in service now
+        (:func:`inferq.policy.capacity.mean_in_service_s` of :func:`entry_rate` and
+        :func:`inferq.policy.capacity.time_on_test_s`; the running requests not seen
+        dispatched count from the window's start)."""
+        since = sorted(self.running_since)[-running:] if running > 0 else []
+        start = now - window_s
+        since += [start] * (running - len(since))
+        return mean_in_service_s(
+            running,
+            entry_rate(self.dispatches, running, now, window_s),
+            time_on_test_s(self.finishes, since, start, now),
+        )
+
+
+def service_logs(events: Iterable[Event], worker_model: Mapping[str, str]) -> dict[str, ServiceLog]:
+    """Model -> :class:`ServiceLog` of its workers' events (in stream order; malformed
+    counts and times skipped)."""
+    dispatches: dict[str, list[tuple[float, int]]] = {}
+    finishes: dict[str, list[tuple[float, float]]] = {}
+    started: dict[str, dict[str, float]] = {}
+    for e in events:
+        model = worker_model.get(e.fields.get("worker", ""))
+        if model is None:
+            continue
+        if e.type == "dispatch":
+            ids = [i for i in e.fields.get("ids", "").split(",") if i]
+            try:
+                n = int(e.fields.get("n", len(ids)))
+            except ValueError:
+                continue
+            if n > 0:
+                dispatches.setdefault(model, []).append((e.at, n))
+            started.setdefault(model, {}).update(dict.fromkeys(ids, e.at))
+        elif e.type in _RUN_ENDS:
+            started.get(model, {}).pop(e.fields.get("id", ""), None)
+            took = _service_s(e) if e.type == "finish" else None
+            if took is not None:
+                finishes.setdefault(model, []).append((e.at, took))
+    models = dispatches.keys() | finishes.keys() | started.keys()
+    return {
+        m: ServiceLog(dispatches.get(m, []), finishes.get(m, []), list(started.get(m, {}).values()))
+        for m in models
+    }
+
+
+def entry_rate(
+    dispatches: Sequence[tuple[float, int]], running: int, now: float, window_s: float
+) -> float:
+    """Requests/s at which the ``running`` requests entered service, for Little's law.
+
+    The newest dispatches are the ones still running (exactly so where requests take
+    equal times): the rate is the last ``running`` requests dispatched over the seconds
+    since the earliest of them. A rate over the whole window would not do: a burst that
+    filled the slots a second ago is a tenth of a 10 s window's rate, and the running
+    requests would read as ten times their service time (issue 24, item 5). Where the
+    window holds fewer than ``running`` (requests running since before it), its count
+    over ``window_s``.
+
+    Args:
+        dispatches: ``(epoch s, requests)`` in time order, all within the window.
+        running: requests in service now.
+        now: epoch seconds (the same clock as ``dispatches``).
+        window_s: seconds the dispatches were read over (> 0).
+
+    Returns:
+        Requests/s, >= 0.
+    """
+    total = 0
+    for at, n in reversed(dispatches):
+        total += n
+        if running > 0 and total >= running:
+            return total / max(now - at, _MIN_ENTRY_SPAN_S)
+    return total / window_s
+
+
 @dataclass(frozen=True, slots=True)
 class ServiceStats:
     """Means over a model's finish events: seconds from dispatch to finish, tokens.
@@ -261,6 +362,15 @@ def service_stats(finishes: Iterable[tuple[str, str, float, int, int]]) -> dict[
     }
 
 
+def _service_s(e: Event) -> float | None:
+    """A finish event's seconds from dispatch to finish; None when malformed or <= 0."""
+    try:
+        took = (int(e.fields["e2e_ms"]) - int(e.fields["queue_ms"])) / 1000
+    except (KeyError, ValueError):
+        return None
+    return took if took > 0 else None
+
+
 def service_times(
     events: Iterable[Event], worker_model: Mapping[str, str]
 ) -> dict[str, ServiceStats]:
@@ -270,13 +380,13 @@ def service_times(
         model = worker_model.get(e.fields.get("worker", ""))
         if e.type != "finish" or model is None:
             continue
+        service = _service_s(e)
         try:
-            service = (int(e.fields["e2e_ms"]) - int(e.fields["queue_ms"])) / 1000
             prompt = int(e.fields.get("ptokens") or 0)
             output = int(e.fields.get("tokens") or 0)
-        except (KeyError, ValueError):
+        except ValueError:
             continue
-        if service > 0:
+        if service is not None:
             rows.append((model, e.fields.get("class", ""), service, prompt, output))
     return service_stats(rows)
 
@@ -308,6 +418,8 @@ class LoadInputs:
         occupancy: share of the KV cache the capacity model fills.
         rate_window_s: seconds of submits ``arrivals`` counts (None: not known; see
             :func:`inferq.policy.scaling.burst_rate`).
+        service_logs: model -> :func:`service_logs` of the same window (missing: none
+            seen; None: not known, and the censoring correction reads the arrivals).
     """
 
     depths: Sequence[QueueDepth]
@@ -320,6 +432,7 @@ class LoadInputs:
     tpot_s: float | None = None
     occupancy: float = defaults.SCALE_TARGET_OCCUPANCY
     rate_window_s: float | None = None
+    service_logs: Mapping[str, ServiceLog] | None = None
 
 
 def estimated_service_s(
@@ -391,9 +504,28 @@ def build_loads(
                 capacity_rate=capacity_rate(spec, kv_mib, slots, stats, inputs),
                 rate_window_s=inputs.rate_window_s,
                 class_service_s=stats.class_service_s if stats else {},
+                in_service_s=_in_service_s(inputs, model, ready, now),
             )
         )
     return loads
+
+
+def _in_service_s(
+    inputs: LoadInputs, model: str, ready: Sequence[LiveWorker], now: float
+) -> float | None:
+    """:meth:`ServiceLog.in_service_s` of a model's ready workers (None: no log).
+
+    Their running requests are the load hashes' ``reserved`` counts, which the
+    dispatch and completion scripts keep exact, not the heartbeats' ``in_flight``: a
+    heartbeat a second old still counts a finished burst, and those phantom requests
+    read as running since the window's start (issue 24, item 5: ``inferq demo``'s
+    70B pool, 15 in flight after its 435 batch requests had all finished).
+    """
+    if inputs.service_logs is None:
+        return None
+    window = inputs.rate_window_s or defaults.SCALER_RATE_WINDOW_S
+    log = inputs.service_logs.get(model, ServiceLog())
+    return log.in_service_s(sum(w.reserved for w in ready), now, window)
 
 
 def capacity_rate(
@@ -414,3 +546,5 @@ def capacity_rate(
 
 
 _NEVER = Tracked(model="", last_busy_at=0.0)
+#: Shortest span :func:`entry_rate` divides by, seconds (dispatches of the same instant).
+_MIN_ENTRY_SPAN_S = 1e-3

@@ -71,6 +71,7 @@ from inferq.policy.scaling_inputs import (
     build_loads,
     estimated_service_s,
     reconcile,
+    service_logs,
     service_times,
     worker_activity,
 )
@@ -431,6 +432,7 @@ class Scaler:
             default_slots=self.default_slots,
             tpot_s=strictest_tpot(self.settings.classes),
             rate_window_s=span,
+            service_logs=service_logs(events, owner),
         )
 
     def _fallback_service(self) -> dict[str, float]:

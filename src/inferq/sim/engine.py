@@ -767,6 +767,7 @@ class _Sim:
                 )
             )
             started.append(o)
+        self.tracker.dispatched(now, worker.model, len(started))
         concurrency = worker.in_flight
         latency = self.config.latency
         decode = sum(self.by_id[rid].request.max_tokens for rid in worker.running)
@@ -858,7 +859,13 @@ class _Sim:
             return  # nothing left to serve: the run ends, so does the scaler
         scaler = self.policy.scaler
         if scaler is not None:
-            loads = self.tracker.loads(self.now, self._depths(), self.fleet, self.estimates)
+            since = {
+                rid: at
+                for w in self.fleet
+                for rid in w.running
+                if (at := self.by_id[rid].dispatched_at) is not None
+            }
+            loads = self.tracker.loads(self.now, self._depths(), self.fleet, self.estimates, since)
             self.stats.scale_calls += 1
             decisions, self.scaler_state = scaler(
                 loads, self.scaler_state, self.scaling, self.settings.classes, self.now

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 
 from inferq import defaults
 from inferq.config import Settings
@@ -29,6 +30,7 @@ from inferq.policy.capacity import strictest_tpot, worker_capacity
 from inferq.policy.scaling import ModelLoad
 from inferq.policy.scaling_inputs import (
     QueueDepth,
+    ServiceLog,
     ServiceStats,
     backlog,
     estimated_service_s,
@@ -61,6 +63,7 @@ class LoadTracker:
         self.window_s = window_s
         self._routes: dict[str, str | None] = {}
         self._arrivals: deque[tuple[float, str]] = deque()
+        self._dispatches: deque[tuple[float, str, int]] = deque()
         self._finishes: deque[tuple[float, str, str, float, int, int, int]] = deque()
         self._measured: dict[str, float] = {}
         self._tpot_s = strictest_tpot(settings.classes)
@@ -76,6 +79,10 @@ class LoadTracker:
         model = self.model_of(route)
         if model is not None:
             self._arrivals.append((at, model))
+
+    def dispatched(self, at: float, model: str, n: int) -> None:
+        """``n`` requests were taken into service on a worker of ``model``."""
+        self._dispatches.append((at, model, n))
 
     def finished(
         self,
@@ -99,13 +106,24 @@ class LoadTracker:
         depths: Iterable[QueueDepth],
         workers: Iterable[SimWorker],
         estimates: Mapping[tuple[str, str], float],
+        running_since: Mapping[str, float] | None = None,
     ) -> list[ModelLoad]:
-        """One load per managed model, in ``managed`` order."""
+        """One load per managed model, in ``managed`` order; ``running_since`` maps a
+        running request's id to when it entered service (sim seconds)."""
+        running_since = running_since or {}
         start = now - self.window_s
         while self._arrivals and self._arrivals[0][0] < start:
             self._arrivals.popleft()
         while self._finishes and self._finishes[0][0] < start:
             self._finishes.popleft()
+        while self._dispatches and self._dispatches[0][0] < start:
+            self._dispatches.popleft()
+        logs: dict[str, ServiceLog] = {}
+        for model in self.managed:
+            logs[model] = ServiceLog(
+                [(at, n) for at, m, n in self._dispatches if m == model],
+                [(f[0], f[3]) for f in self._finishes if f[1] == model and f[3] > 0],
+            )
         arrivals: dict[str, int] = {}
         for _, model in self._arrivals:
             arrivals[model] = arrivals.get(model, 0) + 1
@@ -145,6 +163,15 @@ class LoadTracker:
                     by_model.get(model, []),
                     self._capacity(model, st, by_model.get(model, [])),
                     st.class_service_s if st else {},
+                    replace(
+                        logs[model],
+                        running_since=[
+                            running_since[rid]
+                            for w in by_model.get(model, [])
+                            for rid in w.running
+                            if rid in running_since
+                        ],
+                    ),
                 )
             )
         return out
@@ -185,8 +212,10 @@ class LoadTracker:
         workers: Sequence[SimWorker],
         capacity_rate: float | None = None,
         class_service_s: Mapping[str, float] | None = None,
+        log: ServiceLog | None = None,
     ) -> ModelLoad:
         ready = [w for w in workers if w.state is WorkerState.READY]
+        running = sum(len(w.running) for w in ready)
         return ModelLoad(
             model=model,
             queued=dict(queued),
@@ -204,4 +233,5 @@ class LoadTracker:
             capacity_rate=capacity_rate,
             rate_window_s=self.window_s,
             class_service_s=dict(class_service_s or {}),
+            in_service_s=(log or ServiceLog()).in_service_s(running, now, self.window_s),
         )
