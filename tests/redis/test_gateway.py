@@ -40,18 +40,6 @@ requests_per_minute = 2
 
 
 @pytest.fixture
-def fast_settings(settings: Settings) -> Settings:
-    return settings.model_copy(update={"heartbeat_interval_s": 0.2, "lease_s": 1.0})
-
-
-@pytest.fixture
-def fleet(fast_settings: Settings, redis_client: Any) -> Iterator[Fleet]:
-    f = Fleet(fast_settings, Store(redis_client, fast_settings))
-    yield f
-    f.close()
-
-
-@pytest.fixture
 def gateway(fast_settings: Settings, tmp_path: Path) -> Iterator[GatewayServer]:
     keys = tmp_path / "keys.toml"
     keys.write_text(KEYS)

@@ -23,11 +23,6 @@ from .test_real_server import Stack
 
 
 @pytest.fixture
-def fast_settings(settings: Settings) -> Settings:
-    return settings.model_copy(update={"heartbeat_interval_s": 0.2, "lease_s": 1.0})
-
-
-@pytest.fixture
 def stack(fast_settings: Settings, redis_client: Any, llama_server_url: str) -> Iterator[Stack]:
     s = Stack(fast_settings, Store(redis_client, fast_settings), llama_server_url)
     yield s

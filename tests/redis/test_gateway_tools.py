@@ -43,18 +43,6 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture
-def fast_settings(settings: Settings) -> Settings:
-    return settings.model_copy(update={"heartbeat_interval_s": 0.2, "lease_s": 1.0})
-
-
-@pytest.fixture
-def fleet(fast_settings: Settings, redis_client: Any) -> Iterator[Fleet]:
-    f = Fleet(fast_settings, Store(redis_client, fast_settings))
-    yield f
-    f.close()
-
-
-@pytest.fixture
 def client(fast_settings: Settings, fleet: Fleet, tmp_path: Path) -> Iterator[openai.OpenAI]:
     fleet.worker("w1", time_scale=0.0)
     with GatewayServer(fast_settings, None) as gateway:

@@ -90,13 +90,6 @@ class Stack:
 
 
 @pytest.fixture
-def fast_settings(namespace: str) -> Settings:
-    return Settings.load(
-        redis_url=REDIS_URL, namespace=namespace, heartbeat_interval_s=0.2, lease_s=1.0
-    )
-
-
-@pytest.fixture
 def stack(fast_settings: Settings, redis_client: Any, llama_server_url: str) -> Iterator[Stack]:
     s = Stack(fast_settings, Store(redis_client, fast_settings), llama_server_url)
     yield s

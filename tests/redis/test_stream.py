@@ -29,18 +29,6 @@ from .fleet import Fleet
 
 
 @pytest.fixture
-def fast_settings(namespace: str, settings: Settings) -> Settings:
-    return settings.model_copy(update={"heartbeat_interval_s": 0.2, "lease_s": 1.0})
-
-
-@pytest.fixture
-def fleet(fast_settings: Settings, redis_client: Any) -> Iterator[Fleet]:
-    f = Fleet(fast_settings, Store(redis_client, fast_settings))
-    yield f
-    f.close()
-
-
-@pytest.fixture
 def client(fast_settings: Settings, redis_client: Any) -> Client:
     return Client(settings=fast_settings, connection=redis_client)
 
