@@ -148,6 +148,16 @@ def test_a_reservation_that_does_not_parse_reads_as_nothing_reserved(store: Stor
     assert store.reserved_mib("w9") == 0.0
 
 
+def test_a_load_hash_of_inf_or_nan_slots_reads_as_no_reservation(store: Store) -> None:
+    """The scaler's decisions read every worker's load hash: ``slots`` of inf raised
+    OverflowError (``int(float('inf'))``), which no caller expected (found attacking
+    issue 24's scaler change); it reads as unreadable, 0."""
+    for bad in ("inf", "nan", "-inf"):
+        store.redis.hset(store.keys.load("w9"), mapping={"slots": bad, "mib": "1"})
+        assert store.worker_reservations(["w9"]) == {"w9": 0}
+        assert store.worker_loads(["w9"]) == {"w9": (0, 0.0)}
+
+
 def test_a_corrupt_reservation_does_not_strand_a_finishing_request(
     store: Store, settings: Settings
 ) -> None:

@@ -672,8 +672,9 @@ def test_a_burst_of_long_requests_is_counted_by_the_work_it_holds() -> None:
     assert one(short).action == "hold"
     # A class with no finish in the window counts as the mean request.
     assert replace(long_burst, class_service_s={}).queued_work == 40.0
-    with pytest.raises(ValueError, match=r"class_service_s\['batch'\] must be > 0"):
-        replace(long_burst, class_service_s={"batch": 0.0})
+    for bad in (0.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match=r"class_service_s\['batch'\] must be finite"):
+            replace(long_burst, class_service_s={"batch": bad})
 
 
 def test_ready_drain_s_is_none_when_the_fleet_does_not_outrun_the_arrivals() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -15,6 +16,7 @@ from inferq.policy.scaling_inputs import (
     LiveWorker,
     LoadInputs,
     ReconciledFleet,
+    ServiceLog,
     Tracked,
     arrival_rates,
     backlog,
@@ -120,9 +122,12 @@ def test_service_times_per_class_weigh_the_queue_by_its_classes() -> None:
         fields = {"worker": "w1", "class": cls, "e2e_ms": str(service_ms + 50)}
         return Event(id=f"{i}-0", type="finish", at=float(i), fields=fields | {"queue_ms": "50"})
 
-    events = [finish(1, "batch", 9000), finish(2, "batch", 7000), finish(3, "standard", 1000)]
+    events = [finish(i, "batch", 9000 if i % 2 else 7000) for i in range(10)]
+    events += [finish(10 + i, "standard", 1000) for i in range(5)]
+    events += [finish(20 + i, "realtime", 600_000) for i in range(4)]  # too few to trust
     [stats] = service_times(events, {"w1": MODEL}).values()
-    assert stats.service_s == pytest.approx(17 / 3)
+    mean = (80 + 5 + 2400) / 19
+    assert stats.service_s == pytest.approx(mean)
     assert stats.class_service_s == pytest.approx({"batch": 8.0, "standard": 1.0})
     depths = [("batch", MODEL, 10, 3.0), ("standard", MODEL, 10, 1.0)]
     inputs = LoadInputs(
@@ -135,7 +140,7 @@ def test_service_times_per_class_weigh_the_queue_by_its_classes() -> None:
         default_slots=8,
     )
     [load] = build_loads([MODEL], registry(), inputs, now=10.0)
-    assert load.queued_work == pytest.approx(10 * 8 / (17 / 3) + 10 * 1 / (17 / 3))
+    assert load.queued_work == pytest.approx(10 * 8 / mean + 10 * 1 / mean)
 
 
 def test_a_service_log_reads_what_runs_from_the_events_not_the_heartbeat() -> None:
@@ -151,15 +156,17 @@ def test_a_service_log_reads_what_runs_from_the_events_not_the_heartbeat() -> No
         ev(2, "finish", id="a", e2e_ms="1100", queue_ms="100"),
         ev(2, "preempt", id="b"),  # back to the queue: no longer running
         ev(3, "dispatch", n="1", ids="d"),
-        ev(3, "dispatch", n="x", ids=""),  # malformed: skipped
+        ev(3, "dispatch", n="x", ids=""),  # no ids: skipped
+        ev(3, "dispatch", n="1" + "0" * 400, ids="e"),  # an n no id backs: counts 1
+        ev(3, "finish", id="e", e2e_ms="9" * 311, queue_ms="0"),  # corrupt: not a finish
     ]
-    [log] = service_logs(events, {"w1": MODEL}).values()
-    assert list(log.dispatches) == [(1.0, 3), (3.0, 1)]
+    [log] = service_logs(events, {"w1": MODEL}, start=-6.0, end=4.0).values()
+    assert list(log.dispatches) == [(1.0, 3), (3.0, 1), (3.0, 1)]
     assert list(log.finishes) == [(2.0, 1.0)]
     assert sorted(log.running_since) == [1.0, 3.0]  # c and d
-    # Little: the last 2 requests (4, counting the batch) entered over 3 s -> 2 / (4 / 3)
-    # = 1.5 s; time on test: (1 s finished + 3 s + 1 s running) / 1 finish = 5 s
-    assert log.in_service_s(2, now=4.0, window_s=10.0) == pytest.approx(1.5)
+    # Little: the last 2 requests dispatched entered over the last 1 s -> 2 / 2 = 1 s;
+    # time on test: (1 s finished + 3 s + 1 s running) / 1 finish = 5 s
+    assert log.in_service_s(2) == pytest.approx(1.0)
     stale = LiveWorker("w1", MODEL, WorkerState.READY, 16, in_flight=15, reserved=2)
     inputs = LoadInputs(
         depths=[],
@@ -174,8 +181,41 @@ def test_a_service_log_reads_what_runs_from_the_events_not_the_heartbeat() -> No
     [unknown] = build_loads([MODEL], registry(), inputs, now=4.0)
     logs = {MODEL: log}
     [known] = build_loads([MODEL], registry(), replace(inputs, service_logs=logs), now=4.0)
-    # the heartbeat's 15 would read as 37.5 s each; the load hash's 2 are what runs
-    assert (unknown.in_service_s, known.in_service_s) == (None, pytest.approx(1.5))
+    # the heartbeat's 15 would read as 30 s each; the load hash's 2 are what runs
+    assert (unknown.in_service_s, known.in_service_s) == (None, pytest.approx(1.0))
+
+
+def test_a_service_log_stays_finite_and_continuous_on_hostile_counts() -> None:
+    """The helper's attack on issue 24's correction: a corrupt ``reserved`` count, a
+    window with no dispatch, and a read capped short of now."""
+    finishes = [(1000.0 - i, 0.5) for i in range(5)]
+    # 50 running since before the window, 5 short finishes, no dispatch: the time on
+    # test alone, (5 x 0.5 + 50 x 10) / 5 s, not 0 (which switched the correction off)
+    quiet = ServiceLog(990.0, 1000.0, finishes=finishes)
+    assert quiet.in_service_s(50) == pytest.approx(100.5)
+    with_one = ServiceLog(990.0, 1000.0, [(995.0, 1)], finishes, [995.0])
+    assert with_one.in_service_s(50) == pytest.approx((2.5 + 5.0 + 49 * 10.0) / 5)
+    # a load hash claiming 10**12 running builds no list of that length
+    assert math.isfinite(quiet.in_service_s(10**12))
+    # a read capped at 995 s ends the window there: nothing after it is missing
+    capped = ServiceLog(990.0, 995.0, [(994.0, 1)], [(994.5, 0.5)], [994.0])
+    assert capped.in_service_s(1) == pytest.approx(1.0)
+
+
+def test_corrupt_finishes_are_skipped_by_the_service_means() -> None:
+    def finish(i: int, **fields: str) -> Event:
+        base = {"worker": "w1", "class": "batch", "e2e_ms": "1100", "queue_ms": "100"}
+        return Event(id=f"{i}-0", type="finish", at=float(i), fields=base | fields)
+
+    events = [
+        finish(1),
+        finish(2, e2e_ms="9" * 311),  # overflows a float
+        finish(3, e2e_ms=str(10**9)),  # 11 days of service
+        finish(4, ptokens="-5"),
+        finish(5, tokens="1" + "0" * 400),
+    ]
+    [stats] = service_times(events, {"w1": MODEL}).values()
+    assert (stats.service_s, stats.prompt_tokens, stats.output_tokens) == (1.0, 0.0, 0.0)
 
 
 def test_reconcile_counts_listed_unregistered_workers_as_starting_until_timeouts() -> None:

@@ -182,10 +182,12 @@ def mean_in_service_s(
     Returns:
         Seconds, >= 0 (0: nothing running or entering; no correction).
     """
-    little = running / entry_rate if running > 0 and entry_rate > 0 else 0.0
-    if time_on_test_s is None:
-        return little
-    return min(little, time_on_test_s)
+    if running <= 0:
+        return 0.0
+    if entry_rate <= 0:  # all of them entered before the window: the time on test alone
+        return time_on_test_s or 0.0
+    little = running / entry_rate
+    return little if time_on_test_s is None else min(little, time_on_test_s)
 
 
 def time_on_test_s(
@@ -193,6 +195,7 @@ def time_on_test_s(
     running_since: Iterable[float],
     start: float,
     now: float,
+    running_before: float = 0,
 ) -> float | None:
     """Service-seconds served in the window ``[start, now]`` over the requests that
     finished in it (the total-time-on-test estimate of the mean service time).
@@ -202,6 +205,8 @@ def time_on_test_s(
         running_since: when each request still running entered service (epoch s; one
             from before the window counts from ``start``).
         start, now: the window, epoch seconds.
+        running_before: more requests running since before the window (a count, not
+            listed: each counts the whole window).
 
     Returns:
         Seconds, or None when nothing finished in the window.
@@ -213,4 +218,5 @@ def time_on_test_s(
     if n == 0:
         return None
     served += sum(max(0.0, now - max(since, start)) for since in running_since)
+    served += max(0.0, running_before) * max(0.0, now - start)
     return served / n

@@ -322,8 +322,10 @@ class ModelLoad:
         if any(n < 0 for n in self.queued.values()):
             raise ValueError(f"{self.model}: queued counts must be >= 0")
         for cls, took in self.class_service_s.items():
-            if not took > 0:
-                raise ValueError(f"{self.model}: class_service_s[{cls!r}] must be > 0, got {took}")
+            if not (took > 0 and math.isfinite(took)):
+                raise ValueError(
+                    f"{self.model}: class_service_s[{cls!r}] must be finite and > 0, got {took}"
+                )
 
     @property
     def current(self) -> int:
@@ -708,7 +710,7 @@ def ready_drain_s(
     if load.total_queued <= 0 or spare <= _EPS:
         return None
     drain = load.queued_work / spare
-    if drain >= horizon_s:
+    if not drain < horizon_s:  # nan too: what cannot be measured is not drained
         return None
     for cls, count in load.queued.items():
         if count > 0 and sla and cls in sla and load.oldest_wait_s.get(cls, 0.0) + drain > sla[cls]:

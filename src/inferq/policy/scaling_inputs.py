@@ -245,30 +245,38 @@ class ServiceLog:
         running_since: epoch s each request dispatched in the window and not ended since
             entered service (a request that went back to the queue unseen stays in; the
             caller keeps the newest ``running``).
+        start, end: the interval the events cover, epoch s (``end`` is the newest
+            event read where the read was capped, not the decision's ``now``).
     """
 
+    start: float
+    end: float
     dispatches: Sequence[tuple[float, int]] = ()
     finishes: Sequence[tuple[float, float]] = ()
     running_since: Sequence[float] = ()
 
-    def in_service_s(self, running: int, now: float, window_s: float) -> float:
-        """Mean seconds in service with ``running`` requests in service now
+    def in_service_s(self, running: int) -> float:
+        """Mean seconds in service with ``running`` requests in service at ``end``
         (:func:`inferq.policy.capacity.mean_in_service_s` of :func:`entry_rate` and
         :func:`inferq.policy.capacity.time_on_test_s`; the running requests not seen
-        dispatched count from the window's start)."""
+        dispatched count from ``start``)."""
+        window = max(self.end - self.start, _MIN_ENTRY_SPAN_S)
         since = sorted(self.running_since)[-running:] if running > 0 else []
-        start = now - window_s
-        since += [start] * (running - len(since))
         return mean_in_service_s(
             running,
-            entry_rate(self.dispatches, running, now, window_s),
-            time_on_test_s(self.finishes, since, start, now),
+            entry_rate(self.dispatches, running, self.end, window),
+            time_on_test_s(
+                self.finishes, since, self.start, self.end, running_before=running - len(since)
+            ),
         )
 
 
-def service_logs(events: Iterable[Event], worker_model: Mapping[str, str]) -> dict[str, ServiceLog]:
-    """Model -> :class:`ServiceLog` of its workers' events (in stream order; malformed
-    counts and times skipped)."""
+def service_logs(
+    events: Iterable[Event], worker_model: Mapping[str, str], start: float, end: float
+) -> dict[str, ServiceLog]:
+    """Model -> :class:`ServiceLog` of its workers' events over ``[start, end]`` (in
+    stream order; malformed counts and times skipped). A dispatch counts its ``ids``
+    (the ``n`` beside them is the same number, and a count no id backs is not trusted)."""
     dispatches: dict[str, list[tuple[float, int]]] = {}
     finishes: dict[str, list[tuple[float, float]]] = {}
     started: dict[str, dict[str, float]] = {}
@@ -278,12 +286,8 @@ def service_logs(events: Iterable[Event], worker_model: Mapping[str, str]) -> di
             continue
         if e.type == "dispatch":
             ids = [i for i in e.fields.get("ids", "").split(",") if i]
-            try:
-                n = int(e.fields.get("n", len(ids)))
-            except ValueError:
-                continue
-            if n > 0:
-                dispatches.setdefault(model, []).append((e.at, n))
+            if ids:
+                dispatches.setdefault(model, []).append((e.at, len(ids)))
             started.setdefault(model, {}).update(dict.fromkeys(ids, e.at))
         elif e.type in _RUN_ENDS:
             started.get(model, {}).pop(e.fields.get("id", ""), None)
@@ -292,7 +296,13 @@ def service_logs(events: Iterable[Event], worker_model: Mapping[str, str]) -> di
                 finishes.setdefault(model, []).append((e.at, took))
     models = dispatches.keys() | finishes.keys() | started.keys()
     return {
-        m: ServiceLog(dispatches.get(m, []), finishes.get(m, []), list(started.get(m, {}).values()))
+        m: ServiceLog(
+            start,
+            end,
+            dispatches.get(m, []),
+            finishes.get(m, []),
+            list(started.get(m, {}).values()),
+        )
         for m in models
     }
 
@@ -344,7 +354,8 @@ class ServiceStats:
 def service_stats(finishes: Iterable[tuple[str, str, float, int, int]]) -> dict[str, ServiceStats]:
     """Model -> means over its finishes: ``(model, class, service seconds, prompt
     tokens, output tokens)`` rows, service > 0 (the scaler's events and the simulator's
-    finishes both reduce to these)."""
+    finishes both reduce to these). A class with fewer than ``_MIN_CLASS_FINISHES``
+    (5) has no service mean of its own."""
     sums: dict[str, list[float]] = {}
     by_class: dict[str, dict[str, list[float]]] = {}
     for model, cls, service, prompt, output in finishes:
@@ -357,18 +368,34 @@ def service_stats(finishes: Iterable[tuple[str, str, float, int, int]]) -> dict[
         mine[0] += service
         mine[1] += 1
     return {
-        m: ServiceStats(s / n, p / n, o / n, {c: t / k for c, (t, k) in by_class[m].items() if c})
+        m: ServiceStats(
+            s / n,
+            p / n,
+            o / n,
+            {c: t / k for c, (t, k) in by_class[m].items() if c and k >= _MIN_CLASS_FINISHES},
+        )
         for m, (s, p, o, n) in sums.items()
     }
 
 
 def _service_s(e: Event) -> float | None:
-    """A finish event's seconds from dispatch to finish; None when malformed or <= 0."""
+    """A finish event's seconds from dispatch to finish; None when malformed, <= 0 or
+    past :data:`_MAX_SERVICE_S`."""
     try:
         took = (int(e.fields["e2e_ms"]) - int(e.fields["queue_ms"])) / 1000
-    except (KeyError, ValueError):
+    except (KeyError, ValueError, OverflowError):
         return None
-    return took if took > 0 else None
+    return took if 0 < took <= _MAX_SERVICE_S else None
+
+
+def _tokens(e: Event, name: str) -> int | None:
+    """A finish event's token count (0 when absent); None when malformed, negative or
+    past :data:`_MAX_TOKENS`."""
+    try:
+        n = int(e.fields.get(name) or 0)
+    except ValueError:
+        return None
+    return n if 0 <= n <= _MAX_TOKENS else None
 
 
 def service_times(
@@ -380,13 +407,8 @@ def service_times(
         model = worker_model.get(e.fields.get("worker", ""))
         if e.type != "finish" or model is None:
             continue
-        service = _service_s(e)
-        try:
-            prompt = int(e.fields.get("ptokens") or 0)
-            output = int(e.fields.get("tokens") or 0)
-        except ValueError:
-            continue
-        if service is not None:
+        service, prompt, output = _service_s(e), _tokens(e, "ptokens"), _tokens(e, "tokens")
+        if service is not None and prompt is not None and output is not None:
             rows.append((model, e.fields.get("class", ""), service, prompt, output))
     return service_stats(rows)
 
@@ -523,9 +545,11 @@ def _in_service_s(
     """
     if inputs.service_logs is None:
         return None
-    window = inputs.rate_window_s or defaults.SCALER_RATE_WINDOW_S
-    log = inputs.service_logs.get(model, ServiceLog())
-    return log.in_service_s(sum(w.reserved for w in ready), now, window)
+    log = inputs.service_logs.get(model)
+    if log is None:  # nothing seen in the window: what runs entered before it
+        window = inputs.rate_window_s or defaults.SCALER_RATE_WINDOW_S
+        log = ServiceLog(now - window, now)
+    return log.in_service_s(sum(w.reserved for w in ready))
 
 
 def capacity_rate(
@@ -548,3 +572,10 @@ def capacity_rate(
 _NEVER = Tracked(model="", last_busy_at=0.0)
 #: Shortest span :func:`entry_rate` divides by, seconds (dispatches of the same instant).
 _MIN_ENTRY_SPAN_S = 1e-3
+#: A finish event's service time or token count past these is corrupt, not measured (a
+#: day of service; ten million tokens, past any model's context), and is skipped.
+_MAX_SERVICE_S = 86_400.0
+#: Finishes a class needs in the window before its own service mean weighs its queue
+#: (fewer: the model's mean); one long request must not set a class's weight.
+_MIN_CLASS_FINISHES = 5
+_MAX_TOKENS = 10_000_000

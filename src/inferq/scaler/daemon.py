@@ -289,7 +289,9 @@ class Scaler:
         if self.mode is Mode.ACT:
             self._stop_workers(fleet.to_stop, handles, tracked, report)
             self._replace_unhealthy(live, handles, now, report)
-        inputs = self._inputs(live, replace(fleet, tracked=tracked), events, span)
+        inputs = self._inputs(
+            live, replace(fleet, tracked=tracked), events, now - self.rate_window_s, span
+        )
         loads = build_loads(self.models, self.settings.models, inputs, now)
         loads = self._drainable(loads, live, handles)
         decisions, state = decide_scale(loads, state, self.config, self.settings.classes, now)
@@ -417,8 +419,11 @@ class Scaler:
         live: Sequence[LiveWorker],
         fleet: ReconciledFleet,
         events: Sequence[Event],
+        start: float,
         span: float,
     ) -> LoadInputs:
+        """What :func:`build_loads` combines; ``events`` cover ``span`` seconds from
+        ``start`` (epoch s; short of now where the read was capped)."""
         owner = {wid: t.model for wid, t in fleet.tracked.items()} | {w.id: w.model for w in live}
         measured = service_times(events, owner)
         self._measured.update({m: s.service_s for m, s in measured.items()})
@@ -432,7 +437,7 @@ class Scaler:
             default_slots=self.default_slots,
             tpot_s=strictest_tpot(self.settings.classes),
             rate_window_s=span,
-            service_logs=service_logs(events, owner),
+            service_logs=service_logs(events, owner, start, start + span),
         )
 
     def _fallback_service(self) -> dict[str, float]:

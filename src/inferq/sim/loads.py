@@ -121,6 +121,8 @@ class LoadTracker:
         logs: dict[str, ServiceLog] = {}
         for model in self.managed:
             logs[model] = ServiceLog(
+                start,
+                now,
                 [(at, n) for at, m, n in self._dispatches if m == model],
                 [(f[0], f[3]) for f in self._finishes if f[1] == model and f[3] > 0],
             )
@@ -233,5 +235,5 @@ class LoadTracker:
             capacity_rate=capacity_rate,
             rate_window_s=self.window_s,
             class_service_s=dict(class_service_s or {}),
-            in_service_s=(log or ServiceLog()).in_service_s(running, now, self.window_s),
+            in_service_s=(log or ServiceLog(now - self.window_s, now)).in_service_s(running),
         )

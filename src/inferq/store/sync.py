@@ -803,7 +803,7 @@ class Store(AdminCalls):
         for wid, raw in zip(worker_ids, pipe.execute(), strict=True):
             try:
                 out[wid] = max(0, int(float(raw or 0)))
-            except ValueError:
+            except (ValueError, OverflowError):  # nan, inf
                 out[wid] = 0
         return out
 
@@ -817,7 +817,7 @@ class Store(AdminCalls):
         for wid, (slots, mib) in zip(worker_ids, pipe.execute(), strict=True):
             try:
                 out[wid] = (max(0, int(float(slots or 0))), max(0.0, float(mib or 0)))
-            except ValueError:
+            except (ValueError, OverflowError):  # nan, inf
                 out[wid] = (0, 0.0)
         return out
 
