@@ -575,7 +575,7 @@ _MIN_ENTRY_SPAN_S = 1e-3
 #: A finish event's service time or token count past these is corrupt, not measured (a
 #: day of service; ten million tokens, past any model's context), and is skipped.
 _MAX_SERVICE_S = 86_400.0
+_MAX_TOKENS = 10_000_000
 #: Finishes a class needs in the window before its own service mean weighs its queue
 #: (fewer: the model's mean); one long request must not set a class's weight.
 _MIN_CLASS_FINISHES = 5
-_MAX_TOKENS = 10_000_000
