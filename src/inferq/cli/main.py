@@ -67,7 +67,7 @@ LAZY_COMMANDS = {
     ),
     "simulate": (
         "inferq.cli.simulate:simulate",
-        "Replay traces through the five policies in virtual time and compare them.",
+        "Replay traces through the scheduling policies in virtual time and compare them.",
     ),
 }
 

@@ -127,7 +127,7 @@ def _settings(config_path: str | None) -> Settings:
 )
 @click.option("--check", is_flag=True, help="Assert slot and VRAM limits after every decision.")
 def simulate_command(**opts: Any) -> None:
-    """Replay traces through the five policies in virtual time and compare them."""
+    """Replay traces through the scheduling policies in virtual time and compare them."""
     try:
         _run(opts)
     except (InferqError, ValueError, FileNotFoundError) as exc:
