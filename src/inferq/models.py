@@ -225,7 +225,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     role: Literal["system", "user", "assistant", "tool"]
-    content: str
+    content: str = Field(strict=True)  # bytes are refused, not decoded (the prompt's rule)
     tool_calls: tuple[ToolCall, ...] | None = None
     tool_call_id: str | None = None
     name: str | None = None

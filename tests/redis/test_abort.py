@@ -121,6 +121,12 @@ def test_a_worker_cancels_a_running_request(fleet: Fleet, client: Client) -> Non
     )
 
 
+def _state(pid: int) -> str:
+    """The process's state letter from ``/proc/<pid>/stat`` (``T``: stopped)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 def _stop_worker_then_abort(
     fleet: Fleet, client: Client, send: object, *, stream: bool = False
 ) -> tuple[str, int]:
@@ -139,6 +145,16 @@ def _stop_worker_then_abort(
     if stream:
         wait_for(lambda: streamed(fleet.store, handle.id) >= 3, what="tokens streamed")
     os.kill(proc.pid, signal.SIGSTOP)
+    wait_for(lambda: _state(proc.pid) == "T", what="w1 stopped")  # SIGSTOP is asynchronous
+    if stream:  # what it wrote before it stopped has reached Redis: two reads 50 ms apart agree
+        last: list[int | None] = [None]
+
+        def settled() -> bool:
+            n, previous = streamed(fleet.store, handle.id), last[0]
+            last[0] = n
+            return n == previous
+
+        wait_for(settled, what="the frozen stream settled")
     try:
         assert callable(send)
         send(handle.id, attempt)

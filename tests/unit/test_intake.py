@@ -54,6 +54,12 @@ def test_prompt_and_messages_are_exclusive() -> None:
     )
 
 
+def test_a_message_content_of_bytes_is_refused_not_decoded() -> None:
+    # the prompt's rule for messages too (the fuzz test found b"\x01" stored as "\x01")
+    err = refuse(prompt=None, messages=[{"role": "user", "content": b"\x01"}])
+    assert err.field == "messages.0.content", err
+
+
 def test_max_tokens_bounds_name_the_context() -> None:
     assert str(refuse(max_tokens=0)) == (
         "max_tokens: 0 is outside 1..131072 (max context of llama-3.1-8b)"
