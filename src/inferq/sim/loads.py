@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
 
 from inferq import defaults
 from inferq.config import Settings
@@ -118,14 +117,6 @@ class LoadTracker:
             self._finishes.popleft()
         while self._dispatches and self._dispatches[0][0] < start:
             self._dispatches.popleft()
-        logs: dict[str, ServiceLog] = {}
-        for model in self.managed:
-            logs[model] = ServiceLog(
-                start,
-                now,
-                [(at, n) for at, m, n in self._dispatches if m == model],
-                [(f[0], f[3]) for f in self._finishes if f[1] == model and f[3] > 0],
-            )
         arrivals: dict[str, int] = {}
         for _, model in self._arrivals:
             arrivals[model] = arrivals.get(model, 0) + 1
@@ -165,18 +156,28 @@ class LoadTracker:
                     by_model.get(model, []),
                     self._capacity(model, st, by_model.get(model, [])),
                     st.class_service_s if st else {},
-                    replace(
-                        logs[model],
-                        running_since=[
-                            running_since[rid]
-                            for w in by_model.get(model, [])
-                            for rid in w.running
-                            if rid in running_since
-                        ],
-                    ),
+                    self._log(model, start, now, by_model.get(model, []), running_since),
                 )
             )
         return out
+
+    def _log(
+        self,
+        model: str,
+        start: float,
+        now: float,
+        workers: Sequence[SimWorker],
+        running_since: Mapping[str, float],
+    ) -> ServiceLog:
+        """The window's service log of ``model``: what the scaler daemon reads from the
+        event stream (:func:`inferq.policy.scaling_inputs.service_logs`)."""
+        return ServiceLog(
+            start,
+            now,
+            [(at, n) for at, m, n in self._dispatches if m == model],
+            [(f[0], f[3]) for f in self._finishes if f[1] == model and f[3] > 0],
+            [running_since[rid] for w in workers for rid in w.running if rid in running_since],
+        )
 
     def _capacity(
         self, model: str, stats: ServiceStats | None, workers: Sequence[SimWorker]
@@ -212,9 +213,9 @@ class LoadTracker:
         mean_service_s: float,
         saturation: float,
         workers: Sequence[SimWorker],
-        capacity_rate: float | None = None,
-        class_service_s: Mapping[str, float] | None = None,
-        log: ServiceLog | None = None,
+        capacity_rate: float | None,
+        class_service_s: Mapping[str, float],
+        log: ServiceLog,
     ) -> ModelLoad:
         ready = [w for w in workers if w.state is WorkerState.READY]
         running = sum(len(w.running) for w in ready)
@@ -234,6 +235,6 @@ class LoadTracker:
             busy={w.id: len(w.running) for w in ready if w.running},
             capacity_rate=capacity_rate,
             rate_window_s=self.window_s,
-            class_service_s=dict(class_service_s or {}),
-            in_service_s=(log or ServiceLog(now - self.window_s, now)).in_service_s(running),
+            class_service_s=dict(class_service_s),
+            in_service_s=log.in_service_s(running),
         )
