@@ -21,19 +21,27 @@ def ready_worker(store: Store, worker_id: str = "w1", **kw: object) -> WorkerInf
 
 
 class KeepAlive:
-    """Heartbeat some fake workers from a thread while a test runs (a context manager)."""
+    """Heartbeat some fake workers from a thread while a test runs (a context manager).
+
+    Entering beats once before it returns: a worker whose last beat is older than the
+    heartbeat TTL (a slow set-up on a loaded host) would be reaped by a dispatcher that
+    starts at once."""
 
     def __init__(self, store: Store, infos: list[WorkerInfo], interval_s: float = 0.5) -> None:
         self.store, self.infos, self.interval_s = store, infos, interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def _beat(self) -> None:
+        for info in self.infos:
+            self.store.heartbeat(info, ttl_s=30)
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            for info in self.infos:
-                self.store.heartbeat(info, ttl_s=30)
+            self._beat()
 
     def __enter__(self) -> KeepAlive:
+        self._beat()
         self._thread.start()
         return self
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from inferq.models import Event
+
 from .conftest import HEARTBEAT_S, LEASE_S, Audit, Deployment, LagProbe, wait_for
 
 #: A dead worker's requests must be requeued within this long of the kill, s, plus the
@@ -26,8 +28,22 @@ from .conftest import HEARTBEAT_S, LEASE_S, Audit, Deployment, LagProbe, wait_fo
 REQUEUE_BOUND_S = 2 * HEARTBEAT_S + LEASE_S
 #: A dispatcher whose own loop stalled longer than a heartbeat TTL (starved of CPU, or
 #: Redis slow to answer) takes it for an outage and pauses reaping for a grace, by
-#: design, and says so (``reap_paused`` events): a kill between such a pause and its
-#: reap is bound by the stall and the grace on top.
+#: design, and says so (``reap_paused`` events): the part of such a stall and grace that
+#: falls between a kill and its reap is added to the bound (:func:`paused_within`). A
+#: pause that began before the kill counts too: on a loaded host the other dispatcher
+#: can be the one the run just killed and is still starting, so the paused one reaps.
+
+
+def paused_within(start: float, end: float, pauses: Sequence[Event]) -> float:
+    """How much of the interval ``start``..``end`` (epoch s) the ``reap_paused`` events
+    cover, s: each covers its stall (``stalled_ms`` before it) and its grace
+    (``grace_ms`` after it); the pauses of both dispatchers add up."""
+    total = 0.0
+    for p in pauses:
+        since = p.at - int(p.fields["stalled_ms"]) / 1000
+        until = p.at + int(p.fields["grace_ms"]) / 1000
+        total += max(0.0, min(end, until) - max(start, since))
+    return total
 
 
 @dataclass
@@ -41,8 +57,8 @@ class KillFigures:
     requeue_s: list[float] = field(default_factory=list)
     #: Per kill: the host's worst lateness between the kill and the reap (LagProbe), s.
     host_lag_s: list[float] = field(default_factory=list)
-    #: Per kill: the stalls and graces of the reap pauses the dispatchers recorded
-    #: between the kill and the reap, s.
+    #: Per kill: how much of the time between the kill and the reap the dispatchers'
+    #: recorded reap pauses (stalls and graces) cover, s (:func:`paused_within`).
     paused_s: list[float] = field(default_factory=list)
     requeued_requests: int = 0
     stale_results: int = 0
@@ -177,13 +193,7 @@ def run_kills(
         assert wid in lost, f"killed worker {wid} never reaped:\n{d.logs()}"
         figures.requeue_s.append(lost[wid].at - killed_at)
         figures.host_lag_s.append(probe.max_lag(killed_at, lost[wid].at))
-        figures.paused_s.append(
-            sum(
-                (int(p.fields["grace_ms"]) + int(p.fields["stalled_ms"])) / 1000
-                for p in pauses
-                if killed_at <= p.at <= lost[wid].at
-            )
-        )
+        figures.paused_s.append(paused_within(killed_at, lost[wid].at, pauses))
         figures.requeued_requests += int(lost[wid].fields["requeued"])
     figures.stale_results = audit.stats.get("stale_results", 0)
     figures.retried = audit.stats.get("retried", 0)

@@ -71,7 +71,6 @@ def test_the_dashboard_in_headless_chromium(
 ) -> None:
     chromium = require_tool("chromium", "apt-get install chromium")
     with KeepAlive(store, [worker_info(WORKER, slots=4)]):
-        store.heartbeat(worker_info(WORKER, slots=4), ttl_s=30)
         dead_id = _fill(store, settings)
         state = json.load(urllib.request.urlopen(dashboard_url + "api/state", timeout=10))
         assert state["sla"]["realtime"]["finished"] == 1
