@@ -1,12 +1,13 @@
-"""Helpers of the tests that run against Redis: fake heartbeats, waiting (plain functions)."""
+"""Helpers of the tests that run against Redis: fake heartbeats, waiting, and how late the
+host ran (:class:`LagProbe`, :func:`paused_within`) for tests that bound a reaction time."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from inferq.models import InferenceRequest, WorkerInfo
+from inferq.models import Event, InferenceRequest, WorkerInfo
 from inferq.store import Store
 from inferq.store.keys import count_field_queue
 
@@ -89,3 +90,47 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 20, what: str = "co
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+class LagProbe(threading.Thread):
+    """How late this host wakes a sleeping thread: the stand-in for the daemons' own steps,
+    which wait on the same CPUs (as ``inferq demo``'s keep-up timer).
+
+    Every ``period_s`` it sleeps and records (epoch s, seconds it woke late).
+    :meth:`max_lag` gives the worst lateness within a window, so a bound on a daemon's
+    reaction time can be checked as "the bound plus what the host itself lost", and a
+    starved CI host fails no test while a slow daemon on an idle one still does.
+    """
+
+    def __init__(self, period_s: float = 0.02) -> None:
+        super().__init__(daemon=True)
+        self.period_s = period_s
+        self.samples: list[tuple[float, float]] = []
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            before = time.monotonic()
+            time.sleep(self.period_s)
+            late = time.monotonic() - before - self.period_s
+            self.samples.append((time.time(), max(0.0, late)))
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join(timeout=5)
+
+    def max_lag(self, start: float, end: float) -> float:
+        """The longest lateness of a wake-up between ``start`` and ``end`` (epoch s), s."""
+        return max((late for at, late in self.samples if start <= at <= end), default=0.0)
+
+
+def paused_within(start: float, end: float, pauses: Sequence[Event]) -> float:
+    """How much of the interval ``start``..``end`` (epoch s) the ``reap_paused`` events
+    cover, s: each covers its stall (``stalled_ms`` before it) and its grace
+    (``grace_ms`` after it); the pauses of all dispatchers add up."""
+    total = 0.0
+    for p in pauses:
+        since = p.at - int(p.fields["stalled_ms"]) / 1000
+        until = p.at + int(p.fields["grace_ms"]) / 1000
+        total += max(0.0, min(end, until) - max(start, since))
+    return total

@@ -65,38 +65,6 @@ def wait_for(
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{detail}")
 
 
-class LagProbe(threading.Thread):
-    """How late this host wakes a sleeping thread: the stand-in for the daemons' own steps,
-    which wait on the same CPUs (as ``inferq demo``'s keep-up timer).
-
-    Every ``period_s`` it sleeps and records (epoch s, seconds it woke late).
-    :meth:`max_lag` gives the worst lateness within a window, so a bound on a daemon's
-    reaction time can be checked as "the bound plus what the host itself lost", and a
-    starved CI host fails no test while a slow daemon on an idle one still does.
-    """
-
-    def __init__(self, period_s: float = 0.02) -> None:
-        super().__init__(daemon=True)
-        self.period_s = period_s
-        self.samples: list[tuple[float, float]] = []
-        self._done = threading.Event()
-
-    def run(self) -> None:
-        while not self._done.is_set():
-            before = time.monotonic()
-            time.sleep(self.period_s)
-            late = time.monotonic() - before - self.period_s
-            self.samples.append((time.time(), max(0.0, late)))
-
-    def stop(self) -> None:
-        self._done.set()
-        self.join(timeout=5)
-
-    def max_lag(self, start: float, end: float) -> float:
-        """The longest lateness of a wake-up between ``start`` and ``end`` (epoch s), s."""
-        return max((late for at, late in self.samples if start <= at <= end), default=0.0)
-
-
 class RedisServer:
     """A ``redis-server`` the test owns: its port, its directory, AOF with fsync every second.
 

@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from inferq.models import Event
-
-from .conftest import HEARTBEAT_S, LEASE_S, Audit, Deployment, LagProbe, wait_for
+from ..helpers import LagProbe, paused_within
+from .conftest import HEARTBEAT_S, LEASE_S, Audit, Deployment, wait_for
 
 #: A dead worker's requests must be requeued within this long of the kill, s, plus the
 #: longest the host itself woke a thread late meanwhile (:class:`LagProbe`): on a host
@@ -32,18 +31,6 @@ REQUEUE_BOUND_S = 2 * HEARTBEAT_S + LEASE_S
 #: falls between a kill and its reap is added to the bound (:func:`paused_within`). A
 #: pause that began before the kill counts too: on a loaded host the other dispatcher
 #: can be the one the run just killed and is still starting, so the paused one reaps.
-
-
-def paused_within(start: float, end: float, pauses: Sequence[Event]) -> float:
-    """How much of the interval ``start``..``end`` (epoch s) the ``reap_paused`` events
-    cover, s: each covers its stall (``stalled_ms`` before it) and its grace
-    (``grace_ms`` after it); the pauses of both dispatchers add up."""
-    total = 0.0
-    for p in pauses:
-        since = p.at - int(p.fields["stalled_ms"]) / 1000
-        until = p.at + int(p.fields["grace_ms"]) / 1000
-        total += max(0.0, min(end, until) - max(start, since))
-    return total
 
 
 @dataclass

@@ -20,12 +20,12 @@ import pytest
 from inferq.client import Client
 from inferq.config import Settings
 from inferq.dispatcher.daemon import Dispatcher
-from inferq.models import RequestState, WorkerState
+from inferq.models import RequestState, Result, WorkerState
 from inferq.store import Store
 from inferq.workers.servers.sim import OUTPUT_TOKENS_PARAM
 
 from ..conftest import REDIS_URL
-from ..helpers import wait_for
+from ..helpers import LagProbe, wait_for
 
 #: The pinned profile, in the roofline form (inferq.latency): Llama 3.1 8B at 12,000
 #: prompt tokens/s (2 x 8e9 x 12,000 = 192 TFLOP/s) and 80 output tokens/s for one stream
@@ -77,6 +77,8 @@ class Stack:
         self.dispatcher = Dispatcher(Store(redis_client, self.settings), tick_s=0.05)
         self._thread = threading.Thread(target=self.dispatcher.run, daemon=True)
         self._thread.start()
+        self.probe = LagProbe()
+        self.probe.start()
 
     def worker(self, wid: str, *, vram_mib: int, slots: int, time_scale: float) -> None:
         env = {
@@ -97,7 +99,17 @@ class Stack:
             what=f"{wid} ready",
         )
 
+    def check_realtime_sla(self, result: Result, since: float) -> None:
+        """The result's time to first token is within realtime's SLA, plus the longest this
+        host woke a thread late since ``since`` (epoch s): a starved CI host delays the
+        dispatcher's thread and the worker's process, which is not the scheduler's wait."""
+        ttft = result.timings.ttft_s
+        sla_s = self.settings.class_by_name["realtime"].sla_s
+        lag_s = self.probe.max_lag(since, time.time())
+        assert ttft is not None and ttft <= sla_s + lag_s, (ttft, sla_s, lag_s)
+
     def close(self) -> None:
+        self.probe.stop()
         self.dispatcher.stop()
         self._thread.join(timeout=5)
         for proc in self.procs:
@@ -134,11 +146,11 @@ def test_realtime_meets_its_sla_behind_four_long_lower_class_requests(
         what="the 4 batch requests running",
     )
     time.sleep(2.0)
+    since = time.time()
     rt = client.submit("hello", priority="realtime", max_tokens=16)
     result = rt.result(timeout=30)
     assert result.status == "succeeded"
-    ttft = result.timings.ttft_s
-    assert ttft is not None and ttft <= stack.settings.class_by_name["realtime"].sla_s, ttft
+    stack.check_realtime_sla(result, since)
     assert stack.store.stats().get("preempted", 0) >= 1
     for h in batch:  # the lower class paid in time only: every request still succeeds
         assert h.result(timeout=120).status == "succeeded"
@@ -166,14 +178,14 @@ def test_a_large_realtime_request_gets_the_kv_room_small_batch_requests_keep_tak
     try:
         wait_for(lambda: len(batch) >= 10, what="the stream started")
         prompt = "word " * 1600  # ~2,000 prompt tokens by the intake's estimate
+        since = time.time()
         rt = client.submit(prompt, priority="realtime", max_tokens=4000, params=SHORT_ANSWER)
         result = rt.result(timeout=60)
     finally:
         stop.set()
         feeder.join(timeout=5)
     assert result.status == "succeeded"
-    ttft = result.timings.ttft_s
-    assert ttft is not None and ttft <= stack.settings.class_by_name["realtime"].sla_s, ttft
+    stack.check_realtime_sla(result, since)
     assert stack.store.stats().get("preempted", 0) >= 1
     for rid in batch:
         assert client.result(rid, timeout=180).status == "succeeded"
@@ -278,11 +290,11 @@ def test_a_flood_of_large_requests_does_not_hold_a_new_tenant_back(stack: Stack)
     ]
     wait_for(lambda: client.status(hog[0].id).state is RequestState.RUNNING, what="hog running")
     time.sleep(1.0)  # the next large request is overdue and reserves the worker
+    since = time.time()
     quiet = client.submit("hi", priority="realtime", tenant="quiet", max_tokens=16)
     result = quiet.result(timeout=60)
     assert result.status == "succeeded"
-    ttft = result.timings.ttft_s
-    assert ttft is not None and ttft <= stack.settings.class_by_name["realtime"].sla_s, ttft
+    stack.check_realtime_sla(result, since)
     assert client.status(hog[2].id).state is RequestState.QUEUED  # the flood still waits
     for h in hog:
         assert h.result(timeout=120).status == "succeeded"
