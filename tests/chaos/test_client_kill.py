@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from .conftest import Deployment, RedisServer
+from .conftest import Deployment, RedisServer, wait_for
 from .test_redis_restart import TrickleSubmitter, ready_workers, start_fleet
 
 
@@ -64,10 +64,18 @@ class KillClientsFigures:
 
 
 def run_client_kills(
-    d: Deployment, server: RedisServer, *, duration_s: float, every_s: float
+    d: Deployment,
+    server: RedisServer,
+    *,
+    duration_s: float,
+    every_s: float,
+    min_acked: int = 0,
+    min_rounds: int = 0,
 ) -> KillClientsFigures:
-    """Submit while killing every connection every ``every_s`` for ``duration_s``; wait for
-    every acknowledged request, check exactly-once and that every daemon is still there."""
+    """Submit while killing every connection every ``every_s`` for ``duration_s`` and on
+    until ``min_acked`` submissions were acknowledged and ``min_rounds`` kill rounds ran (a
+    loaded host does less in the same time); wait for every acknowledged request, check
+    exactly-once and that every daemon is still there."""
     figures = KillClientsFigures()
     started = time.monotonic()
     start_fleet(d)
@@ -77,6 +85,12 @@ def run_client_kills(
     submitter.start()
     killer.start()
     time.sleep(duration_s)
+    wait_for(
+        lambda: len(submitter.acked) >= min_acked and killer.rounds >= min_rounds,
+        120,
+        f"{min_acked} submissions acknowledged and {min_rounds} kill rounds",
+        d.logs,
+    )
     killer.done.set()
     submitter.done.set()
     killer.join()
@@ -98,7 +112,9 @@ def run_client_kills(
 
 
 def test_dropped_connections_under_load(deployment: Deployment, redis_server: RedisServer) -> None:
-    figures = run_client_kills(deployment, redis_server, duration_s=8.0, every_s=0.25)
+    figures = run_client_kills(
+        deployment, redis_server, duration_s=8.0, every_s=0.25, min_acked=500, min_rounds=20
+    )
     print(figures.summary())
     assert figures.acked >= 500
     assert figures.kill_rounds >= 20 and figures.connections_killed >= 5 * figures.kill_rounds

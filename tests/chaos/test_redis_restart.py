@@ -129,10 +129,18 @@ def ready_workers(d: Deployment) -> set[str]:
 
 
 def run_restart(
-    d: Deployment, server: RedisServer, *, graceful: bool, before_s: float, down_s: float
+    d: Deployment,
+    server: RedisServer,
+    *,
+    graceful: bool,
+    before_s: float,
+    down_s: float,
+    min_acked: int = 0,
 ) -> RestartFigures:
     """Submit for ``before_s``, stop Redis for ``down_s``, start it again, submit as long
-    again; wait for every acknowledged request that survived to finish."""
+    again and on until ``min_acked`` submissions were acknowledged in all (a loaded host
+    submits less in the same time); wait for every acknowledged request that survived to
+    finish."""
     figures = RestartFigures(graceful=graceful)
     started = time.monotonic()
     start_fleet(d)
@@ -149,6 +157,12 @@ def run_restart(
     server.start()
     figures.outage_s = time.monotonic() - stopped_at
     time.sleep(before_s)
+    wait_for(
+        lambda: len(submitter.acked) >= min_acked,
+        120,
+        f"{min_acked} submissions acknowledged",
+        d.logs,
+    )
     submitter.done.set()
     submitter.join()
     figures.acked, figures.refused_calls = len(submitter.acked), submitter.refused
@@ -175,7 +189,9 @@ def run_restart(
 def test_graceful_redis_restart_loses_no_acknowledged_submission(
     deployment: Deployment, redis_server: RedisServer
 ) -> None:
-    figures = run_restart(deployment, redis_server, graceful=True, before_s=3.0, down_s=6.0)
+    figures = run_restart(
+        deployment, redis_server, graceful=True, before_s=3.0, down_s=6.0, min_acked=500
+    )
     print(figures.summary())
     assert not figures.lost, f"acknowledged and lost: {figures.lost[:5]}"
     assert figures.acked >= 500
@@ -198,9 +214,11 @@ def test_a_batch_whose_records_read_failed_is_handed_back(
 ) -> None:
     """Redis went away between start.lua and the read of the records (seen after a SIGKILL
     restart: 'Redis is loading the dataset'): the batch job fails, and the requests, marked
-    running, must not stay held by the worker forever."""
+    running, must not stay held by the worker forever. The hand-back comes a lease after
+    the start: 2 s, so that a loaded host cannot hand it back before the test has read it
+    running (at 0.5 s, a stall of the test's thread could)."""
     settings = Settings.load(
-        redis_url=REDIS_URL, namespace=namespace, heartbeat_interval_s=0.2, lease_s=0.5
+        redis_url=REDIS_URL, namespace=namespace, heartbeat_interval_s=0.2, lease_s=2.0
     )
     store = Store(redis_client, settings)
     opts = WorkerOptions(

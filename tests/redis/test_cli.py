@@ -8,7 +8,7 @@ import re
 import signal
 import subprocess
 import sys
-import time
+import threading
 
 import pytest
 from click.testing import CliRunner
@@ -17,10 +17,10 @@ from rich.console import Console
 from inferq.cli.main import cli
 from inferq.config import Settings
 from inferq.dispatcher.daemon import Dispatcher
-from inferq.store import Completion, Store
+from inferq.store import Chunk, Completion, Store
 
 from ..conftest import REDIS_URL
-from ..helpers import ready_worker
+from ..helpers import ready_worker, wait_for
 
 
 @pytest.fixture
@@ -64,21 +64,31 @@ def test_submit_chat_sends_a_user_message_and_says_nothing_when_served(  # type:
     ]
 
 
-def test_submit_reads_stdin_and_waits(run, store: Store, settings: Settings) -> None:  # type: ignore[no-untyped-def]
-    import threading
-
-    ready_worker(store, "w1")
+def _serve(store: Store, chunks: tuple[str, ...] = ()) -> threading.Thread:
+    """Serve, from a thread started here, the one request the CLI is about to submit: step
+    a dispatcher until it is dispatched to w1 (the in-process CLI can take longer to
+    submit than any fixed sleep on a loaded host), start it, publish ``chunks`` and
+    complete it with output "pong"."""
 
     def serve() -> None:
-        time.sleep(0.3)
-        Dispatcher(store).step()
+        dispatcher = Dispatcher(store)
+        wait_for(lambda: dispatcher.step().dispatched > 0, 30, "the CLI's request dispatched")
         for rid in store.redis.smembers(store.keys.inflight("w1")):
             attempt = int(store.redis.hget(store.keys.req(rid), "attempts"))
             store.start("w1", [(rid, attempt)])
+            store.publish_chunks(
+                [Chunk(rid, attempt, i, text, i + 1) for i, text in enumerate(chunks)]
+            )
             store.complete("w1", [Completion(rid, attempt, "succeeded", output="pong")])
 
     thread = threading.Thread(target=serve)
     thread.start()
+    return thread
+
+
+def test_submit_reads_stdin_and_waits(run, store: Store, settings: Settings) -> None:  # type: ignore[no-untyped-def]
+    ready_worker(store, "w1")
+    thread = _serve(store)
     out = run("submit", "--priority", "realtime", "--wait", "--json", input="ping\n")
     thread.join()
     assert out.exit_code == 0, out.output
@@ -88,23 +98,8 @@ def test_submit_reads_stdin_and_waits(run, store: Store, settings: Settings) -> 
 
 
 def test_submit_stream_prints_chunks_then_the_result(run, store: Store) -> None:  # type: ignore[no-untyped-def]
-    import threading
-
-    from inferq.store import Chunk
-
     ready_worker(store, "w1")
-
-    def serve() -> None:
-        time.sleep(0.3)
-        Dispatcher(store).step()
-        for rid in store.redis.smembers(store.keys.inflight("w1")):
-            attempt = int(store.redis.hget(store.keys.req(rid), "attempts"))
-            store.start("w1", [(rid, attempt)])
-            store.publish_chunks([Chunk(rid, attempt, 0, "po", 1), Chunk(rid, attempt, 1, "ng", 2)])
-            store.complete("w1", [Completion(rid, attempt, "succeeded", output="pong")])
-
-    thread = threading.Thread(target=serve)
-    thread.start()
+    thread = _serve(store, ("po", "ng"))
     out = run("submit", "ping", "--priority", "realtime", "--stream", "--json")
     thread.join()
     assert out.exit_code == 0, out.output
@@ -113,8 +108,7 @@ def test_submit_stream_prints_chunks_then_the_result(run, store: Store) -> None:
     assert lines[-1]["output"] == "pong" and lines[-1]["status"] == "succeeded"
     assert lines[-1]["e2e_s"] > 0 and lines[-1]["queue_wait_s"] >= 0
     # As text: the output as it came, then a panel with the timings, not the text again.
-    thread = threading.Thread(target=serve)
-    thread.start()
+    thread = _serve(store, ("po", "ng"))
     out = run("submit", "ping", "--priority", "realtime", "--stream")
     thread.join()
     assert out.exit_code == 0, out.output

@@ -241,7 +241,9 @@ def test_each_refusal_raises_the_sdk_exception_openai_would(
     assert response.json()["error"]["code"] == "invalid_json"
 
 
-def test_a_deadline_that_passes_in_the_queue_is_a_504(fleet: Fleet, gateway: GatewayServer) -> None:
+def test_a_deadline_that_passes_in_the_queue_is_a_504(
+    fleet: Fleet, gateway: GatewayServer, store: Store
+) -> None:
     fleet.worker("w1", time_scale=50.0, slots=1)
     client = sdk(gateway)
     messages = [{"role": "user", "content": "hi"}]
@@ -255,7 +257,7 @@ def test_a_deadline_that_passes_in_the_queue_is_a_504(fleet: Fleet, gateway: Gat
 
     busy = threading.Thread(target=keep_busy)
     busy.start()
-    time.sleep(0.5)
+    wait_for(lambda: bool(store.held_by("w1")), 30, "the busy request holding the only slot")
     with pytest.raises(openai.APIStatusError) as late:
         client.chat.completions.create(
             model=MODEL,

@@ -114,12 +114,13 @@ def _post_in_background(url: str, max_tokens: int) -> tuple[threading.Thread, di
     return thread, out
 
 
-def _wait_busy(url: str) -> None:
-    for _ in range(200):
+def _wait_busy(url: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
         if any(s["is_processing"] for s in httpx.get(f"{url}/slots", trust_env=False).json()):
             return
         time.sleep(0.01)
-    raise AssertionError("the request never reached a slot")
+    raise AssertionError(f"the request never reached a slot in {timeout_s:.0f} s")
 
 
 def test_sigterm_lets_the_request_in_flight_finish() -> None:
