@@ -290,7 +290,9 @@ def test_one_gateway_replica_exports_the_deployment_gauges(
     path = tmp_path / "keys.toml"
     path.write_text(LEASE_KEYS)
     store.put_api_key(digest("iq-stored"), '{"key": {"tenant": "t"}, "created_s": 1}')
-    options = {"metrics_lease_ttl_s": 1.5}
+    # Long enough that a loaded host's stall of the holder's renewal cannot hand the lease
+    # to the other replica mid-test (the takeover below is the holder giving it back).
+    options = {"metrics_lease_ttl_s": 10.0}
     with (
         GatewayServer(fast_settings, path, **options) as one,
         GatewayServer(fast_settings, path, **options) as two,

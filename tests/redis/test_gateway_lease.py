@@ -25,7 +25,7 @@ import pytest
 from inferq import defaults
 from inferq.client import Client
 from inferq.config import Settings
-from inferq.dispatcher.daemon import Dispatcher
+from inferq.dispatcher.daemon import OUTAGE_GRACE_MIN_S, Dispatcher
 from inferq.embedded import free_port
 from inferq.ids import new_id
 from inferq.intake import build_request
@@ -43,11 +43,15 @@ tenant = "acme"
 classes = ["realtime", "standard"]
 default_class = "standard"
 """
-#: The gateway's lease in this test, seconds (the default is 10).
-LEASE_S = 1.0
+#: The gateway's lease in this test, seconds (the default is 10): renewed every third of
+#: it from the gateway's event loop, which a loaded 2-core host starved for over a
+#: second at 1 s (a live gateway taken for dead).
+LEASE_S = 2.0
 #: Slack for the cancel after the lease lapses: a dispatcher recovery pass (0.5 s at
-#: most), the abort reaching the worker (its control channel), a loaded 2-core machine.
-MARGIN_S = 4.0
+#: most), the abort reaching the worker (its control channel), a loaded 2-core machine;
+#: and the reap pause of a dispatcher whose own loop stalled past a heartbeat TTL (it
+#: holds the orphans' cancel back too, by design).
+MARGIN_S = 4.0 + OUTAGE_GRACE_MIN_S
 
 
 @pytest.fixture
@@ -99,16 +103,10 @@ def test_a_killed_gateways_streams_are_cancelled_when_its_lease_lapses(
     # A Python client's streamed request on the same worker: tied to no process.
     own = client.submit("mine", priority="standard", max_tokens=60, stream=True,
                         params={"sim_output_tokens": 60})  # fmt: skip
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "tell me"}],
-        "max_tokens": 60,
-        "stream": True,
-        "sim_output_tokens": 60,
-    }
+    # The gateway's stream outlasts the cancel's whole window (LEASE_S + MARGIN_S).
     headers = {"Authorization": "Bearer sk-acme"}
     with httpx.stream(
-        "POST", f"{root}/v1/chat/completions", json=body, headers=headers, timeout=30
+        "POST", f"{root}/v1/chat/completions", json=_stream_body(200), headers=headers, timeout=30
     ) as response:
         assert response.status_code == 200
         # Hold the line iterator until the kill: a generator expression dropped after its
@@ -170,7 +168,7 @@ def test_a_stalled_gateway_tells_its_caller_and_serves_on_after_its_lease_lapsed
     fleet.worker("w1", time_scale=50.0, slots=2)
     headers = {"Authorization": "Bearer sk-acme"}
     url = f"{root}/v1/chat/completions"
-    with httpx.stream("POST", url, json=_stream_body(60), headers=headers, timeout=60) as resp:
+    with httpx.stream("POST", url, json=_stream_body(200), headers=headers, timeout=60) as resp:
         assert resp.status_code == 200
         lines = resp.iter_lines()
         line = next(line for line in lines if line.startswith("data: "))

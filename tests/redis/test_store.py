@@ -231,12 +231,13 @@ def test_complete_is_fenced_by_attempt(store: Store, settings: Settings) -> None
 
 def test_start_skips_stale_and_expires_late_requests(store: Store, settings: Settings) -> None:
     ready_worker(store, "w1")
-    late = inference_request(settings, timeout=0.2)
+    # 1 s: a loaded host's stall between the submit and the claim must not expire it first.
+    late = inference_request(settings, timeout=1.0)
     fresh = inference_request(settings)
     for r in (late, fresh):
         store.submit(r)
     claimed = store.assign("w1", "b", [(r.id, queue_key(store, r), 1.0) for r in (late, fresh)])
-    time.sleep(0.3)
+    time.sleep(1.1)
     verdicts = store.start("w1", [*claimed, (fresh.id, 99)])
     assert verdicts == ["expired", "run", "stale"]
     assert store.record(late.id).state is RequestState.EXPIRED
@@ -331,13 +332,15 @@ def test_a_delayed_retry_waits_on_redis_time_then_returns_to_its_position(
     store.submit(newer)
     qkey = queue_key(store, older)
     [(rid, attempt)] = store.assign("w1", "b", [(older.id, qkey, 1.0)])
-    assert store.requeue([(rid, attempt, "w1", "429")], infra=True, delay_s=0.3) == ["queued"]
+    before = time.monotonic()
+    assert store.requeue([(rid, attempt, "w1", "429")], infra=True, delay_s=1.0) == ["queued"]
     assert store.record(rid).state is RequestState.QUEUED
     assert store.redis.zrange(qkey, 0, -1) == [newer.id]  # not dispatchable yet
     assert store.queued_counts()["c:standard"] == 2  # but still counted as queued
     promoted, wait_s = store.promote_due()
-    assert promoted == 0 and wait_s is not None and 0.1 < wait_s <= 0.3
-    time.sleep(0.35)
+    elapsed = time.monotonic() - before  # however long this host took since the requeue
+    assert promoted == 0 and wait_s is not None and 1.0 - elapsed - 0.01 <= wait_s <= 1.0
+    time.sleep(wait_s + 0.05)  # the wait Redis time gave
     assert store.promote_due() == (1, None)
     assert store.redis.zrange(qkey, 0, -1) == [older.id, newer.id]  # original position
     assert store.redis.hget(store.keys.req(rid), "not_before_ms") is None
@@ -345,13 +348,13 @@ def test_a_delayed_retry_waits_on_redis_time_then_returns_to_its_position(
 
 def test_a_delayed_retry_can_be_cancelled_or_expire(store: Store, settings: Settings) -> None:
     ready_worker(store, "w1")
-    a, b = inference_request(settings), inference_request(settings, timeout=0.2)
+    a, b = inference_request(settings), inference_request(settings, timeout=1.0)
     for r in (a, b):
         store.submit(r)
         [(rid, attempt)] = store.assign("w1", "x", [(r.id, queue_key(store, r), 1.0)])
         store.requeue([(rid, attempt, "w1", "503")], infra=True, delay_s=60)
     assert store.cancel(a.id) == "cancelled"
-    time.sleep(0.25)
+    time.sleep(1.05)
     assert [rid for rid, _ in store.expire_due()] == [b.id]
     assert store.redis.zcard(store.keys.delayed) == 0
     assert store.queued_counts().get("c:standard", 0) == 0
@@ -500,14 +503,14 @@ def test_remove_dead_worker_requeues_but_spares_a_live_one(
 
 
 def test_reap_leases_requeues_lapsed_work(redis_client, namespace: str) -> None:  # type: ignore[no-untyped-def]
-    settings = Settings.load(namespace=namespace, lease_s=0.1)
+    settings = Settings.load(namespace=namespace, lease_s=1.0)
     store = Store(redis_client, settings)
     ready_worker(store, "w1")
     r = inference_request(settings)
     store.submit(r)
     store.assign("w1", "b", [(r.id, queue_key(store, r), 1.0)])
-    assert store.reap_leases() == []
-    time.sleep(0.15)
+    assert store.reap_leases() == []  # within its lease (1 s: longer than a loaded host stalls)
+    time.sleep(1.05)
     assert store.reap_leases() == [(r.id, "queued")]
     assert store.redis.hget(store.keys.req(r.id), "last_error") == "lease expired on worker w1"
 

@@ -92,9 +92,10 @@ def test_a_note_no_dispatcher_confirms_any_more_is_not_the_reason(
     fast: tuple[Store, Client],
 ) -> None:
     # The dispatcher found it unschedulable, then stopped: past one heartbeat TTL its
-    # note is stale (a worker may have joined since), so the reason is the client's.
+    # note is stale (a worker may have joined since), so the reason is the client's. The
+    # deadline leaves a loaded host 2 s to take the step in before the note is a TTL old.
     store, client = fast
-    h = client.submit("hi", model="llama-2-13b", priority="standard", max_tokens=8, timeout=1.5)
+    h = client.submit("hi", model="llama-2-13b", priority="standard", max_tokens=8, timeout=3.0)
     Dispatcher(store).step()
     assert store.redis.hget(store.keys.req(h.id), "unschedulable") == NONE_SERVES
     result = h.result()
