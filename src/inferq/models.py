@@ -702,6 +702,10 @@ class WorkerInfo(BaseModel):
             from its prefix cache (0 while the server reports nothing).
         forecast_tokens_total: of those, the tokens the dispatcher's prefix index
             forecast cached here (the approximate index against the server's count).
+        beat_seq: the worker process's number for this heartbeat, counted from 1 as it
+            builds them (0: not numbered). heartbeat.lua publishes nothing from a beat
+            numbered lower than the one in Redis from the same process (``started_at``):
+            two threads build beats, and the older one may arrive last.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -730,6 +734,7 @@ class WorkerInfo(BaseModel):
     cached_tokens_total: int = Field(default=0, ge=0)
     forecast_tokens_total: int = Field(default=0, ge=0)
     health_reason: str = Field(default="", max_length=500)
+    beat_seq: int = Field(default=0, ge=0)
 
     def to_fields(self) -> dict[str, str]:
         """Flat string hash for Redis (an unmeasured figure is ``""``; the server's
@@ -758,6 +763,7 @@ class WorkerInfo(BaseModel):
             "cached_tokens_total": str(self.cached_tokens_total),
             "forecast_tokens_total": str(self.forecast_tokens_total),
             "health_reason": self.health_reason,
+            "beat_seq": str(self.beat_seq),
         }
         for name, value in self.server:
             fields[f"server_{name}"] = _opt_str(value)
@@ -799,6 +805,7 @@ class WorkerInfo(BaseModel):
                 cached_tokens_total=int(fields.get("cached_tokens_total") or 0),
                 forecast_tokens_total=int(fields.get("forecast_tokens_total") or 0),
                 health_reason=fields.get("health_reason", ""),
+                beat_seq=int(fields.get("beat_seq") or 0),
             )
         except KeyError as exc:
             raise CorruptRecord(key, f"missing field {exc.args[0]!r}") from None

@@ -8,7 +8,7 @@ import pytest
 
 from inferq.config import PriorityClass, Settings
 from inferq.errors import QueueFull, RequestNotFound
-from inferq.models import RequestState, WorkerState
+from inferq.models import RequestState, WorkerState, to_ms
 from inferq.store import Abort, Completion, Store, calls
 
 from ..builders import inference_request
@@ -435,6 +435,32 @@ def test_heartbeat_joins_extends_leases_and_reports_drain(store: Store, settings
     assert not store.request_drain("ghost")
     workers, bad = store.workers()
     assert [w.id for w in workers] == ["w1"] and bad == []
+
+
+def test_a_beat_built_before_the_published_one_publishes_only_liveness(store: Store) -> None:
+    """Two threads of a worker build beats; the one built first may arrive last. It must
+    not write its older state back (issue 25: ``ready`` published over ``unhealthy``), but
+    it still proves the worker alive; a new process of the same id starts its count anew."""
+    info = ready_worker(store, "w1")
+    newer = info.model_copy(update={"state": WorkerState.UNHEALTHY, "beat_seq": 7})
+    older = info.model_copy(update={"state": WorkerState.READY, "beat_seq": 6, "in_flight": 3})
+    store.heartbeat(newer, ttl_s=30)
+    store.redis.pexpire(store.keys.worker("w1"), 1000)
+    before = int(store.redis.hget(store.keys.worker("w1"), "last_heartbeat_ms") or 0)
+    time.sleep(0.01)
+    assert not store.heartbeat(older, ttl_s=30).joined
+    (worker,), _ = store.workers()
+    assert (worker.state, worker.beat_seq, worker.in_flight) == (WorkerState.UNHEALTHY, 7, 0)
+    assert to_ms(worker.last_heartbeat) > before
+    assert store.redis.pttl(store.keys.worker("w1")) > 20_000
+    assert store.request_drain("w1")  # asked to drain: said so even by a refused beat
+    store.heartbeat(older, ttl_s=30)
+    assert store.workers()[0][0].state is WorkerState.DRAINING
+    restarted = older.model_copy(update={"started_at": info.started_at + 5, "beat_seq": 1})
+    store.redis.delete(store.keys.drain("w1"))
+    store.heartbeat(restarted, ttl_s=30)
+    (worker,), _ = store.workers()
+    assert (worker.state, worker.beat_seq, worker.in_flight) == (WorkerState.READY, 1, 3)
 
 
 def test_heartbeat_tells_a_reaped_worker_which_attempts_are_no_longer_its_own(

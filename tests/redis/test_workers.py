@@ -11,6 +11,8 @@ import time
 from inferq.client import Client
 from inferq.config import Settings
 from inferq.models import RequestState, WorkerState
+from inferq.store import Store
+from inferq.workers.worker import WorkerOptions, build_engine
 
 from ..conftest import REDIS_URL
 from ..helpers import wait_for
@@ -133,3 +135,28 @@ def test_bad_worker_id_is_refused_with_one_line(fast_settings: Settings) -> None
     )  # fmt: skip
     assert out.returncode == 1
     assert "id: 'has space' is not a worker id" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_beat_built_before_a_state_change_cannot_publish_the_old_state(
+    settings: Settings, store: Store
+) -> None:
+    """The interleaving of issue 25's loaded run, made on purpose: the heartbeat thread
+    builds its beat (``ready``), the health monitor turns the worker ``unhealthy`` and
+    publishes it, then the heartbeat thread's beat arrives. ``unhealthy`` stays."""
+    opts = WorkerOptions(
+        model="llama-3.1-8b", worker_id="w1", vram_mib=24576, heartbeat_process=False
+    )
+    engine = build_engine(settings, opts, store)
+    assert engine.start()
+    try:
+        built_first = engine.info()
+        assert built_first.state is WorkerState.READY
+        engine._set_health_state(WorkerState.UNHEALTHY)
+        store.heartbeat(built_first, ttl_s=30)
+        (worker,), _ = store.workers()
+        assert worker.state is WorkerState.UNHEALTHY
+        assert worker.beat_seq > built_first.beat_seq
+        engine.beat()  # the next beat, built after: published
+        assert store.workers()[0][0].beat_seq > worker.beat_seq
+    finally:
+        engine.stop()

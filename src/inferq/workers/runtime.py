@@ -138,6 +138,10 @@ class Engine:
         self._pulse_restart_at = 0.0  # monotonic: no new heartbeat process before this
         self._drain_asked = threading.Event()
         self._beats = 0
+        # Heartbeats built so far; a heartbeat is built whole under _snapshot_lock, so a
+        # higher beat_seq never carries an older state (heartbeat.lua refuses a lower one).
+        self._beat_seq = 0
+        self._snapshot_lock = threading.Lock()
         self.kv_cache_mib = booked_kv_cache_mib(
             config.spec, config.gpu.read(), config.gpu.indices, external=server.external
         )
@@ -343,7 +347,19 @@ class Engine:
 
     def info(self) -> WorkerInfo:
         """The heartbeat as of now: the bookkeeping, NVML read now, the server's last
-        telemetry (:mod:`inferq.workers.telemetry`)."""
+        telemetry (:mod:`inferq.workers.telemetry`), numbered by ``beat_seq``.
+
+        Two threads build heartbeats (the heartbeat thread, and a state change published
+        at once from the loop or the control reader); each is built whole under one lock
+        and numbered, so the one built later carries the higher number and heartbeat.lua
+        refuses the other if it arrives last: a beat built before an ``unhealthy`` and
+        sent after it published ``ready`` again (issue 25's loaded run).
+        """
+        with self._snapshot_lock:
+            self._beat_seq += 1
+            return self._build_info(self._beat_seq)
+
+    def _build_info(self, beat_seq: int) -> WorkerInfo:
         c = self.config
         reserved = int(self.store.reserved_mib(c.worker_id))
         gpu = c.gpu.read()
@@ -375,6 +391,7 @@ class Engine:
             cached_tokens_total=self.prefix_tokens[1],
             forecast_tokens_total=self.prefix_tokens[2],
             health_reason=self.health.reason if self.state is WorkerState.UNHEALTHY else "",
+            beat_seq=beat_seq,
         )
 
     @property

@@ -16,7 +16,9 @@
 -- while it beats, none of its requests' leases lapse; a silent worker's hash expires after ttl;
 -- a worker running an attempt that is no longer its own learns it on its next beat, and
 -- one running an attempt marked for an abort learns that on every beat until it ends; a
--- worker asked to drain is published `draining` whatever state its beat carries.
+-- worker asked to drain is published `draining` whatever state its beat carries; a beat
+-- numbered (beat_seq) below the one published by the same worker process (started_ms)
+-- publishes nothing but its liveness: it was built first and arrived last.
 -- A change of a routing field marks the worker in wchanged (includes/changed.lua).
 -- include: clock, keys, events, changed
 local p, w, ttl, lease_ms, maxlen = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
@@ -24,17 +26,28 @@ local n = tonumber(ARGV[6])
 local now = now_ms()
 local joined = 1 - redis.call('EXISTS', KEYS[1])
 local fields = {}
-for i = 7 + 2 * n, #ARGV do fields[#fields + 1] = ARGV[i] end
+local seq, started
+for i = 7 + 2 * n, #ARGV - 1, 2 do
+  fields[#fields + 1] = ARGV[i]
+  fields[#fields + 1] = ARGV[i + 1]
+  if ARGV[i] == 'beat_seq' then seq = tonumber(ARGV[i + 1]) end
+  if ARGV[i] == 'started_ms' then started = ARGV[i + 1] end
+end
+if seq and joined == 0 then
+  local cur = redis.call('HMGET', KEYS[1], 'started_ms', 'beat_seq')
+  if cur[1] == started and cur[2] and (tonumber(cur[2]) or 0) > seq then fields = {} end
+end
 -- Asked to drain (drain.lua): the hash says so from the request on, so a beat sent before
 -- the worker saw the flag cannot make it routable again for a heartbeat.
 local drain = redis.call('EXISTS', KEYS[3])
 if drain == 1 then
+  if #fields == 0 then fields = {'state', 'draining'} end
   for i = 1, #fields - 1, 2 do
     if fields[i] == 'state' then fields[i + 1] = 'draining' end
   end
 end
-local changed = routing_changes(KEYS[1], fields)
-redis.call('HSET', KEYS[1], unpack(fields))
+local changed = #fields > 0 and routing_changes(KEYS[1], fields)
+if #fields > 0 then redis.call('HSET', KEYS[1], unpack(fields)) end
 if changed then worker_changed(p, w, now) end
 redis.call('HSET', KEYS[1], 'last_heartbeat_ms', now)
 redis.call('PEXPIRE', KEYS[1], ttl)
