@@ -254,6 +254,16 @@ class Deployment:
 
         wait_for(all_ready, timeout, f"workers {wids} ready")
 
+    def wait_dispatching(self, timeout: float = 30) -> None:
+        """Wait until a dispatcher has beaten (``dispatcher:beat``): it has connected and
+        taken its first step, which a loaded host may delay by seconds."""
+        wait_for(
+            lambda: bool(self.store.redis.exists(self.store.keys.dispatcher_beat)),
+            timeout,
+            "a dispatcher running",
+            self.logs,
+        )
+
     def worker_state(self, wid: str) -> str | None:
         state: str | None = self.store.redis.hget(self.store.keys.worker(wid), "state")
         return state

@@ -96,11 +96,5 @@ def test_tick_8_serves_promptly_and_recovers_a_killed_worker_in_time(d8: Deploym
 @pytest.fixture
 def d8(deployment: Deployment) -> Deployment:
     deployment.dispatcher(tick_s=8.0)
-    keys = deployment.store.keys
-    wait_for(
-        lambda: bool(deployment.store.redis.exists(keys.dispatcher_beat)),
-        30,
-        "the dispatcher running",
-        deployment.logs,
-    )
+    deployment.wait_dispatching()
     return deployment

@@ -64,11 +64,29 @@ def test_submit_chat_sends_a_user_message_and_says_nothing_when_served(  # type:
     ]
 
 
-def _serve(store: Store, chunks: tuple[str, ...] = ()) -> threading.Thread:
+class _Serving(threading.Thread):
+    """A thread whose :meth:`join` raises what its target raised (a ``wait_for`` that
+    timed out names its wait, instead of the test failing later on the CLI's expiry)."""
+
+    error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except BaseException as exc:  # handed to join
+            self.error = exc
+
+    def join(self, timeout: float | None = None) -> None:
+        super().join(timeout)
+        if self.error is not None:
+            raise self.error
+
+
+def _serve(store: Store, chunks: tuple[str, ...] = ()) -> _Serving:
     """Serve, from a thread started here, the one request the CLI is about to submit: step
     a dispatcher until it is dispatched to w1 (the in-process CLI can take longer to
     submit than any fixed sleep on a loaded host), start it, publish ``chunks`` and
-    complete it with output "pong"."""
+    complete it with output "pong". The thread's ``join`` raises the serving's error."""
 
     def serve() -> None:
         dispatcher = Dispatcher(store)
@@ -81,7 +99,7 @@ def _serve(store: Store, chunks: tuple[str, ...] = ()) -> threading.Thread:
             )
             store.complete("w1", [Completion(rid, attempt, "succeeded", output="pong")])
 
-    thread = threading.Thread(target=serve)
+    thread = _Serving(target=serve)
     thread.start()
     return thread
 
