@@ -48,11 +48,12 @@ class Fleet:
         time_scale: float | None = 1.0,
         slots: int = 4,
         extra: tuple[str, ...] = (),
-        ready_timeout_s: float = 20,
+        ready_timeout_s: float = 60,
     ) -> subprocess.Popen[bytes]:
         """Start ``inferq worker`` for llama-3.1-8b on a 24,576 MiB card (the sim backend
         unless ``extra`` names another; ``time_scale`` None leaves the option out) and
-        wait until its heartbeat says ready."""
+        wait until its heartbeat says ready (at most ``ready_timeout_s``: in two CI runs at
+        once on 2 cores a 20 s wait timed out, log unseen; the worker's log on a timeout)."""
         env = {
             **os.environ,
             "INFERQ_REDIS_URL": REDIS_URL,
@@ -66,11 +67,15 @@ class Fleet:
         log = self._logs[wid] = tempfile.TemporaryFile()  # noqa: SIM115 (closed in close())
         proc = subprocess.Popen([*cmd, *extra], env=env, stdout=log, stderr=subprocess.STDOUT)
         self.procs[wid] = proc
-        wait_for(
-            lambda: self.state(wid) == WorkerState.READY.value,
-            what=f"{wid} ready",
-            timeout=ready_timeout_s,
-        )
+        try:
+            wait_for(
+                lambda: self.state(wid) == WorkerState.READY.value,
+                what=f"{wid} ready",
+                timeout=ready_timeout_s,
+            )
+        except AssertionError as exc:
+            state = self.state(wid)
+            raise AssertionError(f"{exc} (state {state}):\n{self.output(wid)[-3000:]}") from None
         return proc
 
     def state(self, wid: str) -> str | None:

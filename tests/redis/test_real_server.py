@@ -73,7 +73,7 @@ class Stack:
         wait_for(
             lambda: self.store.redis.hget(key, "state") == WorkerState.READY.value,
             what=f"{wid} ready",
-            timeout=30,
+            timeout=60,  # an event wait: a loaded host starts a worker in tens of seconds
         )
 
     def close(self) -> None:
@@ -340,18 +340,36 @@ def test_a_frozen_server_hands_its_requests_to_a_healthy_worker(
 def test_a_deadline_stops_the_generation_on_the_server(
     stack: Stack, client: Client, llama: httpx.Client
 ) -> None:
+    """The expired request's generation stops on the server: the server decodes far fewer
+    than its ``max_tokens`` (llama.cpp's own count, which includes an abandoned
+    generation), whatever the host's speed; a fixed wait for idle slots failed on a
+    loaded host, where the server reaches the next token slowly."""
     stack.worker("w1", "stream=true")
+    wait_for(lambda: not busy_slots(llama), what="the server idle before the test")
+    before = tokens_predicted(llama)
     story = [{"role": "user", "content": "Write a very long story about a dragon."}]
     handle = client.submit(
         messages=story, model=MODEL, max_tokens=1500, params={"ignore_eos": True}, timeout=2.0
     )
     result = handle.result(timeout=30)
     assert result.status == "expired"
-    wait_for(
-        lambda: not any(s["is_processing"] for s in llama.get("/slots").json()),
-        what="every server slot idle after the deadline",
-        timeout=5,
-    )
+    wait_for(lambda: not busy_slots(llama), what="every server slot idle", timeout=60)
+    decoded = tokens_predicted(llama) - before
+    assert decoded < 1500 // 2, f"the server decoded {decoded} of 1,500 tokens after the deadline"
+
+
+def busy_slots(llama: httpx.Client) -> int:
+    """Slots of the llama.cpp server processing a request now."""
+    return sum(1 for s in llama.get("/slots").json() if s["is_processing"])
+
+
+def tokens_predicted(llama: httpx.Client) -> float:
+    """llama.cpp's ``llamacpp:tokens_predicted_total`` (tokens it generated, an abandoned
+    generation's included)."""
+    for line in llama.get("/metrics").text.splitlines():
+        if line.startswith("llamacpp:tokens_predicted_total "):
+            return float(line.split()[1])
+    raise AssertionError("the server's /metrics has no llamacpp:tokens_predicted_total")
 
 
 def test_a_streamed_request_reaches_the_caller_chunk_by_chunk(stack: Stack, client: Client) -> None:
