@@ -124,6 +124,35 @@ class LagProbe(threading.Thread):
         return max((late for at, late in self.samples if start <= at <= end), default=0.0)
 
 
+class Progress:
+    """Fails a long run that stopped moving, not one that is slow: a loaded CI host may
+    take twice as long, and a bound on the whole run's wall time failed it (two CI runs at
+    once on 2 cores). :meth:`check` raises when the count it is given has not grown for
+    ``stall_s`` seconds.
+
+    Args:
+        stall_s: the longest a run may go without progress, seconds.
+        what: what the count counts, for the error.
+    """
+
+    def __init__(self, stall_s: float, what: str) -> None:
+        self.stall_s = stall_s
+        self.what = what
+        self._count = -1
+        self._since = time.monotonic()
+
+    def check(self, count: int, logs: Callable[[], str] = lambda: "") -> None:
+        """Note ``count``; AssertionError (with ``logs()``) when it has not grown for
+        ``stall_s`` seconds."""
+        now = time.monotonic()
+        if count > self._count:
+            self._count, self._since = count, now
+        elif now - self._since > self.stall_s:
+            raise AssertionError(
+                f"no progress for {now - self._since:.0f} s ({self.what}: {count}):\n{logs()}"
+            )
+
+
 def paused_within(start: float, end: float, pauses: Sequence[Event]) -> float:
     """How much of the interval ``start``..``end`` (epoch s) the ``reap_paused`` events
     cover, s: each covers its stall (``stalled_ms`` before it) and its grace

@@ -36,6 +36,8 @@ from inferq.embedded import free_port
 from inferq.models import Event, WorkerState
 from inferq.store import Store, connect
 
+from ..helpers import LagProbe
+
 #: Worker heartbeat period, s: the reaper declares a worker dead after 3 of them.
 HEARTBEAT_S = 0.2
 #: Lease of an assigned/running request, s (the worker's beats extend it).
@@ -176,6 +178,10 @@ class Deployment:
         self.store = Store(connect(url), self.settings)
         self.client = Client(settings=self.settings, connection=self.store.redis)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        #: how late this host wakes a thread, for the reaction-time bounds; stopped by
+        #: :meth:`close`, so a failed test leaves no thread behind
+        self.probe = LagProbe()
+        self.probe.start()
 
     # --- processes -------------------------------------------------------------------
 
@@ -291,6 +297,7 @@ class Deployment:
 
     def close(self) -> None:
         """SIGTERM everything (daemons exit, the scaler drains its workers), then SIGKILL."""
+        self.probe.stop()
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

@@ -20,12 +20,12 @@ import pytest
 from inferq import defaults
 from inferq.errors import ResultTimeout
 
-from ..helpers import LagProbe, paused_within
+from ..helpers import paused_within
 from .conftest import HEARTBEAT_S, LEASE_S, Deployment, RedisServer, wait_for
 
 #: A killed worker's requests are back in their queue within this long of the kill, s:
 #: the reaper's 3 heartbeats, one recovery pass, and a loaded CI host's slack; plus what
-#: the host itself lost meanwhile (:class:`LagProbe`) and the dispatcher's recorded reap
+#: the host itself lost meanwhile (``Deployment.probe``) and the dispatcher's recorded reap
 #: pauses (as in test_kill).
 REQUEUE_BOUND_S = 3 * HEARTBEAT_S + defaults.RECOVERY_EVERY_MAX_S + LEASE_S
 
@@ -44,8 +44,6 @@ def deployment(
 
 def test_tick_8_serves_promptly_and_recovers_a_killed_worker_in_time(d8: Deployment) -> None:
     d = d8
-    probe = LagProbe()
-    probe.start()
     d.worker("w1", time_scale=0.2)
     started = time.monotonic()
     result = d.client.submit("hi", priority="realtime", max_tokens=4, timeout=30).result(timeout=30)
@@ -82,9 +80,8 @@ def test_tick_8_serves_promptly_and_recovers_a_killed_worker_in_time(d8: Deploym
     events = d.events()
     lost = [e for e in events if e.type == "worker_lost" and e.fields.get("worker") == "w1"]
     assert lost, d.logs()
-    probe.stop()
     requeue_s = lost[0].at - killed_at
-    lag_s = probe.max_lag(killed_at, lost[0].at)
+    lag_s = d.probe.max_lag(killed_at, lost[0].at)
     paused_s = paused_within(killed_at, lost[0].at, [e for e in events if e.type == "reap_paused"])
     assert requeue_s < REQUEUE_BOUND_S + lag_s + paused_s, (
         f"requeued {requeue_s:.2f} s after the kill "
