@@ -359,7 +359,8 @@ def _prefix_chain(
     could fill, at most one token a UTF-8 byte as byte-level tokenizers have it: a longer
     chain claims cache for a prompt it does not have, and 1-token prompts with 512
     made-up blocks evicted other chats from the index), else hashed from its text (chat
-    messages rendered canonically), the session hint first, hashed with the ``tenant``
+    messages rendered canonically, with their tool calls and the declared tools:
+    :func:`prefix.chat_text`), the session hint first, hashed with the ``tenant``
     (two tenants' equal session names are not one session); ``()`` when prefix routing
     is off (a caller's chain is still checked)."""
     if session is not None:
@@ -374,10 +375,15 @@ def _prefix_chain(
         chain = prefix.check_chain(given)
         if not settings.prefix.enabled:
             return ()
-        return chain[: -(-len(payload.text().encode()) // block_tokens)]
+        size = len(payload.text().encode()) + len(tools.tools_text(payload.params).encode())
+        return chain[: -(-size // block_tokens)]
     if not settings.prefix.enabled:
         return ()
-    text = payload.prompt if payload.messages is None else prefix.chat_text(payload.messages)
+    text = (
+        payload.prompt
+        if payload.messages is None
+        else prefix.chat_text(payload.messages, tools.tools_text(payload.params))
+    )
     assert text is not None
     hint = None if session is None else f"{tenant}\x1f{session}"
     return prefix.text_chain(text, block_tokens, settings.chars_per_token, session=hint)

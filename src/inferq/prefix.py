@@ -92,20 +92,41 @@ def text_chain(
     return chain(data, block_tokens)
 
 
-def chat_text(messages: Iterable[Any]) -> str:
+def chat_text(messages: Iterable[Any], tools: str = "") -> str:
     """The canonical rendering of chat messages hashed for prefix identity.
 
-    Each message is ``<|role|>\\n`` + its content + ``\\n``: a role change changes the
-    text, and a conversation's rendering at turn ``n`` is a prefix of its rendering at
-    turn ``n + 1`` (what makes a multi-turn chat's earlier turns hit the cache). Takes
-    any objects with ``role`` and ``content`` attributes or keys.
+    Each message is ``<|role|>\\n`` + its content + ``\\n``, then each of its tool
+    calls as ``<|call|>\\n`` + name + ``\\n`` + arguments + ``\\n``: a role change
+    changes the text, and a conversation's rendering at turn ``n`` is a prefix of its
+    rendering at turn ``n + 1`` (what makes a multi-turn chat's earlier turns hit the
+    cache). ``tools``, the declared tools' JSON (:func:`inferq.tools.tools_text`), is
+    rendered as ``<|tools|>\\n`` + JSON + ``\\n`` after the leading system messages,
+    where the common chat templates put them (Qwen's and Hermes' render them into the
+    system turn, as does llama.cpp's generic tool format): two agents with one system
+    prompt and different tools share the system prompt's blocks and no block after it,
+    as on the server. Takes any objects with
+    ``role``, ``content`` and optional ``tool_calls`` attributes or keys.
     """
     parts: list[str] = []
+    pending = tools
     for m in messages:
-        role = m["role"] if isinstance(m, dict) else m.role
-        content = m["content"] if isinstance(m, dict) else m.content
+        role = _get(m, "role")
+        if pending and role != "system":
+            parts.append(f"<|tools|>\n{pending}\n")
+            pending = ""
+        content = _get(m, "content")
         parts.append(f"<|{role}|>\n{content if isinstance(content, str) else ''}\n")
+        for call in _get(m, "tool_calls") or ():
+            function = _get(call, "function")
+            parts.append(f"<|call|>\n{_get(function, 'name')}\n{_get(function, 'arguments')}\n")
+    if pending:
+        parts.append(f"<|tools|>\n{pending}\n")
     return "".join(parts)
+
+
+def _get(obj: Any, name: str) -> Any:
+    """``obj[name]`` of a mapping, else ``obj.name``; None when absent."""
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
 
 
 def chain_ids(

@@ -41,6 +41,70 @@ def test_a_conversation_s_rendering_grows_as_a_prefix() -> None:
     assert c2[: len(c1)] == c1 and len(c2) > len(c1)
 
 
+SYSTEM = {"role": "system", "content": "S" * 640}  # ten 16-token blocks at 4 chars a token
+USER = {"role": "user", "content": "what is the weather in Paris? " * 10}
+
+
+def _tools(name: str) -> str:
+    from inferq import tools
+
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    return tools.tools_text(
+        {"tools": [{"type": "function", "function": {"name": name, "parameters": schema}}]}
+    )
+
+
+def test_agents_with_other_tools_share_the_system_prompt_and_nothing_after_it() -> None:
+    weather = prefix.text_chain(prefix.chat_text([SYSTEM, USER], _tools("get_weather")), 16)
+    search = prefix.text_chain(prefix.chat_text([SYSTEM, USER], _tools("search_web")), 16)
+    bare = prefix.text_chain(prefix.chat_text([SYSTEM, USER]), 16)
+    shared = len(f"<|system|>\n{SYSTEM['content']}\n") // 64  # full blocks before the tools
+    for other in (search, bare):
+        common = next(i for i, (a, b) in enumerate(zip(weather, other, strict=False)) if a != b)
+        assert common == shared
+
+
+def test_the_tools_go_after_every_leading_system_message() -> None:
+    text = prefix.chat_text([SYSTEM, {"role": "system", "content": "be brief"}, USER], "[T]")
+    assert text.index("be brief") < text.index("<|tools|>\n[T]\n") < text.index("<|user|>")
+    # a conversation of system messages only still renders its tools
+    assert prefix.chat_text([SYSTEM], "[T]").endswith("<|tools|>\n[T]\n")
+
+
+def test_an_assistant_s_tool_calls_are_part_of_the_prefix() -> None:
+    def turn(city: str) -> list[dict[str, object]]:
+        arguments = f'{{"city": "{city}"}}' * 20
+        call = {
+            "id": "c1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": arguments},
+        }
+        return [SYSTEM, USER, {"role": "assistant", "content": "", "tool_calls": [call]}]
+
+    paris = prefix.text_chain(prefix.chat_text(turn("Paris")), 16)
+    rome = prefix.text_chain(prefix.chat_text(turn("Rome")), 16)
+    assert len(paris) == len(rome) and paris != rome
+    # the next turn (the tool's answer) still extends the prefix
+    answer = {"role": "tool", "content": "18 C", "tool_call_id": "c1"}
+    assert prefix.chat_text([*turn("Paris"), answer]).startswith(prefix.chat_text(turn("Paris")))
+
+
+def test_a_request_s_tools_change_its_chain_at_intake() -> None:
+    from inferq.config import Settings
+    from inferq.intake import build_request
+
+    settings = Settings()
+
+    def chain(tool: str | None) -> tuple[int, ...]:
+        params = (
+            {} if tool is None else {"tools": [{"type": "function", "function": {"name": tool}}]}
+        )
+        return build_request(settings, messages=[SYSTEM, USER], params=params).prefix_hashes
+
+    assert chain("get_weather") == chain("get_weather")
+    assert chain("get_weather") != chain("search_web") != chain(None)
+
+
 @given(st.lists(st.integers(0, prefix.HASH_LIMIT - 1), max_size=50), st.integers(1, 4096))
 def test_encode_decode_round_trip(hashes: list[int], size: int) -> None:
     text = prefix.encode(size, hashes)
