@@ -736,6 +736,21 @@ class WorkerInfo(BaseModel):
     health_reason: str = Field(default="", max_length=500)
     beat_seq: int = Field(default=0, ge=0)
 
+    @property
+    def cached_tokens_capped(self) -> int:
+        """``cached_tokens_total`` at most ``prompt_tokens_total``, tokens: a server
+        reuses no more than the prompt, and the worker caps each report so
+        (:class:`inferq.workers.runtime.Engine`); a heartbeat claiming more was
+        not written by it and counts as a full hit, never above 100%."""
+        return min(self.cached_tokens_total, self.prompt_tokens_total)
+
+    @property
+    def prefix_hit_rate(self) -> float | None:
+        """Prompt tokens the model server reported reusing from its prefix cache over the
+        prompt tokens it served, in ``[0, 1]``; None before any prompt token."""
+        prompt = self.prompt_tokens_total
+        return self.cached_tokens_capped / prompt if prompt else None
+
     def to_fields(self) -> dict[str, str]:
         """Flat string hash for Redis (an unmeasured figure is ``""``; the server's
         telemetry under ``server_<name>``)."""

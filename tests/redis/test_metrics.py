@@ -237,6 +237,10 @@ def test_prefix_token_counters_come_from_the_workers_heartbeats(store: Store) ->
     assert f"inferq_worker_prefix_lookup_tokens_total{labels} 1000.0" in text
     assert f"inferq_worker_prefix_hit_tokens_total{labels} 640.0" in text
     assert f"inferq_worker_prefix_forecast_tokens_total{labels} 700.0" in text
+    # a heartbeat claiming more reuse than its prompt exports at most the prompt
+    store.heartbeat(info.model_copy(update={"cached_tokens_total": 9000}), ttl_s=30)
+    text = generate_latest(registry).decode()
+    assert f"inferq_worker_prefix_hit_tokens_total{labels} 1000.0" in text
 
 
 def _value(text: str, sample: str, **labels: str) -> float | None:

@@ -166,6 +166,32 @@ def test_info_and_workers_show_the_index_and_the_hit_rate(store: Store, client: 
     assert "25%" in table
 
 
+def test_a_heartbeat_claiming_more_reuse_than_its_prompt_shows_at_most_100_percent(
+    store: Store,
+) -> None:
+    from click.testing import CliRunner
+
+    from inferq.cli.main import cli
+
+    from ..builders import worker_info
+
+    honest = worker_info("w1").model_copy(
+        update={"prompt_tokens_total": 1000, "cached_tokens_total": 250}
+    )
+    liar = worker_info("w2").model_copy(
+        update={"prompt_tokens_total": 1000, "cached_tokens_total": 9000}
+    )
+    store.heartbeat(honest, ttl_s=30)
+    store.heartbeat(liar, ttl_s=30)
+    base = ["--redis-url", store.settings.redis_url, "--namespace", store.settings.namespace]
+    rows = json.loads(CliRunner().invoke(cli, [*base, "workers", "--json"]).output)
+    assert {r["id"]: r["prefix_hit_rate"] for r in rows} == {"w1": 0.25, "w2": 1.0}
+    assert {r["id"]: r["cached_tokens_total"] for r in rows}["w2"] == 9000  # shown as reported
+    data = json.loads(CliRunner().invoke(cli, [*base, "info", "--json"]).output)
+    assert data["prefix_tokens"]["cached_by_servers"] == 1250
+    assert data["prefix_tokens"]["hit_rate"] == 0.625
+
+
 def test_a_planted_prefix_log_entry_never_stops_dispatching(
     store: Store, client: Client, settings: Settings
 ) -> None:

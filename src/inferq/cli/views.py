@@ -96,7 +96,7 @@ def worker_rows(store: Store) -> list[dict[str, Any]]:
             "prompt_tokens_total": w.prompt_tokens_total,
             "cached_tokens_total": w.cached_tokens_total,
             "forecast_tokens_total": w.forecast_tokens_total,
-            "prefix_hit_rate": _rate(w.cached_tokens_total, w.prompt_tokens_total),
+            "prefix_hit_rate": w.prefix_hit_rate,
         }
         for w in infos
     ]
@@ -146,7 +146,7 @@ def info_data(store: Store, settings: Settings) -> dict[str, Any]:
     prefix hit rate (prompt tokens the model servers reported reusing)."""
     infos, _ = store.workers()
     prompt = sum(w.prompt_tokens_total for w in infos)
-    cached = sum(w.cached_tokens_total for w in infos)
+    cached = sum(w.cached_tokens_capped for w in infos)
     forecast = sum(w.forecast_tokens_total for w in infos)
     log = store.prefix_log_info()
     p = settings.prefix

@@ -117,9 +117,7 @@ def dashboard_state(store: Store, window_s: float = SLA_WINDOW_S) -> dict[str, A
                 "heartbeat_age_s": round(age, 2),
                 "health": "ok" if age <= late_s else "late",
                 # the model server's own count of reused prompt tokens (issue 22)
-                "prefix_hit_rate": w.cached_tokens_total / w.prompt_tokens_total
-                if w.prompt_tokens_total
-                else None,
+                "prefix_hit_rate": w.prefix_hit_rate,
             }
         )
     workers += [{"id": key, "state": "corrupt", "health": reason} for key, reason in bad]

@@ -165,7 +165,7 @@ class DeploymentCollector(Collector):
                     measured[name].add_metric(key, value)
             age.add_metric(key, max(0.0, now - w.last_heartbeat))
             prefix["prefix_lookup_tokens"].add_metric(key, w.prompt_tokens_total)
-            prefix["prefix_hit_tokens"].add_metric(key, w.cached_tokens_total)
+            prefix["prefix_hit_tokens"].add_metric(key, w.cached_tokens_capped)
             prefix["prefix_forecast_tokens"].add_metric(key, w.forecast_tokens_total)
         for (model, state), n in sorted(counts.items()):
             by_state.add_metric([model, state], n)
