@@ -185,6 +185,27 @@ def test_a_service_log_reads_what_runs_from_the_events_not_the_heartbeat() -> No
     assert (unknown.in_service_s, known.in_service_s) == (None, pytest.approx(1.0))
 
 
+@pytest.mark.parametrize(
+    ("etype", "fields"),
+    [
+        ("expire", {"reason": "deadline before start"}),  # start.lua
+        ("cancel", {"usage": ""}),  # cancel.lua
+        ("retry", {"attempt": "1", "worker": ""}),  # a lease reaped: requeue.lua
+        ("dead_letter", {"error": "x"}),
+        ("expire", {"reason": "deadline after preemption"}),
+    ],
+)
+def test_a_run_ended_by_an_event_without_a_worker_is_no_longer_running(
+    etype: str, fields: dict[str, str]
+) -> None:
+    events = [
+        Event(id="1-0", type="dispatch", at=1.0, fields={"worker": "w1", "n": "2", "ids": "a,b"}),
+        Event(id="2-0", type=etype, at=2.0, fields={"id": "a", **fields}),
+    ]
+    [log] = service_logs(events, {"w1": MODEL}, start=0.0, end=4.0).values()
+    assert list(log.running_since) == [1.0]  # b only
+
+
 def test_a_service_log_stays_finite_and_continuous_on_hostile_counts() -> None:
     """The helper's attack on issue 24's correction: a corrupt ``reserved`` count, a
     window with no dispatch, and a read capped short of now."""

@@ -276,33 +276,31 @@ def service_logs(
 ) -> dict[str, ServiceLog]:
     """Model -> :class:`ServiceLog` of its workers' events over ``[start, end]`` (in
     stream order; malformed counts and times skipped). A dispatch counts its ``ids``
-    (the ``n`` beside them is the same number, and a count no id backs is not trusted)."""
+    (the ``n`` beside them is the same number, and a count no id backs is not trusted).
+    A run-ending event ends its request's run whatever it names: an expiry, a cancel
+    before start, a retry and a dead letter carry no ``worker``, and a request id is
+    dispatched to one model at a time."""
     dispatches: dict[str, list[tuple[float, int]]] = {}
     finishes: dict[str, list[tuple[float, float]]] = {}
-    started: dict[str, dict[str, float]] = {}
+    running: dict[str, tuple[str, float]] = {}  # request id -> (model, dispatched at)
     for e in events:
         model = worker_model.get(e.fields.get("worker", ""))
-        if model is None:
-            continue
-        if e.type == "dispatch":
+        if e.type in _RUN_ENDS:
+            running.pop(e.fields.get("id", ""), None)
+            took = _service_s(e) if e.type == "finish" else None
+            if model is not None and took is not None:
+                finishes.setdefault(model, []).append((e.at, took))
+        elif e.type == "dispatch" and model is not None:
             ids = [i for i in e.fields.get("ids", "").split(",") if i]
             if ids:
                 dispatches.setdefault(model, []).append((e.at, len(ids)))
-            started.setdefault(model, {}).update(dict.fromkeys(ids, e.at))
-        elif e.type in _RUN_ENDS:
-            started.get(model, {}).pop(e.fields.get("id", ""), None)
-            took = _service_s(e) if e.type == "finish" else None
-            if took is not None:
-                finishes.setdefault(model, []).append((e.at, took))
+            running.update(dict.fromkeys(ids, (model, e.at)))
+    started: dict[str, list[float]] = {}
+    for model, at in running.values():
+        started.setdefault(model, []).append(at)
     models = dispatches.keys() | finishes.keys() | started.keys()
     return {
-        m: ServiceLog(
-            start,
-            end,
-            dispatches.get(m, []),
-            finishes.get(m, []),
-            list(started.get(m, {}).values()),
-        )
+        m: ServiceLog(start, end, dispatches.get(m, []), finishes.get(m, []), started.get(m, []))
         for m in models
     }
 
