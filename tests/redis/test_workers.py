@@ -8,6 +8,9 @@ import subprocess
 import sys
 import time
 
+import pytest
+import redis
+
 from inferq.client import Client
 from inferq.config import Settings
 from inferq.models import RequestState, WorkerState
@@ -160,3 +163,69 @@ def test_a_beat_built_before_a_state_change_cannot_publish_the_old_state(
         assert store.workers()[0][0].beat_seq > worker.beat_seq
     finally:
         engine.stop()
+
+
+def _restarting(namespace: str) -> tuple[Settings, WorkerOptions]:
+    """Settings with leases far longer than the test, and a worker beating every 0.2 s."""
+    settings = Settings.load(
+        redis_url=REDIS_URL, namespace=namespace, heartbeat_interval_s=0.2, lease_s=60
+    )
+    opts = WorkerOptions(
+        model="llama-3.1-8b",
+        worker_id="w1",
+        vram_mib=24576,
+        heartbeat_process=False,
+        heartbeat_interval_s=0.2,
+    )
+    return settings, opts
+
+
+def test_a_worker_restarted_under_its_id_requeues_what_the_dead_process_held_at_once(
+    namespace: str, redis_client: redis.Redis
+) -> None:
+    """A worker killed and restarted in place (Kubernetes keeps the pod name) beats again
+    before its old heartbeat is reaped. Its new beats extended the dead process's leases,
+    so those requests waited a whole lease (here 60 s) for the orphan check. The new
+    process takes the id over: the dead one's requests are queued again before it joins,
+    each with its crash counted, and a ``worker_lost`` event says why."""
+    from inferq.dispatcher.daemon import Dispatcher
+
+    from ..builders import worker_info
+
+    settings, opts = _restarting(namespace)
+    store = Store(redis_client, settings)
+    client = Client(store=store)
+    store.heartbeat(worker_info("w1"), ttl_s=30)  # the process about to die
+    ids = [client.submit(f"p{i}", priority="realtime", max_tokens=8).id for i in range(2)]
+    Dispatcher(store).step()
+    assert {client.status(i).state for i in ids} == {RequestState.ASSIGNED}
+    engine = build_engine(settings, opts, store)  # the new process, while the hash lives
+    assert engine.start()
+    try:
+        assert {client.status(i).state for i in ids} == {RequestState.QUEUED}
+        assert all(store.redis.hget(store.keys.req(i), "crashes") == "1" for i in ids)
+        [lost] = [e for e in store.events(count=1000) if e.type == "worker_lost"]
+        assert lost.fields["worker"] == "w1" and lost.fields["requeued"] == "2"
+        assert "replaced by a new process" in lost.fields["reason"]
+        (worker,), _ = store.workers()
+        assert worker.state is WorkerState.READY and store.held_by("w1") == set()
+    finally:
+        engine.stop()
+
+
+def test_a_second_live_process_under_one_worker_id_is_refused(
+    namespace: str, redis_client: redis.Redis
+) -> None:
+    from inferq.errors import ConfigError
+
+    from ..builders import worker_info
+    from ..helpers import KeepAlive
+
+    settings, opts = _restarting(namespace)
+    store = Store(redis_client, settings)
+    with KeepAlive(store, [worker_info("w1")], interval_s=0.1):
+        engine = build_engine(settings, opts, store)
+        with pytest.raises(ConfigError, match="worker id 'w1' is in use"):
+            engine.start()
+        (worker,), _ = store.workers()  # the live one is left alone
+        assert worker.id == "w1" and store.events(count=1000)[-1].type != "worker_lost"

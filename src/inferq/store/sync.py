@@ -27,6 +27,7 @@ from inferq.store import calls, repair
 from inferq.store.admin import AdminCalls
 from inferq.store.calls import Abort, Chunk, Completion, Submitted
 from inferq.store.connection import MIN_BLOCK_S, REPLY_ERRORS, Connection, connect
+from inferq.store.glance import redis_time
 from inferq.store.prefixlog import PrefixEntry, decode_rows, parse_entries
 from inferq.store.snapshot import (
     ChainCache,
@@ -313,6 +314,15 @@ class Store(AdminCalls):
             self.keys, self.settings, worker_id, reason=reason, dead=dead, stale_before=stale_before
         )
         return calls.parse_remove_worker(self._call(call))
+
+    def last_beat(self, worker_id: str) -> tuple[float, float | None]:
+        """Redis time and the worker's last beat in the workers index (epoch s; None when
+        it is not registered), in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.time()
+        pipe.zscore(self.keys.workers, worker_id)
+        now, beat_ms = pipe.execute()
+        return redis_time(now), None if beat_ms is None else float(beat_ms) / 1000
 
     def silent_workers(self, since: float) -> list[str]:
         """Ids in the workers index whose last beat is at or before ``since`` (epoch s)."""

@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 from inferq import defaults, delivery
 from inferq.config import ModelSpec
-from inferq.errors import CorruptRecord, RequestNotFound
+from inferq.errors import ConfigError, CorruptRecord, RequestNotFound
 from inferq.latency import prefill_s, resident_kv_tokens, step_s
 from inferq.models import RequestRecord, ToolCallDelta, WorkerInfo, WorkerState, merge_tool_deltas
 from inferq.store import (
@@ -81,6 +81,10 @@ ORPHAN_ERROR = "its batch job never reached the worker (lost or unreadable RQ jo
 AbortAction = Literal["requeue", "cancel", "expire"]
 #: Shortest pause between two starts of a heartbeat process that exited, seconds.
 PULSE_RESTART_S = 5.0
+#: Heartbeat intervals an earlier process of a worker's id must have been silent before a
+#: new process takes the id over (:meth:`Engine._replace_earlier_process`): one beat late is
+#: a busy host, two is a process gone (the reaper waits the TTL, three).
+REPLACE_SILENT_INTERVALS = 2
 #: Longest wait of an abort for a request whose start was accepted but whose task is
 #: not launched yet (the engine loop schedules it right after ``start.lua``), seconds.
 ABORT_LAUNCH_WAIT_S = 1.0
@@ -223,6 +227,7 @@ class Engine:
         Raises:
             ServerError: the model server could not load the model.
         """
+        self._replace_earlier_process()
         if self.config.heartbeat_process:  # first: forked before this engine's threads
             self._start_pulse()
         self._thread.start()
@@ -254,6 +259,51 @@ class Engine:
             self.kv_cache_mib,
         )
         return True
+
+    def _replace_earlier_process(self) -> None:
+        """Take over this worker id from an earlier process still registered under it.
+
+        A worker killed and restarted in place (Kubernetes restarts a crashed container
+        under the same pod name) beats again before its old heartbeat lapses: the reaper
+        never sees it lost, and the new process's beats would extend the leases of the
+        requests the dead one ran, so they waited a lease and more before the orphan
+        check handed them back (5.2 s for a realtime request). The earlier process is
+        taken for dead once it has been silent for ``REPLACE_SILENT_INTERVALS`` heartbeat
+        intervals (this waits out the rest of that, under 2 s at the default interval),
+        then removed as a lost worker, as the reaper would a TTL later: its requests are
+        requeued now, each counting the crash (``remove_worker.lua``), and a
+        ``worker_lost`` event says why; this process then joins afresh.
+
+        Raises:
+            ConfigError: another live process beats under this id (two workers given
+                one ``--id``): it is left alone, and this one does not start.
+        """
+        wid = self.config.worker_id
+        quiet_s = self.config.heartbeat_interval_s * REPLACE_SILENT_INTERVALS
+        now, beat = self.store.last_beat(wid)
+        if beat is None:
+            return
+        if now < beat + quiet_s:
+            time.sleep(beat + quiet_s - now)
+        requeued = self.store.remove_worker(
+            wid,
+            reason="its process was replaced by a new process of the same id",
+            dead=True,
+            stale_before=beat + 0.001,  # removed only if it has not beaten since
+        )
+        if requeued is None:
+            if self.store.last_beat(wid)[1] is None:
+                return  # the reaper removed it meanwhile
+            raise ConfigError(
+                f"worker id {wid!r} is in use: another live process beats under it; "
+                "give each worker its own --id"
+            )
+        log.warning(
+            "worker %s: an earlier process of this id was still registered; took over, "
+            "requeued its %d requests",
+            wid,
+            len(requeued),
+        )
 
     def _set_health_state(self, state: WorkerState) -> None:
         """The health monitor's transition (ready <-> unhealthy), published at once. Back

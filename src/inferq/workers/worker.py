@@ -14,7 +14,10 @@ drain``) still leaves the fleet, but the process then waits for SIGTERM and exit
 again, so the worker waits for the scaler to remove its pod.
 
 A crashed worker loses nothing: its heartbeat lapses and the dispatcher's
-reaper requeues its requests and empties its RQ queue.
+reaper requeues its requests and empties its RQ queue. One restarted under the same
+id before that (a container restarted in place) takes the id over at start and
+requeues what the dead process held (:meth:`Engine._replace_earlier_process`); two
+live processes are never given one id (the second exits with an error).
 """
 
 from __future__ import annotations
