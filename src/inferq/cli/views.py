@@ -150,9 +150,13 @@ def info_data(store: Store, settings: Settings) -> dict[str, Any]:
     forecast = sum(w.forecast_tokens_total for w in infos)
     log = store.prefix_log_info()
     p = settings.prefix
+    memory = store.memory()
     return {
         "namespace": settings.namespace,
-        "redis_used_memory_bytes": store.redis_memory(),
+        "redis_used_memory_bytes": memory.used_bytes,
+        "redis_maxmemory_bytes": memory.max_bytes,
+        "redis_maxmemory_policy": memory.policy,
+        "warnings": [w for w in (memory.eviction_warning,) if w],
         "workers": len(infos),
         "prefix_routing": {
             "enabled": p.enabled,
@@ -183,6 +187,7 @@ def info_table(data: dict[str, Any]) -> Table:
     rate = t["hit_rate"]
     rows = [
         ("Redis used memory", f"{data['redis_used_memory_bytes'] / 2**20:.1f} MiB"),
+        ("Redis eviction", _eviction(data)),
         ("workers", str(data["workers"])),
         ("prefix routing", "on" if p["enabled"] else "off"),
         (
@@ -199,9 +204,17 @@ def info_table(data: dict[str, Any]) -> Table:
         ),
         ("index forecast", f"{t['forecast_by_index']} prompt tokens"),
     ]
+    rows += [("warning", f"[bold red]{w}[/]") for w in data["warnings"]]
     for what, value in rows:
         table.add_row(what, value)
     return table
+
+
+def _eviction(data: dict[str, Any]) -> str:
+    """The maxmemory policy and limit, as ``inferq info`` shows them."""
+    limit = data["redis_maxmemory_bytes"]
+    policy = data["redis_maxmemory_policy"] or "unknown"
+    return f"{policy}, " + (f"limit {limit / 2**20:.0f} MiB" if limit else "no limit")
 
 
 def record_dict(record: RequestRecord) -> dict[str, Any]:

@@ -141,6 +141,7 @@ class Dispatcher:
             self.store.set_usage_retention()
         except REDIS_ERRORS as exc:  # the metering keeps its default retention meanwhile
             log.warning("usage retention not written: %s", exc)
+        self._warn_if_evicting()
         previous: float | None = None
         woken = False
         while not self._stop.is_set():
@@ -340,6 +341,17 @@ class Dispatcher:
         except REDIS_ERRORS as exc:  # the pause holds whether or not it is recorded
             log.warning("reap pause not recorded: %s", exc)
         return False
+
+    def _warn_if_evicting(self) -> None:
+        """Log once, at start, when the Redis server may evict inferq's keys
+        (:attr:`~inferq.store.glance.RedisMemory.eviction_warning`)."""
+        try:
+            warning = self.store.memory().eviction_warning
+        except REDIS_ERRORS as exc:
+            log.warning("redis memory policy not read: %s", exc)
+            return
+        if warning:
+            log.warning("%s", warning)
 
     def _recover(self, report: StepReport) -> None:
         now = self.store.now()

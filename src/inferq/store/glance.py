@@ -11,7 +11,7 @@ This module imports only the keys and redis-py's types (through the connection).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from inferq.store.connection import Connection
 from inferq.store.keys import Keys, count_field_queue
@@ -33,6 +33,36 @@ def redis_time_ms(reply: Sequence[Any]) -> int:
     """
     sec, usec = reply
     return int(sec) * 1000 + int(usec) // 1000
+
+
+class RedisMemory(NamedTuple):
+    """The Redis server's memory figures (``INFO memory``; every namespace on it).
+
+    Attributes:
+        used_bytes: ``used_memory``, bytes.
+        max_bytes: ``maxmemory``, bytes (0: no limit).
+        policy: ``maxmemory_policy`` (``""`` where the server does not say).
+    """
+
+    used_bytes: int
+    max_bytes: int
+    policy: str
+
+    @property
+    def eviction_warning(self) -> str | None:
+        """Why this server may drop inferq's keys, or None: with a memory limit and any
+        policy but ``noeviction``, Redis deletes keys when full (under ``volatile-*``
+        those with a TTL: heartbeats and results; under ``allkeys-*`` queued requests and
+        leases too), so requests are lost without an error. Under ``noeviction`` a full
+        Redis refuses writes instead, and a submit fails with the error (the advice of
+        every Redis queue library: RQ, Sidekiq, BullMQ)."""
+        if self.max_bytes <= 0 or self.policy in ("", "noeviction"):
+            return None
+        return (
+            f"Redis may evict inferq's keys (maxmemory-policy {self.policy}, maxmemory "
+            f"{self.max_bytes / 2**20:.0f} MiB): requests can be lost; set "
+            "maxmemory-policy noeviction"
+        )
 
 
 class Glance:
@@ -57,6 +87,15 @@ class Glance:
     def now(self) -> float:
         """Redis server time, epoch seconds (the one clock every script uses)."""
         return redis_time(self.redis.time())
+
+    def memory(self) -> RedisMemory:
+        """The server's memory use, limit and eviction policy (one ``INFO memory``)."""
+        info = self.redis.info("memory")
+        return RedisMemory(
+            used_bytes=int(info.get("used_memory", 0)),
+            max_bytes=int(info.get("maxmemory", 0) or 0),
+            policy=str(info.get("maxmemory_policy", "")),
+        )
 
     def queue_depths(self) -> list[tuple[str, str, int, float | None]]:
         """(class, route, queued, oldest wait in seconds or None) for every queue.

@@ -409,10 +409,6 @@ class Store(AdminCalls):
             "maxlen": defaults.PREFIX_STREAM_MAXLEN,
         }
 
-    def redis_memory(self) -> int:
-        """Bytes the Redis server uses (``INFO memory``'s ``used_memory``; every namespace)."""
-        return int(self.redis.info("memory").get("used_memory", 0))
-
     def note_prefix(self, worker_id: str, **fields: str | int) -> None:
         """Write a ``reset`` or ``miss`` entry of the prefix log for a worker (one XADD)."""
         self.redis.xadd(
