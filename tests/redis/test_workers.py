@@ -229,3 +229,35 @@ def test_a_second_live_process_under_one_worker_id_is_refused(
             engine.start()
         (worker,), _ = store.workers()  # the live one is left alone
         assert worker.id == "w1" and store.events(count=1000)[-1].type != "worker_lost"
+
+
+def test_a_request_whose_record_vanished_gives_its_slot_back(
+    namespace: str, redis_client: redis.Redis
+) -> None:
+    """A request deleted (or evicted by a Redis that evicts) while assigned was never
+    released: the worker's beats extended its lease for ever, and its slot and MiB stayed
+    reserved while the worker lived. The orphan check takes it off the worker."""
+    from inferq.dispatcher.daemon import Dispatcher
+
+    settings, opts = _restarting(namespace)
+    store = Store(redis_client, settings)
+    client = Client(store=store)
+    engine = build_engine(settings, opts, store)
+    assert engine.start()
+    try:
+        ids = [client.submit(f"p{i}", priority="realtime", max_tokens=8).id for i in range(3)]
+        Dispatcher(store).step()  # assigned to w1; no RQ consumer runs, so never received
+        assert store.held_by("w1") == set(ids)
+        need = {i: float(store.redis.hget(store.keys.req(i), "need_mib")) for i in ids}
+        store.redis.delete(store.keys.req(ids[0]))
+        engine.recover_orphans()
+        assert store.held_by("w1") == set(ids[1:])  # the others wait out their lease
+        load = store.redis.hgetall(store.keys.load("w1"))
+        assert int(load["slots"]) == 2
+        assert float(load["mib"]) == pytest.approx(need[ids[1]] + need[ids[2]])
+        assert store.redis.zscore(store.keys.leases, ids[0]) is None
+        [gone] = [e for e in store.events(count=1000) if e.type == "vanished"]
+        assert gone.fields == {"id": ids[0], "worker": "w1"}
+        assert store.forget_vanished("w1", ids[1:]) == []  # a record that exists stays
+    finally:
+        engine.stop()

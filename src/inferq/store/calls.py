@@ -824,6 +824,23 @@ def parse_quarantine(reply: Any) -> None:
     """The script always answers 1: nothing to report."""
 
 
+def forget_vanished_call(
+    keys: Keys, settings: Settings, worker_id: str, request_ids: Sequence[str]
+) -> Call:
+    """``forget_vanished.lua``: take off ``worker_id`` the ``request_ids`` whose record is
+    gone, and recount its reservation."""
+    return Call(
+        "forget_vanished",
+        [keys.inflight(worker_id), keys.load(worker_id)],
+        [keys.prefix, worker_id, settings.events_maxlen, *request_ids],
+    )
+
+
+def parse_forget_vanished(reply: Sequence[Any]) -> list[str]:
+    """The ids forgotten."""
+    return [str(rid) for rid in reply]
+
+
 def fairness_call(
     keys: Keys,
     credits: Mapping[str, float | None],

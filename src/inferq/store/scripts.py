@@ -36,6 +36,7 @@ SCRIPTS = (
     "reap_leases",
     "dead_requeue",
     "quarantine",
+    "forget_vanished",
     "lease",
     "caller_lease",
     "reap_callers",

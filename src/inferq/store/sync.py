@@ -739,6 +739,13 @@ class Store(AdminCalls):
         until their result is written or they are handed back."""
         return set(self.redis.smembers(self.keys.inflight(worker_id)))
 
+    def forget_vanished(self, worker_id: str, request_ids: Sequence[str]) -> list[str]:
+        """Take off a live worker the requests among ``request_ids`` whose record is gone
+        (deleted, evicted): they leave its holdings and the leases, and its reservation
+        is recounted (``forget_vanished.lua``). Returns the ids forgotten."""
+        call = calls.forget_vanished_call(self.keys, self.settings, worker_id, request_ids)
+        return calls.parse_forget_vanished(self._call(call))
+
     def holdings(self, request_ids: Sequence[str]) -> tuple[int, list[tuple[Any, Any]]]:
         """Redis time (ms) and, per request, its (state, worker, attempts, dispatched_ms,
         started_ms) and its batch id, in one round trip.

@@ -709,13 +709,21 @@ class Engine:
         request in ``inflight:<id>``, not held by the engine, assigned or started more
         than one lease ago, is requeued (not counted as a failed attempt; fenced by its
         attempt, so a job arriving late finds it stale), and a broken RQ job of its batch
-        is quarantined. Returns how many were requeued.
+        is quarantined. One whose record is gone (deleted, evicted) is taken off this
+        worker (:meth:`~inferq.store.Store.forget_vanished`): nothing could release its
+        slot otherwise. Returns how many were requeued.
         """
         wid = self.config.worker_id
         unheld = sorted(self.unreceived())
         if not unheld:
             return 0
         now_ms, rows = self.store.holdings(unheld)
+        vanished = [rid for rid, (row, _) in zip(unheld, rows, strict=True) if _vanished(row)]
+        if vanished:
+            gone = self.store.forget_vanished(wid, vanished)
+            log.warning(
+                "took %d requests whose record is gone off this worker: %s", len(gone), gone
+            )
         oldest = now_ms - round(self.store.settings.lease_s * 1000)
         requeued = 0
         for rid, (row, batch) in zip(unheld, rows, strict=True):
@@ -1132,6 +1140,12 @@ class Engine:
     def _call(self, coro: Any) -> Any:
         future: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self._loop)
         return future.result()
+
+
+def _vanished(row: Any) -> bool:
+    """Whether an ``hmget`` row of :meth:`~inferq.store.Store.holdings` is of a record
+    that does not exist (every field absent)."""
+    return isinstance(row, list) and all(v is None for v in row)
 
 
 def _orphan_attempt(row: Any, worker_id: str, oldest_ms: int) -> int | None:

@@ -24,7 +24,7 @@
 -- inflight:<w> ids still assigned to or running on it: one slot and need_mib each, and
 -- `isolated` for a suspect among them) and the worker is marked changed, so a live worker
 -- goes on serving and is never promised capacity it does not have.
--- include: clock, keys, events, queue, counts, changed, recount
+-- include: clock, keys, events, queue, counts, changed, recount, held
 local p, reason = ARGV[1], ARGV[2]
 
 -- counts:q:<class>|<route> set to the ids in the queue's sub-queues.
@@ -66,21 +66,9 @@ local function parse_load(key)
   return key:sub(#head + 1)
 end
 
--- load:<w> rebuilt from inflight:<w> (the invariant of assign.lua and release.lua).
+-- load:<w> rebuilt from inflight:<w> (includes/held.lua).
 local function rebuild_load(w)
-  local slots, mib, isolated = 0, 0, nil
-  local held = k_inflight(p, w)
-  if redis.call('TYPE', held).ok == 'set' then
-    for _, id in ipairs(redis.call('SMEMBERS', held)) do
-      local r = redis.pcall('HMGET', k_req(p, id), 'state', 'worker', 'need_mib', 'suspect')
-      if type(r) == 'table' and not r.err and (r[1] == 'assigned' or r[1] == 'running')
-          and r[2] == w then
-        slots = slots + 1
-        mib = mib + (tonumber(r[3]) or 0)
-        if r[4] == '1' then isolated = id end
-      end
-    end
-  end
+  local slots, mib, isolated = held_load(p, w)
   if slots > 0 then
     redis.call('HSET', k_load(p, w), 'slots', slots, 'mib', mib)
     if isolated then redis.call('HSET', k_load(p, w), 'isolated', isolated) end
