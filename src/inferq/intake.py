@@ -260,13 +260,18 @@ def _payload(
 
 
 def _check_texts(payload: Payload) -> None:
-    """Each text must encode as UTF-8 (no lone surrogate) and hold no NUL."""
+    """Each text must encode as UTF-8 (no lone surrogate) and hold no NUL: the prompt, or
+    the messages' contents and their tool calls' names and arguments."""
     if payload.prompt is not None:
         _check_text("prompt", payload.prompt)
         return
     assert payload.messages is not None
     for i, message in enumerate(payload.messages):
         _check_text(f"messages.{i}.content", message.content)
+        for j, call in enumerate(message.tool_calls or ()):  # rendered into the prompt too
+            at = f"messages.{i}.tool_calls.{j}.function"
+            _check_text(f"{at}.name", call.function.name)
+            _check_text(f"{at}.arguments", call.function.arguments)
     if not any(m.content.strip() for m in payload.messages):
         raise InvalidRequest("messages", "every message's content is empty")
 

@@ -440,7 +440,8 @@ def test_heartbeat_joins_extends_leases_and_reports_drain(store: Store, settings
 def test_a_beat_built_before_the_published_one_publishes_only_liveness(store: Store) -> None:
     """Two threads of a worker build beats; the one built first may arrive last. It must
     not write its older state back (issue 25: ``ready`` published over ``unhealthy``), but
-    it still proves the worker alive; a new process of the same id starts its count anew."""
+    it still proves the worker alive. A new process of the same id is refused while the
+    old one's hash is there, and starts its count anew once it has taken the id over."""
     info = ready_worker(store, "w1")
     newer = info.model_copy(update={"state": WorkerState.UNHEALTHY, "beat_seq": 7})
     older = info.model_copy(update={"state": WorkerState.READY, "beat_seq": 6, "in_flight": 3})
@@ -458,7 +459,12 @@ def test_a_beat_built_before_the_published_one_publishes_only_liveness(store: St
     assert store.workers()[0][0].state is WorkerState.DRAINING
     restarted = older.model_copy(update={"started_at": info.started_at + 5, "beat_seq": 1})
     store.redis.delete(store.keys.drain("w1"))
-    store.heartbeat(restarted, ttl_s=30)
+    assert store.heartbeat(restarted, ttl_s=30).refused  # not before a takeover
+    assert store.workers()[0][0].beat_seq == 7
+    assert (
+        store.remove_worker("w1", reason="replaced", dead=True, stale_before=time.time() + 60) == []
+    )
+    assert store.heartbeat(restarted, ttl_s=30).joined
     (worker,), _ = store.workers()
     assert (worker.state, worker.beat_seq, worker.in_flight) == (WorkerState.READY, 1, 3)
 

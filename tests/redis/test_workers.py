@@ -261,3 +261,85 @@ def test_a_request_whose_record_vanished_gives_its_slot_back(
         assert store.forget_vanished("w1", ids[1:]) == []  # a record that exists stays
     finally:
         engine.stop()
+
+
+def test_two_processes_starting_under_one_id_at_once_do_not_both_serve(
+    namespace: str, redis_client: redis.Redis
+) -> None:
+    """Two workers given one ``--id`` and started at the same moment: each looks for an
+    earlier process before either has beaten, finds none, and both joined and beat into
+    one hash (both ``ready``, one silently overwriting the other's figures). The one that
+    registers second must be refused, as a second live process is when it comes later."""
+    from inferq.errors import ConfigError
+
+    settings, opts = _restarting(namespace)
+    first = build_engine(settings, opts, Store(redis_client, settings))
+    second = build_engine(settings, opts, Store(redis_client, settings))
+    looked = second._replace_earlier_process
+
+    def look_then_the_other_starts() -> None:
+        looked()  # nobody registered under w1 yet
+        assert first.start()  # the other process registers meanwhile
+
+    second._replace_earlier_process = look_then_the_other_starts  # type: ignore[method-assign]
+    try:
+        with pytest.raises(ConfigError, match="worker id 'w1' is in use"):
+            if second.start():  # it joined, beside the other
+                second.stop()
+    finally:
+        first.stop()
+
+
+def test_a_takeover_does_not_wait_out_a_beat_stamped_in_the_future(
+    namespace: str, redis_client: redis.Redis
+) -> None:
+    """Redis's clock moved back (a failover to a replica whose clock is behind, an NTP
+    step): the dead process's last beat in the workers index is later than Redis's now.
+    The new process slept until then plus two intervals (here an hour) before its first
+    beat; it must wait two intervals at most."""
+    import threading
+
+    settings, opts = _restarting(namespace)
+    store = Store(redis_client, settings)
+    store.redis.hset(store.keys.worker("w1"), mapping={"model": "llama-3.1-8b"})
+    store.redis.zadd(store.keys.workers, {"w1": round((store.now() + 3600) * 1000)})
+    engine = build_engine(settings, opts, store)
+    thread = threading.Thread(target=engine.start, daemon=True)
+    thread.start()
+    thread.join(timeout=15)
+    try:
+        assert not thread.is_alive(), "start() waited for a beat an hour ahead"
+        (worker,), _ = store.workers()
+        assert worker.state is WorkerState.READY
+    finally:
+        if not thread.is_alive():
+            engine.stop()
+
+
+def test_a_takeover_frees_the_dead_process_rq_worker_name(
+    namespace: str, redis_client: redis.Redis
+) -> None:
+    """The dead process's RQ worker record (``rq:worker:<ns>-<id>``, no death recorded:
+    it was SIGKILLed) outlives it by RQ's TTL (76 s). The reaper purges it with the queue
+    (``BatchSender.purge``); the takeover did not, so the new process's RQ loop failed
+    its birth ("There exists an active worker named ...", logged as an ERROR saying Redis
+    may be unavailable) and sat out a 1 s pause before it dequeued the batches of the
+    requests just requeued to it."""
+    from inferq import delivery
+
+    from ..builders import worker_info
+
+    settings, opts = _restarting(namespace)
+    store = Store(redis_client, settings)
+    store.heartbeat(worker_info("w1"), ttl_s=30)  # the process about to die ...
+    engine = build_engine(settings, opts, store)
+    dead = delivery.make_consumer(engine, REDIS_URL)
+    dead.register_birth()  # type: ignore[no-untyped-call]  # ... and its RQ loop
+    assert engine.start()
+    consumer = delivery.make_consumer(engine, REDIS_URL)
+    try:
+        consumer.register_birth()  # type: ignore[no-untyped-call]
+        consumer.register_death()  # type: ignore[no-untyped-call]
+    finally:
+        engine.stop()
+        consumer.connection.delete(consumer.key)

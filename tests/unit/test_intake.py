@@ -195,3 +195,22 @@ def test_tool_call_arguments_count_in_the_prompt_size_limit() -> None:
     ]
     error = refuse(prompt=None, messages=messages)
     assert error.field == "messages" and "exceeds the limit of 1000 bytes" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("part", "text", "why"),
+    [("arguments", '{"a": "\udcff"}', "lone surrogate"), ("name", "f\ud800", "lone surrogate")],
+)
+def test_a_tool_call_sent_back_must_be_valid_unicode_too(part: str, text: str, why: str) -> None:
+    """A lone surrogate in a tool call's name or arguments (JSON's ``"\\udcff"`` escape,
+    which the gateway's parser decodes) passed intake, which checked only the contents,
+    and failed at submit with a PydanticSerializationError (a 500 at the gateway); with
+    a caller's ``prefix_hashes`` the chain's size raised a UnicodeEncodeError."""
+    function = {"name": "f", "arguments": "{}", part: text}
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "function": function}]},
+    ]
+    for hashes in (None, [1, 2]):
+        error = refuse(prompt=None, messages=messages, prefix_hashes=hashes)
+        assert error.field == f"messages.1.tool_calls.0.function.{part}" and why in str(error)

@@ -468,6 +468,8 @@ class Beat(NamedTuple):
         aborts: (request id, attempt, action, reason) of held attempts with an abort
             pending (``abort.lua`` marked them): delivered on every beat until the attempt
             ends, since the control channel's command may have been lost.
+        refused: a process's first beat found the hash of another process of the same
+            id and wrote nothing (two processes started under one id at once).
     """
 
     joined: bool
@@ -475,6 +477,7 @@ class Beat(NamedTuple):
     now_ms: int
     lost: list[tuple[str, int]]
     aborts: Sequence[tuple[str, int, str, str]] = ()
+    refused: bool = False
 
 
 def heartbeat_call(
@@ -515,7 +518,8 @@ def parse_heartbeat(reply: Sequence[Any]) -> Beat:
         (str(rest[i]), int(rest[i + 1]), str(rest[i + 2]), str(rest[i + 3]))
         for i in range(0, len(rest) - 3, 4)
     ]
-    return Beat(bool(joined), bool(drain), int(now), lost, aborts)
+    refused = int(joined) == -1
+    return Beat(int(joined) == 1, bool(drain), int(now), lost, aborts, refused)
 
 
 def start_call(

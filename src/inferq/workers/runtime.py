@@ -226,6 +226,7 @@ class Engine:
 
         Raises:
             ServerError: the model server could not load the model.
+            ConfigError: another live process beats under this worker id.
         """
         self._replace_earlier_process()
         if self.config.heartbeat_process:  # first: forked before this engine's threads
@@ -233,7 +234,11 @@ class Engine:
         self._thread.start()
         self._call(self._init_loop())
         self.started_at = time.time()  # replaced by Redis TIME once the first beat replies
-        self.beat()
+        try:
+            self.beat()
+        except ConfigError:  # another process registered first: leave without a trace
+            self._abandon_start()
+            raise
         self.started_at = self.clock.now()
         self._beat_thread = threading.Thread(
             target=self._beat_forever, name="heartbeat", daemon=True
@@ -283,8 +288,14 @@ class Engine:
         now, beat = self.store.last_beat(wid)
         if beat is None:
             return
-        if now < beat + quiet_s:
-            time.sleep(beat + quiet_s - now)
+        # A beat stamped after Redis's now (its clock moved back: a failover, an NTP step)
+        # is not waited out: two intervals from now at most, then the score is read again,
+        # since a live process's next beat would be stamped earlier, not later.
+        wait = min(beat + quiet_s - now, quiet_s)
+        if wait > 0:
+            time.sleep(wait)
+        if beat > now and self.store.last_beat(wid)[1] not in (beat, None):
+            raise _id_in_use(wid)
         requeued = self.store.remove_worker(
             wid,
             reason="its process was replaced by a new process of the same id",
@@ -294,16 +305,32 @@ class Engine:
         if requeued is None:
             if self.store.last_beat(wid)[1] is None:
                 return  # the reaper removed it meanwhile
-            raise ConfigError(
-                f"worker id {wid!r} is in use: another live process beats under it; "
-                "give each worker its own --id"
-            )
+            raise _id_in_use(wid)
         log.warning(
             "worker %s: an earlier process of this id was still registered; took over, "
             "requeued its %d requests",
             wid,
             len(requeued),
         )
+        # What the reaper does after removing a worker (BatchSender.purge): the dead
+        # process's jobs must never run, and its RQ record (no death recorded) would make
+        # this process's RQ loop fail its birth and pause before serving.
+        if self._rq is None:
+            self._rq = delivery.rq_connection(self.store.settings.redis_url)
+        try:
+            delivery.purge_worker_queue(self._rq, self.store.keys, wid)
+        except REDIS_ERRORS as exc:  # its jobs are fenced anyway; RQ's loop retries its birth
+            log.warning("worker %s: could not empty the earlier process's RQ queue: %s", wid, exc)
+
+    def _abandon_start(self) -> None:
+        """Undo what :meth:`start` began before its first beat: the heartbeat process and
+        the engine loop (nothing was published, so nothing is removed from Redis)."""
+        if self._pulse is not None:
+            self._pulse.close()
+            self._pulse = None
+        self._call(self._shutdown_loop())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
 
     def _set_health_state(self, state: WorkerState) -> None:
         """The health monitor's transition (ready <-> unhealthy), published at once. Back
@@ -449,8 +476,16 @@ class Engine:
         return self.config.heartbeat_interval_s * defaults.HEARTBEAT_TTL_INTERVALS
 
     def beat(self) -> None:
-        """Publish one heartbeat from this process and act on its reply (:meth:`_on_beat`)."""
-        self._on_beat(self.store.heartbeat(self.info(), ttl_s=self._ttl_s, held=self.held()))
+        """Publish one heartbeat from this process and act on its reply (:meth:`_on_beat`).
+
+        Raises:
+            ConfigError: the first beat was refused: another process of this id
+                registered between this one's look for it and this beat (``heartbeat.lua``).
+        """
+        beat = self.store.heartbeat(self.info(), ttl_s=self._ttl_s, held=self.held())
+        if beat.refused:
+            raise _id_in_use(self.config.worker_id)
+        self._on_beat(beat)
 
     def _on_beat(self, beat: Beat) -> None:
         """A heartbeat's reply (from this process or the heartbeat process): set the clock,
@@ -1140,6 +1175,14 @@ class Engine:
     def _call(self, coro: Any) -> Any:
         future: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self._loop)
         return future.result()
+
+
+def _id_in_use(worker_id: str) -> ConfigError:
+    """The error of a worker whose id another live process holds."""
+    return ConfigError(
+        f"worker id {worker_id!r} is in use: another live process beats under it; "
+        "give each worker its own --id"
+    )
 
 
 def _vanished(row: Any) -> bool:

@@ -3,7 +3,8 @@
 -- KEYS[1] worker:<w>   KEYS[2] inflight:<w>   KEYS[3] drain:<w>
 -- ARGV: 1 prefix, 2 worker id, 3 ttl_ms, 4 lease_ms, 5 events maxlen, 6 n (held attempts),
 --       7 .. 6+2n: (request id, attempt) pairs the worker runs, then field/value pairs
--- Returns {joined (1 if the hash was absent), drain_requested (1|0), now_ms, n_lost,
+-- Returns {joined (1 if the hash was absent; -1: refused, see below), drain_requested (1|0),
+--          now_ms, n_lost,
 --          n_lost x (lost id, lost attempt), then (id, attempt, action, reason) of each
 --          held attempt with an abort pending}: lost = a held attempt that is no longer
 --          assigned to or running on this worker under that attempt number (the worker was
@@ -18,7 +19,12 @@
 -- one running an attempt marked for an abort learns that on every beat until it ends; a
 -- worker asked to drain is published `draining` whatever state its beat carries; a beat
 -- numbered (beat_seq) below the one published by the same worker process (started_ms)
--- publishes nothing but its liveness: it was built first and arrived last.
+-- publishes nothing but its liveness: it was built first and arrived last. A process's
+-- first beat (beat_seq 1) that finds the hash of another process (another started_ms) is
+-- refused and writes nothing at all: two processes started under one id at once, each
+-- having found no earlier one registered (Engine._replace_earlier_process), and the one
+-- that beats second must not share the hash (a resent first beat carries its own
+-- started_ms, so it is not refused).
 -- A change of a routing field marks the worker in wchanged (includes/changed.lua).
 -- include: clock, keys, events, changed
 local p, w, ttl, lease_ms, maxlen = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
@@ -35,6 +41,7 @@ for i = 7 + 2 * n, #ARGV - 1, 2 do
 end
 if seq and joined == 0 then
   local cur = redis.call('HMGET', KEYS[1], 'started_ms', 'beat_seq')
+  if seq == 1 and cur[1] and cur[1] ~= started then return {-1, 0, now, 0} end
   if cur[1] == started and cur[2] and (tonumber(cur[2]) or 0) > seq then fields = {} end
 end
 -- Asked to drain (drain.lua): the hash says so from the request on, so a beat sent before
