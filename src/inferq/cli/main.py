@@ -760,7 +760,10 @@ def dispatcher(obj: Context, tick: float, metrics_port: int | None, metrics_host
     help="CUDA device index, or a comma-separated list for a tensor-parallel model server "
     "(memory summed); under CUDA_VISIBLE_DEVICES, an index into that list.",
 )
-@click.option("--id", "worker_id", help="Worker id (default host-pid).")
+@click.option(
+    "--id", "worker_id",
+    help="Worker id (default host-pid); one live process per id: a restart takes it over.",
+)  # fmt: skip
 @click.option("--label", multiple=True, metavar="KEY=VALUE", help="Label (repeat).")
 @click.option("--heartbeat-interval", default=1.0, show_default=True, help="Seconds.")
 @click.option(
