@@ -104,8 +104,8 @@ def chat_text(messages: Iterable[Any], tools: str = "") -> str:
     where the common chat templates put them (Qwen's and Hermes' render them into the
     system turn, as does llama.cpp's generic tool format): two agents with one system
     prompt and different tools share the system prompt's blocks and no block after it,
-    as on the server. Takes any objects with
-    ``role``, ``content`` and optional ``tool_calls`` attributes or keys.
+    as on the server. Takes any objects with ``role``, ``content`` and optional
+    ``tool_calls`` attributes or keys.
     """
     parts: list[str] = []
     pending = tools

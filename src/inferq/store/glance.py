@@ -54,8 +54,8 @@ class RedisMemory(NamedTuple):
         policy but ``noeviction``, Redis deletes keys when full (under ``volatile-*``
         those with a TTL: heartbeats and results; under ``allkeys-*`` queued requests and
         leases too), so requests are lost without an error. Under ``noeviction`` a full
-        Redis refuses writes instead, and a submit fails with the error (the advice of
-        every Redis queue library: RQ, Sidekiq, BullMQ)."""
+        Redis refuses writes instead, and a submit fails with the error (Sidekiq and
+        BullMQ warn of the same at start)."""
         if self.max_bytes <= 0 or self.policy in ("", "noeviction"):
             return None
         return (

@@ -754,8 +754,8 @@ class Engine:
             return 0
         now_ms, rows = self.store.holdings(unheld)
         vanished = [rid for rid, (row, _) in zip(unheld, rows, strict=True) if _vanished(row)]
-        if vanished:
-            gone = self.store.forget_vanished(wid, vanished)
+        gone = self.store.forget_vanished(wid, vanished) if vanished else []
+        if gone:
             log.warning(
                 "took %d requests whose record is gone off this worker: %s", len(gone), gone
             )
