@@ -275,7 +275,7 @@ class Scaler:
         state, tracked = self._records(report)
         live = self._live(report)
         handles = self._listed()
-        events, span = self._events(now)
+        events, start, span = self._events(now)
         fleet = reconcile(
             tracked,
             live,
@@ -289,9 +289,7 @@ class Scaler:
         if self.mode is Mode.ACT:
             self._stop_workers(fleet.to_stop, handles, tracked, report)
             self._replace_unhealthy(live, handles, now, report)
-        inputs = self._inputs(
-            live, replace(fleet, tracked=tracked), events, now - self.rate_window_s, span
-        )
+        inputs = self._inputs(live, replace(fleet, tracked=tracked), events, start, span)
         loads = build_loads(self.models, self.settings.models, inputs, now)
         loads = self._drainable(loads, live, handles)
         decisions, state = decide_scale(loads, state, self.config, self.settings.classes, now)
@@ -405,14 +403,15 @@ class Scaler:
             for load in loads
         ]
 
-    def _events(self, now: float) -> tuple[list[Event], float]:
-        """Events of the last ``rate_window_s`` and the seconds they span."""
+    def _events(self, now: float) -> tuple[list[Event], float, float]:
+        """Events of the last ``rate_window_s``, when they start (epoch s) and the seconds
+        they span (short of ``now`` where the read was capped)."""
         start = now - self.rate_window_s
         cap = defaults.SCALER_EVENTS_CAP
         events = self.store.events(count=cap, after=f"{round(start * 1000)}-0")
         if len(events) >= cap:
-            return events, max(events[-1].at - start, 1e-3)
-        return events, self.rate_window_s
+            return events, start, max(events[-1].at - start, 1e-3)
+        return events, start, self.rate_window_s
 
     def _inputs(
         self,
